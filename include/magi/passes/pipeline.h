@@ -1,0 +1,34 @@
+// The one ordered list of passes run on every captured graph. Passes can be switched off by
+// name with MAGI_DISABLE_PASSES=name1,name2 (or PipelineOptions), for bisecting a problem.
+#pragma once
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "magi/ir/graph.h"
+
+namespace magi::passes {
+
+struct PassRecord {
+  std::string name;
+  bool ran = false;      ///< false when disabled
+  bool changed = false;
+  double milliseconds = 0.0;
+};
+
+struct PipelineOptions {
+  std::set<std::string> disabled;  ///< merged with MAGI_DISABLE_PASSES
+  bool verify_each = true;         ///< run the verifier after every pass
+  /// Called after each pass that changed the graph (dumps hook in here).
+  std::function<void(const std::string& pass, const ir::Graph&)> after_pass;
+};
+
+/// Names of all passes, in pipeline order.
+std::vector<std::string> pipeline_pass_names();
+
+/// Runs the pipeline in order; returns one record per pass.
+std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& options = {});
+
+}  // namespace magi::passes

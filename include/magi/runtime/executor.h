@@ -1,0 +1,43 @@
+// The executor: runs a graph on CPU or CUDA tensors without Python.
+//
+// Construction lowers the graph to a flat instruction list over a register file of
+// c10::IValues: every operator becomes one boxed call through the c10 dispatcher (so any op
+// eager PyTorch can run, we can run, with eager's numbers), symbolic integer nodes become
+// integer arithmetic, and constants live in a table built once. Each register is released at
+// its last use (moved into the callee's stack, so in-place reuse and early frees both work).
+// An Executable is immutable after construction; run() may be called from several threads.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "magi/ir/graph.h"
+
+namespace magi::runtime {
+
+class Executable {
+ public:
+  /// Lowers `graph` (which must verify). The graph is not kept.
+  explicit Executable(const ir::Graph& graph);
+  ~Executable();
+  Executable(Executable&&) noexcept;
+
+  /// Runs with one IValue per graph input; returns one IValue per graph output.
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) const;
+
+  size_t num_inputs() const;
+  size_t num_outputs() const;
+  size_t num_instructions() const;
+  /// Number of boxed dispatcher calls per run.
+  size_t num_operator_calls() const;
+
+ private:
+  struct Program;
+  std::unique_ptr<Program> program_;
+};
+
+}  // namespace magi::runtime

@@ -1,0 +1,291 @@
+// Graph construction, use lists and removal.
+#include "magi/ir/graph.h"
+
+#include <algorithm>
+
+#include "magi/common/error.h"
+
+namespace magi::ir {
+
+const char* node_kind_name(NodeKind kind) {
+  switch (kind) {
+#define MAGI_NODE_KIND_NAME(name, text) \
+  case NodeKind::k##name:               \
+    return text;
+    MAGI_NODE_KINDS(MAGI_NODE_KIND_NAME)
+#undef MAGI_NODE_KIND_NAME
+  }
+  return "?";
+}
+
+const char* sym_op_name(SymOp op) {
+  switch (op) {
+#define MAGI_SYM_OP_NAME(name, text, arity) \
+  case SymOp::k##name:                      \
+    return text;
+    MAGI_SYM_OPS(MAGI_SYM_OP_NAME)
+#undef MAGI_SYM_OP_NAME
+  }
+  return "?";
+}
+
+int sym_op_arity(SymOp op) {
+  switch (op) {
+#define MAGI_SYM_OP_ARITY(name, text, arity) \
+  case SymOp::k##name:                       \
+    return arity;
+    MAGI_SYM_OPS(MAGI_SYM_OP_ARITY)
+#undef MAGI_SYM_OP_ARITY
+  }
+  return -1;
+}
+
+ValueKind value_kind_of(const c10::TypePtr& type) {
+  using c10::TypeKind;
+  switch (type->kind()) {
+    case TypeKind::TensorType:
+      return ValueKind::kTensor;
+    case TypeKind::IntType:
+    case TypeKind::SymIntType:
+      return ValueKind::kInt;
+    case TypeKind::FloatType:
+    case TypeKind::SymFloatType:
+      return ValueKind::kFloat;
+    case TypeKind::BoolType:
+    case TypeKind::SymBoolType:
+      return ValueKind::kBool;
+    case TypeKind::NumberType:
+      return ValueKind::kScalar;
+    case TypeKind::NoneType:
+      return ValueKind::kNone;
+    case TypeKind::StringType:
+      return ValueKind::kString;
+    case TypeKind::ScalarTypeType:
+      return ValueKind::kDtype;
+    case TypeKind::DeviceObjType:
+      return ValueKind::kDevice;
+    case TypeKind::LayoutType:
+      return ValueKind::kLayout;
+    case TypeKind::MemoryFormatType:
+      return ValueKind::kMemoryFormat;
+    case TypeKind::OptionalType:
+      return value_kind_of(type->castRaw<c10::OptionalType>()->getElementType());
+    case TypeKind::ListType: {
+      const auto& elem = type->castRaw<c10::ListType>()->getElementType();
+      if (elem->kind() == TypeKind::OptionalType) {
+        auto inner = value_kind_of(elem);
+        return inner == ValueKind::kTensor ? ValueKind::kOptionalTensorList : ValueKind::kOther;
+      }
+      switch (value_kind_of(elem)) {
+        case ValueKind::kInt:
+          return ValueKind::kIntList;
+        case ValueKind::kFloat:
+          return ValueKind::kFloatList;
+        case ValueKind::kBool:
+          return ValueKind::kBoolList;
+        case ValueKind::kTensor:
+          return ValueKind::kTensorList;
+        default:
+          return ValueKind::kOther;
+      }
+    }
+    default:
+      return ValueKind::kOther;
+  }
+}
+
+std::string Value::type_str() const {
+  if (kind_ == ValueKind::kTensor && tensor_type_) return tensor_type_->str();
+  return value_kind_name(kind_);
+}
+
+void Node::set_input(size_t i, Value* value) {
+  MAGI_ASSERT(i < inputs_.size(), "input ", i, " of a node with ", inputs_.size());
+  Value* old = inputs_[i];
+  auto& users = old->users_;
+  auto it = std::find(users.begin(), users.end(), this);
+  MAGI_ASSERT(it != users.end(), "use list out of sync");
+  users.erase(it);
+  inputs_[i] = value;
+  value->users_.push_back(this);
+}
+
+const c10::OperatorHandle& Node::op() const {
+  MAGI_ASSERT(op_.has_value(), "op() of a ", node_kind_name(kind_), " node");
+  return *op_;
+}
+
+std::string Node::op_name() const {
+  if (!is_operator()) {
+    if (kind_ == NodeKind::kSymArith) return sym_op_name(sym_op_);
+    return node_kind_name(kind_);
+  }
+  const auto& name = op_->operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+std::string Graph::unique_name(const std::string& hint) {
+  std::string base = hint.empty() ? "v" : hint;
+  std::string name = base;
+  while (used_names_.count(name)) name = base + "_" + std::to_string(++name_counter_);
+  used_names_.insert(name);
+  return name;
+}
+
+Node* Graph::create(NodeKind kind, std::vector<Value*> inputs, size_t num_outputs) {
+  MAGI_CHECK(output_node_ == nullptr || insert_before_ != nullptr,
+             "cannot append a node after the graph's Output node");
+  auto node = std::unique_ptr<Node>(new Node(this, kind));
+  Node* raw = node.get();
+  for (Value* v : inputs) {
+    MAGI_ASSERT(v != nullptr, "null input to a ", node_kind_name(kind), " node");
+    v->users_.push_back(raw);
+  }
+  raw->inputs_ = std::move(inputs);
+  for (size_t i = 0; i < num_outputs; ++i) {
+    auto value = std::unique_ptr<Value>(new Value(this, raw, i));
+    raw->outputs_.push_back(value.get());
+    values_.push_back(std::move(value));
+  }
+  if (insert_before_ != nullptr) {
+    auto it = std::find_if(nodes_.begin(), nodes_.end(),
+                           [&](const auto& n) { return n.get() == insert_before_; });
+    MAGI_ASSERT(it != nodes_.end(), "insert point is not in this graph");
+    nodes_.insert(it, std::move(node));
+  } else {
+    nodes_.push_back(std::move(node));
+  }
+  return raw;
+}
+
+Value* Graph::add_input(const std::string& name, ValueKind kind) {
+  Node* node = create(NodeKind::kInput, {}, 1);
+  Value* v = node->output();
+  v->set_name(unique_name(name));
+  v->set_kind(kind);
+  node->provenance().fx_name = name;
+  inputs_.push_back(v);
+  return v;
+}
+
+Value* Graph::add_tensor_input(const std::string& name, TensorType type) {
+  Value* v = add_input(name, ValueKind::kTensor);
+  v->set_tensor_type(std::move(type));
+  return v;
+}
+
+Value* Graph::add_constant(c10::IValue value, ValueKind kind) {
+  Node* node = create(NodeKind::kConstant, {}, 1);
+  node->constant_ = std::move(value);
+  Value* v = node->output();
+  v->set_kind(kind);
+  if (node->constant_.isInt() && kind == ValueKind::kInt) v->set_sym(SymExpr(node->constant_.toInt()));
+  return v;
+}
+
+Node* Graph::add_op(const c10::OperatorHandle& op, std::vector<Value*> inputs) {
+  const auto& schema = op.schema();
+  bool is_aten = schema.name().rfind("aten::", 0) == 0;
+  Node* node = create(is_aten ? NodeKind::kAtenOp : NodeKind::kCustomOp, std::move(inputs),
+                      schema.returns().size());
+  node->op_ = op;
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    node->outputs_[i]->set_kind(value_kind_of(schema.returns()[i].type()));
+  }
+  return node;
+}
+
+Node* Graph::add_sym(SymOp op, std::vector<Value*> inputs) {
+  Node* node = create(NodeKind::kSymArith, std::move(inputs), 1);
+  node->sym_op_ = op;
+  ValueKind kind = ValueKind::kInt;
+  switch (op) {
+    case SymOp::kEq: case SymOp::kNe: case SymOp::kLt:
+    case SymOp::kLe: case SymOp::kGt: case SymOp::kGe:
+      kind = ValueKind::kBool;
+      break;
+    case SymOp::kTrueDiv:
+      kind = ValueKind::kFloat;
+      break;
+    default:
+      break;
+  }
+  node->output()->set_kind(kind);
+  return node;
+}
+
+Node* Graph::add_getitem(Value* list, int64_t index) {
+  Node* node = create(NodeKind::kGetItem, {list}, 1);
+  node->item_index_ = index;
+  ValueKind kind = ValueKind::kOther;
+  switch (list->kind()) {
+    case ValueKind::kTensorList: case ValueKind::kOptionalTensorList: kind = ValueKind::kTensor; break;
+    case ValueKind::kIntList: kind = ValueKind::kInt; break;
+    case ValueKind::kFloatList: kind = ValueKind::kFloat; break;
+    case ValueKind::kBoolList: kind = ValueKind::kBool; break;
+    default: break;
+  }
+  node->output()->set_kind(kind);
+  return node;
+}
+
+Node* Graph::add_list(ValueKind list_kind, std::vector<Value*> items) {
+  MAGI_ASSERT(is_list_kind(list_kind), value_kind_name(list_kind), " is not a list kind");
+  Node* node = create(NodeKind::kMakeList, std::move(items), 1);
+  node->output()->set_kind(list_kind);
+  return node;
+}
+
+Node* Graph::set_outputs(std::vector<Value*> outputs) {
+  MAGI_CHECK(output_node_ == nullptr, "the graph already has an Output node");
+  Node* saved = insert_before_;
+  insert_before_ = nullptr;
+  Node* node = create(NodeKind::kOutput, std::move(outputs), 0);
+  insert_before_ = saved;
+  output_node_ = node;
+  return node;
+}
+
+void Graph::erase(Node* node) {
+  MAGI_ASSERT(node->owner() == this, "erase() of a node of another graph");
+  for (Value* out : node->outputs()) {
+    MAGI_ASSERT(out->users().empty(), "erase() of ", node->op_name(), " whose output ",
+                out->name(), " is still used");
+  }
+  MAGI_ASSERT(node->kind() != NodeKind::kInput, "graph inputs cannot be erased");
+  for (Value* in : node->inputs_) {
+    auto& users = in->users_;
+    users.erase(std::find(users.begin(), users.end(), node));
+  }
+  if (node == output_node_) output_node_ = nullptr;
+  if (node == insert_before_) insert_before_ = nullptr;
+  for (Value* out : node->outputs_) {
+    values_.erase(std::find_if(values_.begin(), values_.end(),
+                               [&](const auto& v) { return v.get() == out; }));
+  }
+  nodes_.erase(std::find_if(nodes_.begin(), nodes_.end(),
+                            [&](const auto& n) { return n.get() == node; }));
+}
+
+std::vector<Node*> Graph::nodes() const {
+  std::vector<Node*> out;
+  out.reserve(nodes_.size());
+  for (const auto& n : nodes_) out.push_back(n.get());
+  return out;
+}
+
+const std::vector<Value*>& Graph::outputs() const {
+  static const std::vector<Value*> kEmpty;
+  return output_node_ ? output_node_->inputs() : kEmpty;
+}
+
+bool Graph::owns(const Node* node) const {
+  return std::any_of(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == node; });
+}
+
+bool Graph::owns(const Value* value) const {
+  return std::any_of(values_.begin(), values_.end(),
+                     [&](const auto& v) { return v.get() == value; });
+}
+
+}  // namespace magi::ir

@@ -1,0 +1,76 @@
+// The pass pipeline: the order of passes lives here and only here.
+#include "magi/passes/pipeline.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+
+#include "magi/common/log.h"
+#include "magi/ir/verifier.h"
+#include "magi/passes/passes.h"
+
+namespace magi::passes {
+namespace {
+
+struct PassEntry {
+  const char* name;
+  bool (*run)(ir::Graph&);
+};
+
+// Later issues insert their passes here, in order.
+constexpr PassEntry kPipeline[] = {
+    {"eliminate_dead_code", &eliminate_dead_code},
+};
+
+std::set<std::string> disabled_from_env() {
+  std::set<std::string> out;
+  const char* env = std::getenv("MAGI_DISABLE_PASSES");
+  if (env == nullptr) return out;
+  std::stringstream ss(env);
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    if (!name.empty()) out.insert(name);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> pipeline_pass_names() {
+  std::vector<std::string> names;
+  for (const auto& p : kPipeline) names.emplace_back(p.name);
+  return names;
+}
+
+std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& options) {
+  std::set<std::string> disabled = disabled_from_env();
+  disabled.insert(options.disabled.begin(), options.disabled.end());
+  std::string known_names;
+  for (const auto& p : kPipeline) known_names += (known_names.empty() ? "" : ", ") + std::string(p.name);
+  for (const auto& name : disabled) {
+    bool known = false;
+    for (const auto& p : kPipeline) known |= (name == p.name);
+    MAGI_CHECK(known, "MAGI_DISABLE_PASSES names an unknown pass '", name, "'; known passes: ",
+               known_names);
+  }
+  std::vector<PassRecord> records;
+  for (const auto& pass : kPipeline) {
+    PassRecord record{pass.name};
+    if (!disabled.count(pass.name)) {
+      auto start = std::chrono::steady_clock::now();
+      record.changed = pass.run(graph);
+      record.ran = true;
+      record.milliseconds =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      if (options.verify_each) ir::verify(graph);
+      if (record.changed && options.after_pass) options.after_pass(pass.name, graph);
+      MAGI_LOG_DEBUG("pass ", pass.name, record.changed ? " changed the graph" : " made no change",
+                     " in ", record.milliseconds, " ms");
+    }
+    records.push_back(record);
+  }
+  return records;
+}
+
+}  // namespace magi::passes

@@ -1,0 +1,337 @@
+// Executable: lowering a graph to instructions, and the interpreter loop that runs them.
+#include "magi/runtime/executor.h"
+
+#include <limits>
+#include <unordered_map>
+
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+#include "magi/ir/verifier.h"
+
+namespace magi::runtime {
+namespace {
+
+// Operand reference: >= 0 is a register, < 0 is constant number -(ref + 1).
+using Ref = int32_t;
+constexpr Ref kUnused = std::numeric_limits<Ref>::min();
+
+enum class InstrKind : uint8_t { kCall, kSym, kGetItem, kMakeList };
+
+struct Instr {
+  InstrKind kind;
+  std::optional<c10::OperatorHandle> op;  // kCall
+  ir::SymOp sym = ir::SymOp::kAdd;        // kSym
+  ir::ValueKind list_kind = ir::ValueKind::kOther;  // kMakeList
+  int64_t item_index = 0;                           // kGetItem
+  std::vector<Ref> in;
+  std::vector<uint8_t> move_in;  // kCall: move the register into the stack (its last use)
+  std::vector<Ref> out;          // kUnused for outputs nobody reads
+  std::vector<Ref> release_after;
+  std::string where;  // for error messages: "aten::mm (FX node mm, model.py:12)"
+};
+
+int64_t to_int(const c10::IValue& v) {
+  if (v.isInt()) return v.toInt();
+  if (v.isBool()) return v.toBool() ? 1 : 0;
+  if (v.isSymInt()) return v.toSymInt().guard_int(__FILE__, __LINE__);
+  MAGI_ASSERT(false, "symbolic integer operand is a ", v.tagKind());
+  return 0;
+}
+
+double to_double(const c10::IValue& v) { return v.isDouble() ? v.toDouble() : double(to_int(v)); }
+
+c10::IValue eval_sym(ir::SymOp op, const c10::IValue& a, const c10::IValue* b) {
+  using ir::SymOp;
+  switch (op) {
+    case SymOp::kSize:
+      return a.toTensor().size(to_int(*b));
+    case SymOp::kStride:
+      return a.toTensor().stride(to_int(*b));
+    case SymOp::kNumel:
+      return a.toTensor().numel();
+    case SymOp::kNeg:
+      return -to_int(a);
+    default:
+      break;
+  }
+  if (a.isDouble() || b->isDouble()) {
+    double x = to_double(a), y = to_double(*b);
+    switch (op) {
+      case SymOp::kAdd: return x + y;
+      case SymOp::kSub: return x - y;
+      case SymOp::kMul: return x * y;
+      case SymOp::kTrueDiv: return x / y;
+      case SymOp::kEq: return x == y;
+      case SymOp::kNe: return x != y;
+      case SymOp::kLt: return x < y;
+      case SymOp::kLe: return x <= y;
+      case SymOp::kGt: return x > y;
+      case SymOp::kGe: return x >= y;
+      default: break;
+    }
+  }
+  int64_t x = to_int(a), y = to_int(*b);
+  switch (op) {
+    case SymOp::kAdd: return x + y;
+    case SymOp::kSub: return x - y;
+    case SymOp::kMul: return x * y;
+    case SymOp::kFloorDiv: return ir::py_floor_div(x, y);
+    case SymOp::kMod: return ir::py_mod(x, y);
+    case SymOp::kTrueDiv: return double(x) / double(y);
+    case SymOp::kMax: return std::max(x, y);
+    case SymOp::kMin: return std::min(x, y);
+    case SymOp::kEq: return x == y;
+    case SymOp::kNe: return x != y;
+    case SymOp::kLt: return x < y;
+    case SymOp::kLe: return x <= y;
+    case SymOp::kGt: return x > y;
+    case SymOp::kGe: return x >= y;
+    default: break;
+  }
+  MAGI_ASSERT(false, "unhandled symbolic op ", ir::sym_op_name(op));
+  return {};
+}
+
+c10::IValue make_list(ir::ValueKind kind, std::vector<const c10::IValue*> items) {
+  using ir::ValueKind;
+  switch (kind) {
+    case ValueKind::kIntList: {
+      c10::List<int64_t> list;
+      list.reserve(items.size());
+      for (auto* v : items) list.push_back(to_int(*v));
+      return list;
+    }
+    case ValueKind::kFloatList: {
+      c10::List<double> list;
+      for (auto* v : items) list.push_back(to_double(*v));
+      return list;
+    }
+    case ValueKind::kBoolList: {
+      c10::List<bool> list;
+      for (auto* v : items) list.push_back(v->toBool());
+      return list;
+    }
+    case ValueKind::kTensorList: {
+      c10::List<at::Tensor> list;
+      list.reserve(items.size());
+      for (auto* v : items) list.push_back(v->toTensor());
+      return list;
+    }
+    case ValueKind::kOptionalTensorList: {
+      c10::List<std::optional<at::Tensor>> list;
+      for (auto* v : items) {
+        list.push_back(v->isNone() ? std::optional<at::Tensor>() : v->toTensor());
+      }
+      return list;
+    }
+    default:
+      break;
+  }
+  MAGI_ASSERT(false, "cannot build a list of kind ", ir::value_kind_name(kind));
+  return {};
+}
+
+std::string describe(const ir::Node* node) {
+  std::string s = node->op_name();
+  const auto& p = node->provenance();
+  if (!p.fx_name.empty() || !p.source.empty()) {
+    s += " (";
+    if (!p.fx_name.empty()) s += "FX node " + p.fx_name;
+    if (!p.source.empty()) s += (p.fx_name.empty() ? "" : ", ") + p.source;
+    s += ")";
+  }
+  return s;
+}
+
+}  // namespace
+
+struct Executable::Program {
+  std::vector<Instr> instrs;
+  std::vector<c10::IValue> constants;
+  std::vector<Ref> input_regs;   // kUnused for inputs nobody reads
+  std::vector<Ref> output_refs;
+  size_t num_registers = 0;
+  size_t num_calls = 0;
+  size_t max_stack = 0;
+};
+
+Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Program>()) {
+  ir::verify(graph);
+  Program& p = *program_;
+  std::unordered_map<const ir::Value*, Ref> ref_of;
+
+  auto new_register = [&](const ir::Value* v) {
+    Ref r = static_cast<Ref>(p.num_registers++);
+    ref_of[v] = r;
+    return r;
+  };
+
+  for (const ir::Node* node : graph.nodes()) {
+    switch (node->kind()) {
+      case ir::NodeKind::kInput:
+        p.input_regs.push_back(new_register(node->output()));
+        continue;
+      case ir::NodeKind::kConstant:
+        p.constants.push_back(node->constant());
+        ref_of[node->output()] = -static_cast<Ref>(p.constants.size());
+        continue;
+      case ir::NodeKind::kOutput:
+        for (const ir::Value* v : node->inputs()) p.output_refs.push_back(ref_of.at(v));
+        continue;
+      default:
+        break;
+    }
+    Instr instr;
+    instr.where = describe(node);
+    for (const ir::Value* v : node->inputs()) instr.in.push_back(ref_of.at(v));
+    for (const ir::Value* v : node->outputs()) instr.out.push_back(new_register(v));
+    switch (node->kind()) {
+      case ir::NodeKind::kAtenOp:
+      case ir::NodeKind::kCustomOp:
+        instr.kind = InstrKind::kCall;
+        instr.op = node->op();
+        p.num_calls++;
+        p.max_stack = std::max({p.max_stack, instr.in.size(), instr.out.size()});
+        break;
+      case ir::NodeKind::kSymArith:
+        instr.kind = InstrKind::kSym;
+        instr.sym = node->sym_op();
+        break;
+      case ir::NodeKind::kGetItem:
+        instr.kind = InstrKind::kGetItem;
+        instr.item_index = node->item_index();
+        break;
+      case ir::NodeKind::kMakeList:
+        instr.kind = InstrKind::kMakeList;
+        instr.list_kind = node->output()->kind();
+        break;
+      default:
+        MAGI_ASSERT(false, "unexpected node kind ", ir::node_kind_name(node->kind()));
+    }
+    p.instrs.push_back(std::move(instr));
+  }
+
+  // Liveness: the last instruction reading each register. Graph outputs live to the end.
+  constexpr size_t kForever = std::numeric_limits<size_t>::max();
+  std::vector<size_t> last_use(p.num_registers, kForever - 1);  // "never read"
+  std::vector<bool> read(p.num_registers, false);
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    for (Ref r : p.instrs[i].in) {
+      if (r >= 0) {
+        last_use[r] = i;
+        read[r] = true;
+      }
+    }
+  }
+  for (Ref r : p.output_refs) {
+    if (r >= 0) {
+      last_use[r] = kForever;
+      read[r] = true;
+    }
+  }
+  for (Ref& r : p.input_regs) {
+    if (r >= 0 && !read[r]) r = kUnused;
+  }
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    Instr& instr = p.instrs[i];
+    instr.move_in.assign(instr.in.size(), 0);
+    for (size_t j = instr.in.size(); j-- > 0;) {
+      Ref r = instr.in[j];
+      if (r < 0 || last_use[r] != i) continue;
+      bool later_in_same = false;
+      for (size_t k = j + 1; k < instr.in.size(); ++k) later_in_same |= (instr.in[k] == r);
+      if (later_in_same) continue;
+      if (instr.kind == InstrKind::kCall) {
+        instr.move_in[j] = 1;
+      } else {
+        instr.release_after.push_back(r);
+      }
+    }
+    for (Ref& r : instr.out) {
+      if (!read[r]) r = kUnused;
+    }
+  }
+  MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
+                 " dispatcher calls, ", p.num_registers, " registers, ", p.constants.size(),
+                 " constants");
+}
+
+Executable::~Executable() = default;
+Executable::Executable(Executable&&) noexcept = default;
+
+size_t Executable::num_inputs() const { return program_->input_regs.size(); }
+size_t Executable::num_outputs() const { return program_->output_refs.size(); }
+size_t Executable::num_instructions() const { return program_->instrs.size(); }
+size_t Executable::num_operator_calls() const { return program_->num_calls; }
+
+std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const {
+  const Program& p = *program_;
+  MAGI_CHECK(inputs.size() == p.input_regs.size(), "the compiled graph takes ",
+             p.input_regs.size(), " inputs but was called with ", inputs.size());
+  std::vector<c10::IValue> regs(p.num_registers);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (p.input_regs[i] != kUnused) regs[p.input_regs[i]] = std::move(inputs[i]);
+  }
+  auto get = [&](Ref r) -> const c10::IValue& {
+    return r >= 0 ? regs[r] : p.constants[-r - 1];
+  };
+
+  torch::jit::Stack stack;
+  stack.reserve(p.max_stack);
+  for (const Instr& instr : p.instrs) {
+    switch (instr.kind) {
+      case InstrKind::kCall: {
+        stack.clear();
+        for (size_t j = 0; j < instr.in.size(); ++j) {
+          Ref r = instr.in[j];
+          if (instr.move_in[j]) {
+            stack.push_back(std::move(regs[r]));
+          } else {
+            stack.push_back(get(r));
+          }
+        }
+        try {
+          instr.op->callBoxed(stack);
+        } catch (const std::exception& e) {
+          throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
+        }
+        MAGI_ASSERT(stack.size() == instr.out.size(), instr.where, " returned ", stack.size(),
+                    " values, expected ", instr.out.size());
+        for (size_t k = 0; k < instr.out.size(); ++k) {
+          if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(stack[k]);
+        }
+        break;
+      }
+      case InstrKind::kSym: {
+        const c10::IValue& a = get(instr.in[0]);
+        const c10::IValue* b = instr.in.size() > 1 ? &get(instr.in[1]) : nullptr;
+        c10::IValue result = eval_sym(instr.sym, a, b);
+        if (instr.out[0] != kUnused) regs[instr.out[0]] = std::move(result);
+        break;
+      }
+      case InstrKind::kGetItem: {
+        auto items = get(instr.in[0]).toListRef();
+        MAGI_ASSERT(instr.item_index >= 0 && size_t(instr.item_index) < items.size(),
+                    instr.where, ": index ", instr.item_index, " of a list of ", items.size());
+        if (instr.out[0] != kUnused) regs[instr.out[0]] = items[instr.item_index];
+        break;
+      }
+      case InstrKind::kMakeList: {
+        std::vector<const c10::IValue*> items;
+        items.reserve(instr.in.size());
+        for (Ref r : instr.in) items.push_back(&get(r));
+        c10::IValue list = make_list(instr.list_kind, std::move(items));
+        if (instr.out[0] != kUnused) regs[instr.out[0]] = std::move(list);
+        break;
+      }
+    }
+    for (Ref r : instr.release_after) regs[r] = c10::IValue();
+  }
+
+  std::vector<c10::IValue> outputs;
+  outputs.reserve(p.output_refs.size());
+  for (Ref r : p.output_refs) outputs.push_back(get(r));
+  return outputs;
+}
+
+}  // namespace magi::runtime
