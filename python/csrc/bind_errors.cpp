@@ -1,0 +1,27 @@
+// The one place where C++ errors become Python exceptions, and where logging is controlled:
+//   magi::UserError        -> magi_compiler.UserError        (a ValueError)
+//   magi::UnsupportedError -> magi_compiler.UnsupportedError (a NotImplementedError)
+//   magi::InternalError    -> magi_compiler.InternalError    (a RuntimeError)
+#include "bindings.h"
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+
+namespace magi::bindings {
+
+void bind_errors(py::module_& m) {
+  py::register_exception<magi::UserError>(m, "UserError", PyExc_ValueError);
+  py::register_exception<magi::UnsupportedError>(m, "UnsupportedError", PyExc_NotImplementedError);
+  py::register_exception<magi::InternalError>(m, "InternalError", PyExc_RuntimeError);
+
+  m.def(
+      "set_log_level", [](const std::string& level) { log::set_level(log::parse_level(level)); },
+      py::arg("level"), "Sets the C++ log level (trace, debug, info, warning, error, off).");
+  m.def(
+      "log", [](const std::string& level, const std::string& message) {
+        log::Level l = log::parse_level(level);
+        if (log::enabled(l)) log::write(l, message);
+      },
+      py::arg("level"), py::arg("message"));
+}
+
+}  // namespace magi::bindings

@@ -1,0 +1,94 @@
+// Read-only view of the graph IR for Python: printing, verification, inspection (tests and
+// dumps use it), and the pass pipeline.
+#include "bindings.h"
+
+#include <pybind11/stl.h>
+
+#include "magi/ir/graph.h"
+#include "magi/ir/printer.h"
+#include "magi/ir/verifier.h"
+#include "magi/passes/pipeline.h"
+
+namespace magi::bindings {
+
+void bind_ir(py::module_& m) {
+  py::class_<ir::Graph>(m, "Graph", "A captured graph in magi-compiler's C++ IR.")
+      .def("__str__", [](const ir::Graph& g) { return ir::to_string(g); })
+      .def(
+          "to_string",
+          [](const ir::Graph& g, bool types, bool source) {
+            return ir::to_string(g, ir::PrintOptions{types, source});
+          },
+          py::arg("types") = true, py::arg("source") = true)
+      .def("verify", [](const ir::Graph& g) { ir::verify(g); })
+      .def("verify_errors", [](const ir::Graph& g) { return ir::verify_errors(g); })
+      .def_property_readonly("num_nodes", &ir::Graph::num_nodes)
+      .def_property_readonly("num_inputs", [](const ir::Graph& g) { return g.inputs().size(); })
+      .def_property_readonly("num_outputs", [](const ir::Graph& g) { return g.outputs().size(); })
+      .def(
+          "op_names",
+          [](const ir::Graph& g) {
+            std::vector<std::string> names;
+            for (const ir::Node* n : g.nodes()) {
+              if (n->is_operator() || n->kind() == ir::NodeKind::kSymArith ||
+                  n->kind() == ir::NodeKind::kGetItem) {
+                names.push_back(n->op_name());
+              }
+            }
+            return names;
+          },
+          "Operators and symbolic ops in execution order ('aten::mm', 'size', ...).")
+      .def(
+          "nodes",
+          [](const ir::Graph& g) {
+            // (kind, op name, output type strings, FX name, source) per node.
+            py::list out;
+            for (const ir::Node* n : g.nodes()) {
+              std::vector<std::string> types;
+              for (const ir::Value* v : n->outputs()) types.push_back(v->type_str());
+              out.append(py::make_tuple(ir::node_kind_name(n->kind()), n->op_name(), types,
+                                        n->provenance().fx_name, n->provenance().source));
+            }
+            return out;
+          })
+      .def(
+          "input_types",
+          [](const ir::Graph& g) {
+            std::vector<std::string> out;
+            for (const ir::Value* v : g.inputs()) {
+              out.push_back(v->kind() == ir::ValueKind::kInt && v->sym()
+                                ? "int(" + v->sym()->str() + ")"
+                                : v->type_str());
+            }
+            return out;
+          })
+      .def(
+          "output_types",
+          [](const ir::Graph& g) {
+            std::vector<std::string> out;
+            for (const ir::Value* v : g.outputs()) out.push_back(v->type_str());
+            return out;
+          })
+      .def(
+          "run_pipeline",
+          [](ir::Graph& g, const std::vector<std::string>& disabled) {
+            passes::PipelineOptions options;
+            options.disabled.insert(disabled.begin(), disabled.end());
+            py::list records;
+            for (const auto& r : passes::run_pipeline(g, options)) {
+              py::dict d;
+              d["name"] = r.name;
+              d["ran"] = r.ran;
+              d["changed"] = r.changed;
+              d["ms"] = r.milliseconds;
+              records.append(d);
+            }
+            return records;
+          },
+          py::arg("disabled") = std::vector<std::string>{},
+          "Runs the pass pipeline in place; returns one record per pass.");
+
+  m.def("pipeline_pass_names", &passes::pipeline_pass_names);
+}
+
+}  // namespace magi::bindings

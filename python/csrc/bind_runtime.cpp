@@ -1,0 +1,79 @@
+// Binds the executor. Python values cross into IValues here, the run itself happens with the
+// GIL released (operators implemented in Python take it back themselves).
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "magi/common/error.h"
+#include "magi/runtime/executor.h"
+
+namespace magi::bindings {
+namespace {
+
+c10::IValue to_ivalue(py::handle h, size_t position) {
+  PyObject* obj = h.ptr();
+  if (THPVariable_Check(obj)) return THPVariable_Unpack(obj);
+  if (h.is_none()) return {};
+  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
+  if (py::isinstance<py::int_>(h)) return h.cast<int64_t>();
+  if (py::isinstance<py::float_>(h)) return h.cast<double>();
+  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+    c10::List<at::Tensor> list;
+    for (py::handle item : h) {
+      MAGI_CHECK(THPVariable_Check(item.ptr()), "input ", position,
+                 " is a list with a non-tensor element; only lists of tensors are accepted");
+      list.push_back(THPVariable_Unpack(item.ptr()));
+    }
+    return list;
+  }
+  MAGI_CHECK(false, "input ", position, " of the compiled graph has type ",
+             py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>(),
+             "; expected a tensor, int, float, bool or None");
+  return {};
+}
+
+py::object to_python(const c10::IValue& v) {
+  if (v.isTensor()) return py::cast(v.toTensor());
+  if (v.isNone()) return py::none();
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isList()) {
+    py::list out;
+    for (const auto& item : v.toListRef()) out.append(to_python(item));
+    return out;
+  }
+  MAGI_ASSERT(false, "cannot return a ", v.tagKind(), " to Python");
+  return py::none();
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  py::class_<runtime::Executable>(m, "Executable",
+                                  "A graph lowered for the C++ executor (boxed ATen calls).")
+      .def(py::init([](const ir::Graph& g) { return std::make_unique<runtime::Executable>(g); }),
+           py::arg("graph"))
+      .def(
+          "run",
+          [](const runtime::Executable& exe, py::sequence args) {
+            std::vector<c10::IValue> inputs;
+            inputs.reserve(args.size());
+            for (size_t i = 0; i < args.size(); ++i) inputs.push_back(to_ivalue(args[i], i));
+            std::vector<c10::IValue> outputs;
+            {
+              py::gil_scoped_release no_gil;
+              outputs = exe.run(std::move(inputs));
+            }
+            py::list result(outputs.size());
+            for (size_t i = 0; i < outputs.size(); ++i) result[i] = to_python(outputs[i]);
+            return result;
+          },
+          py::arg("args"), "Runs the graph; returns the list of its outputs.")
+      .def_property_readonly("num_inputs", &runtime::Executable::num_inputs)
+      .def_property_readonly("num_outputs", &runtime::Executable::num_outputs)
+      .def_property_readonly("num_instructions", &runtime::Executable::num_instructions)
+      .def_property_readonly("num_operator_calls", &runtime::Executable::num_operator_calls);
+}
+
+}  // namespace magi::bindings

@@ -1,0 +1,76 @@
+"""Dynamo backend: Dynamo graph → AOTAutograd (functionalised ATen graphs, forward and
+backward) → C++ import → pass pipeline → C++ executor.
+
+This module is glue only: it never looks inside a graph. Everything after AOTAutograd happens
+in ``magi_compiler._C``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from magi_compiler import _C, _counters
+from magi_compiler._decompositions import decomposition_table
+from magi_compiler._logging import logger
+from magi_compiler.config import CompileConfig
+
+
+def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> Callable:
+    """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable."""
+    start = time.perf_counter()
+    graph = _C.import_fx_graph(gm)
+    graph.run_pipeline(list(config.pass_config.disabled_passes))
+    executable = _C.Executable(graph)
+    _counters.bump("compiles")
+    logger.info(
+        "compiled %s graph: %d nodes, %d operator calls, %.1f ms",
+        kind,
+        graph.num_nodes,
+        executable.num_operator_calls,
+        (time.perf_counter() - start) * 1e3,
+    )
+
+    def run(args: list[Any]) -> list[Any]:
+        outputs = executable.run(args)
+        args.clear()  # boxed calling convention: drop our references to the inputs early
+        return outputs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    run.magi_graph = graph  # type: ignore[attr-defined]  # for inspection and tests
+    run.magi_executable = executable  # type: ignore[attr-defined]
+    return run
+
+
+def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):
+    """A Dynamo backend compiling every captured graph with magi's pipeline."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(kind: str):
+        def compile_fn(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+            if config.backend == "eager":
+                fn = gm.forward
+            else:
+                fn = lower_graph(gm, kind, config)
+            if on_lowered is not None:
+                on_lowered(kind, fn)
+            return fn
+
+        return compile_fn
+
+    aot = aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+        keep_inference_input_mutations=True,
+    )
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        _counters.bump("captures")
+        logger.debug("captured a Dynamo graph with %d nodes", len(gm.graph.nodes))
+        return aot(gm, example_inputs)
+
+    return backend

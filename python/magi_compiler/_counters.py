@@ -1,0 +1,43 @@
+"""Process-wide counters of what the compiler did, for tests and for users who want to know
+whether a call captured, compiled or hit a cache."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Counters:
+    captures: int = 0  # graphs Dynamo handed to our backend
+    compiles: int = 0  # ATen graphs (forward, backward or inference) lowered to the executor
+    guard_misses: int = 0  # calls whose inputs no longer matched a compiled entry
+    cache_hits: int = 0  # compiled artifacts reused instead of rebuilt
+
+    def __getitem__(self, key: str) -> int:
+        return getattr(self, key)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+_lock = threading.Lock()
+_counters = Counters()
+
+
+def bump(name: str, by: int = 1) -> None:
+    with _lock:
+        setattr(_counters, name, getattr(_counters, name) + by)
+
+
+def get_counters() -> Counters:
+    """A snapshot of the counters (a copy: later compiles do not change it)."""
+    with _lock:
+        return Counters(**asdict(_counters))
+
+
+def reset_counters() -> None:
+    """Sets every counter back to zero."""
+    global _counters
+    with _lock:
+        _counters = Counters()

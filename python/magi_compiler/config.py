@@ -1,0 +1,225 @@
+"""Compile configuration: :class:`CompileConfig` and the process default.
+
+Field names and defaults follow MagiCompiler's, so existing configs carry over. Every field can
+be overridden from the environment as ``MAGI_COMPILE_<FIELD>`` (upper case); nested fields use a
+double underscore (``MAGI_COMPILE_OFFLOAD_CONFIG__MODEL_CPU_OFFLOAD=1``) and a whole nested
+config can be given as JSON (``MAGI_COMPILE_OFFLOAD_CONFIG='{"model_cpu_offload": true}'``).
+Precedence: a decorator's ``config_patch`` > environment > defaults. ``sys.argv`` is never read.
+See docs/config.md for every field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class CompileMode(enum.Enum):
+    NONE = "NONE"  # no compilation: the module runs eagerly
+    TORCH_COMPILE = "TORCH_COMPILE"  # plain torch.compile (Inductor): the comparison baseline
+    MAGI_COMPILE = "MAGI_COMPILE"  # capture with Dynamo/AOTAutograd, run on magi's C++ runtime
+
+
+class CudaGraphMode(enum.Enum):
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+
+
+class OffloadPolicy(enum.Enum):
+    BASE = "BASE"
+    COST_EFFECTIVE = "COST_EFFECTIVE"
+    HEURISTIC = "HEURISTIC"
+
+
+class RecomputePolicy(enum.Enum):
+    HEURISTIC = "HEURISTIC"
+    HANDCRAFT = "HANDCRAFT"
+    AUTOSEARCH = "AUTOSEARCH"
+
+
+@dataclass
+class OffloadConfig:
+    model_cpu_offload: bool = False
+    gpu_resident_weight_ratio: float = 0.0
+    offload_policy: OffloadPolicy = OffloadPolicy.COST_EFFECTIVE
+    bandwidth_safety_factor: float = 0.9
+
+
+@dataclass
+class RecomputeConfig:
+    recompute_policy: RecomputePolicy = RecomputePolicy.HEURISTIC
+    custom_compute_sensitive_ops: list[str] = field(default_factory=list)
+    memory_budget: float = 0.5
+
+
+@dataclass
+class PassConfig:
+    # Passes of the C++ pipeline to skip, by name (same as MAGI_DISABLE_PASSES).
+    disabled_passes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompileConfig:
+    backend: str = "magi"  # "magi": our C++ runtime; "eager": captured FX graphs run in Python
+    compile_mode: CompileMode = CompileMode.MAGI_COMPILE
+    cache_root_dir: str = field(
+        default_factory=lambda: os.path.join(os.path.expanduser("~"), ".cache", "magi_compiler")
+    )
+    aot: bool = False
+    disable_cache: bool = False
+    offload_config: OffloadConfig = field(default_factory=OffloadConfig)
+    compile_sizes: list[int] = field(default_factory=list)
+    splitting_ops: list[str] = field(default_factory=list)
+    pass_config: PassConfig = field(default_factory=PassConfig)
+    recompute_config: RecomputeConfig = field(default_factory=RecomputeConfig)
+    cudagraph_mode: CudaGraphMode = CudaGraphMode.NONE
+    # ours
+    dynamic_dim_default: int | None = 0  # dim made dynamic when none are given; None: static
+
+
+# Fields that are accepted and documented but not acted on yet: setting one warns once.
+NOT_YET_ACTED_ON = {
+    "aot",
+    "disable_cache",
+    "offload_config",
+    "compile_sizes",
+    "splitting_ops",
+    "recompute_config",
+    "cudagraph_mode",
+}
+_warned: set[str] = set()
+
+_ENV_PREFIX = "MAGI_COMPILE_"
+
+
+def _coerce(value: Any, annotation: Any, name: str) -> Any:
+    """Converts ``value`` (often a string from the environment) to the field's type."""
+    default = annotation
+    if isinstance(default, enum.Enum):
+        enum_type = type(default)
+        if isinstance(value, enum_type):
+            return value
+        try:
+            return enum_type[str(value).strip().upper()]
+        except KeyError:
+            choices = ", ".join(m.name for m in enum_type)
+            raise ValueError(f"{name}={value!r} is not one of {choices}") from None
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}={value!r} is not a boolean (use 1/0, true/false)")
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        try:
+            return type(default)(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}={value!r} is not a {type(default).__name__}") from None
+    if isinstance(default, list):
+        if isinstance(value, list):
+            return value
+        text = str(value).strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{name}={value!r} is not valid JSON: {e}") from None
+        return [v.strip() for v in text.split(",") if v.strip()]
+    return value
+
+
+def _apply(cfg: Any, key: str, value: Any, origin: str) -> None:
+    """Sets ``key`` (possibly ``a__b`` for nested) on ``cfg``, validating the value."""
+    head, _, rest = key.partition("__")
+    names = {f.name for f in dataclasses.fields(cfg)}
+    if head not in names:
+        raise ValueError(
+            f"{origin}: {type(cfg).__name__} has no field {head!r}; fields: {', '.join(sorted(names))}"
+        )
+    current = getattr(cfg, head)
+    if rest:
+        if not dataclasses.is_dataclass(current):
+            raise ValueError(f"{origin}: {head!r} has no nested fields")
+        _apply(current, rest, value, origin)
+        return
+    if dataclasses.is_dataclass(current):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{origin}: expected a JSON object for {head!r}: {e}") from None
+        if isinstance(value, dict):
+            for k, v in value.items():
+                _apply(current, k, v, origin)
+            return
+        if isinstance(value, type(current)):
+            setattr(cfg, head, value)
+            return
+        raise ValueError(f"{origin}: {head!r} expects a {type(current).__name__} or a dict")
+    if current is None or head == "dynamic_dim_default":
+        value = None if str(value).lower() in ("none", "null", "") else int(value)
+    else:
+        value = _coerce(value, current, origin)
+    setattr(cfg, head, value)
+
+
+def _from_env(environ: dict[str, str] | None = None) -> CompileConfig:
+    environ = os.environ if environ is None else environ
+    cfg = CompileConfig()
+    for var in sorted(environ):
+        if var.startswith(_ENV_PREFIX):
+            _apply(cfg, var[len(_ENV_PREFIX) :].lower(), environ[var], var)
+    return cfg
+
+
+def patched(base: CompileConfig, patch: dict[str, Any] | None) -> CompileConfig:
+    """A deep copy of ``base`` with ``patch`` applied (keys may use ``a__b`` or nested dicts)."""
+    cfg = _deepcopy(base)
+    for key, value in (patch or {}).items():
+        _apply(cfg, key, value, f"config_patch[{key!r}]")
+    return cfg
+
+
+def _deepcopy(cfg: CompileConfig) -> CompileConfig:
+    import copy
+
+    return copy.deepcopy(cfg)
+
+
+def warn_not_yet_acted_on(cfg: CompileConfig) -> None:
+    """Warns once per field that is set away from its default but not implemented yet."""
+    default = CompileConfig()
+    for name in sorted(NOT_YET_ACTED_ON):
+        if getattr(cfg, name) != getattr(default, name) and name not in _warned:
+            _warned.add(name)
+            warnings.warn(
+                f"magi_compiler: CompileConfig.{name} is accepted but not acted on in this "
+                "version; it has no effect yet (see docs/config.md)",
+                stacklevel=3,
+            )
+
+
+_default: CompileConfig | None = None
+
+
+def get_compile_config() -> CompileConfig:
+    """The process default: defaults overridden by ``MAGI_COMPILE_*`` variables (read once)."""
+    global _default
+    if _default is None:
+        _default = _from_env()
+    return _default
+
+
+def set_compile_config(cfg: CompileConfig | None) -> None:
+    """Replaces the process default (None: re-read the environment on next use)."""
+    global _default
+    _default = cfg
