@@ -7,6 +7,7 @@
 #include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
+#include <ATen/EmptyTensor.h>
 
 #include <unordered_map>
 
@@ -133,6 +134,19 @@ class FxImporter {
   ir::Value* convert(py::handle a, const c10::TypePtr& expected) {
     using ir::ValueKind;
     ValueKind want = expected ? ir::value_kind_of(expected) : ValueKind::kOther;
+    if (want == ValueKind::kTensor) {
+      // FX passes Python numbers to Tensor parameters (aten::add.Tensor(x, 1e-6)); eager's
+      // argument parser turns them into 0-dim "wrapped number" tensors, which take no part
+      // in type promotion. Do the same, at import time for literals, at run time for sizes.
+      if (!is_fx_node(a) && (py::isinstance<py::int_>(a) || py::isinstance<py::float_>(a))) {
+        return constant(wrapped_number(a), ValueKind::kTensor);
+      }
+      if (is_fx_node(a)) {
+        ir::Value* v = lookup(a);
+        if (v->kind() == ValueKind::kInt || v->kind() == ValueKind::kFloat) return scalar_tensor(v);
+        return v;
+      }
+    }
     if (is_fx_node(a)) return lookup(a);
     if (a.is_none()) return constant(c10::IValue(), ValueKind::kNone);
     if (py::isinstance<py::bool_>(a)) return constant(a.cast<bool>(), ValueKind::kBool);
@@ -168,6 +182,38 @@ class FxImporter {
     MAGI_UNSUPPORTED("cannot import argument ", py::repr(a).cast<std::string>(), " of type ",
                      type_name(a), " in FX node '", py_str(current_.attr("name")), "'");
     return nullptr;
+  }
+
+  // Built with empty_cpu and a raw store, not through the dispatcher: the importer runs
+  // while AOTAutograd's FakeTensorMode may still be active, which would make a fake tensor.
+  static at::Tensor wrapped_number(py::handle a) {
+    at::Tensor t;
+    if (py::isinstance<py::bool_>(a)) {
+      t = at::detail::empty_cpu({}, at::kBool, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      *t.mutable_data_ptr<bool>() = a.cast<bool>();
+    } else if (py::isinstance<py::int_>(a)) {
+      t = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      *t.mutable_data_ptr<int64_t>() = a.cast<int64_t>();
+    } else {
+      t = at::detail::empty_cpu({}, at::kDouble, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      *t.mutable_data_ptr<double>() = a.cast<double>();
+    }
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+
+  // A symbolic int or float read as a Tensor argument: aten::scalar_tensor at run time.
+  ir::Value* scalar_tensor(ir::Value* number) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::scalar_tensor", "");
+    bool is_int = number->kind() == ir::ValueKind::kInt;
+    std::vector<ir::Value*> inputs = {
+        number,
+        constant(static_cast<int64_t>(is_int ? at::kLong : at::kDouble), ir::ValueKind::kDtype),
+        constant(c10::IValue(), ir::ValueKind::kNone), constant(c10::IValue(), ir::ValueKind::kNone),
+        constant(c10::IValue(), ir::ValueKind::kNone)};
+    ir::Node* n = graph_->add_op(op, std::move(inputs));
+    set_provenance(n, current_);
+    return n->output();
   }
 
   ir::Value* convert_list(py::handle a, const c10::TypePtr& expected) {
@@ -376,12 +422,12 @@ class FxImporter {
     size_t positional = 0;
     for (const c10::Argument& arg : schema.arguments()) {
       if (!arg.kwarg_only() && positional < args.size()) {
-        inputs.push_back(convert(args[positional++], arg.type()));
+        inputs.push_back(convert(args[positional++], arg.real_type()));
       } else if (kwargs.contains(arg.name())) {
-        inputs.push_back(convert(kwargs[py::str(arg.name())], arg.type()));
+        inputs.push_back(convert(kwargs[py::str(arg.name())], arg.real_type()));
       } else if (arg.default_value().has_value()) {
         const c10::IValue& d = *arg.default_value();
-        inputs.push_back(constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.type())));
+        inputs.push_back(constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.real_type())));
       } else {
         MAGI_CHECK(false, "FX node '", py_str(node.attr("name")), "' calls ", name, ".", overload,
                    " without its required argument '", arg.name(), "'");

@@ -144,6 +144,9 @@ Node* Graph::create(NodeKind kind, std::vector<Value*> inputs, size_t num_output
   raw->inputs_ = std::move(inputs);
   for (size_t i = 0; i < num_outputs; ++i) {
     auto value = std::unique_ptr<Value>(new Value(this, raw, i));
+    // Every value is named from birth ("v12"), so printed graphs and messages never show a
+    // bare "%"; add_input and importers rename values after what they stand for.
+    if (kind != NodeKind::kInput) value->name_ = unique_name("v" + std::to_string(values_.size()));
     raw->outputs_.push_back(value.get());
     values_.push_back(std::move(value));
   }
@@ -190,7 +193,7 @@ Node* Graph::add_op(const c10::OperatorHandle& op, std::vector<Value*> inputs) {
                       schema.returns().size());
   node->op_ = op;
   for (size_t i = 0; i < schema.returns().size(); ++i) {
-    node->outputs_[i]->set_kind(value_kind_of(schema.returns()[i].type()));
+    node->outputs_[i]->set_kind(value_kind_of(schema.returns()[i].real_type()));
   }
   return node;
 }

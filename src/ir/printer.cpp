@@ -2,8 +2,11 @@
 // inline where they are used, as literals do in an FX graph.
 #include "magi/ir/printer.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "magi/common/error.h"
 
@@ -114,6 +117,10 @@ void print(std::ostream& os, const Graph& graph, const PrintOptions& options) {
     if (options.show_types) os << ": " << type_annotation(v);
   }
   os << "):\n";
+  // Lines are collected first so that all source comments start in one column, the one after
+  // the longest commented line.
+  std::vector<std::pair<std::string, std::string>> lines;  // (text, source comment)
+  size_t comment_column = 0;
   for (const Node* node : graph.nodes()) {
     std::ostringstream line;
     switch (node->kind()) {
@@ -138,12 +145,12 @@ void print(std::ostream& os, const Graph& graph, const PrintOptions& options) {
         }
       }
     }
-    std::string text = line.str();
-    const auto& source = node->provenance().source;
-    if (options.show_source && !source.empty()) {
-      if (text.size() < 60) text.append(60 - text.size(), ' ');
-      text += "  # " + source;
-    }
+    std::string source = options.show_source ? node->provenance().source : "";
+    if (!source.empty()) comment_column = std::max(comment_column, line.str().size());
+    lines.emplace_back(line.str(), std::move(source));
+  }
+  for (auto& [text, source] : lines) {
+    if (!source.empty()) text += std::string(comment_column - text.size(), ' ') + "  # " + source;
     os << "  " << text << "\n";
   }
 }

@@ -32,6 +32,11 @@ bool fits(ValueKind have, const c10::TypePtr& want) {
     return have == ValueKind::kInt || have == ValueKind::kFloat || have == ValueKind::kBool;
   }
   if (expected == ValueKind::kFloat) return have == ValueKind::kInt;  // ints promote
+  // The dispatcher passes dtypes, layouts and memory formats as ints (the schema's fake type).
+  if (expected == ValueKind::kDtype || expected == ValueKind::kLayout ||
+      expected == ValueKind::kMemoryFormat) {
+    return have == ValueKind::kInt;
+  }
   if (expected == ValueKind::kOptionalTensorList) return have == ValueKind::kTensorList;
   return false;
 }
@@ -109,8 +114,8 @@ std::vector<std::string> verify_errors(const Graph& graph) {
           for (size_t i = 0; i < schema.arguments().size(); ++i) {
             const auto& arg = schema.arguments()[i];
             ValueKind have = node->inputs()[i]->kind();
-            if (!fits(have, arg.type())) {
-              fail(node, "argument '" + arg.name() + "' expects " + arg.type()->str() +
+            if (!fits(have, arg.real_type())) {
+              fail(node, "argument '" + arg.name() + "' expects " + arg.real_type()->str() +
                              " but gets a " + value_kind_name(have));
             }
           }

@@ -50,8 +50,9 @@ std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& op
   for (const auto& name : disabled) {
     bool known = false;
     for (const auto& p : kPipeline) known |= (name == p.name);
-    MAGI_CHECK(known, "MAGI_DISABLE_PASSES names an unknown pass '", name, "'; known passes: ",
-               known_names);
+    MAGI_CHECK(
+        known, "cannot disable unknown pass '", name,
+        "' (from PipelineOptions::disabled or MAGI_DISABLE_PASSES); known passes: ", known_names);
   }
   std::vector<PassRecord> records;
   for (const auto& pass : kPipeline) {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's test command: install everything, build with the C++ tests, run GoogleTest,
+# pytest (GPU tests skip without a GPU) and the linters.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup_env.sh
+bash scripts/build.sh --config-settings=cmake.define.MAGI_BUILD_TESTS=ON
+
+echo "[test] GoogleTest (tests/cpp)"
+cpp_tests="$(find build -path '*tests/cpp/magi_cpp_tests' -type f | head -n1)"
+[[ -x "$cpp_tests" ]] || { echo "[test] magi_cpp_tests was not built"; exit 1; }
+"$cpp_tests" --gtest_brief=1
+
+echo "[test] pytest (tests/python, tests/gpu)"
+python -m pytest tests/python tests/gpu -q -ra --durations=5
+
+echo "[test] ruff"
+ruff check python tests examples benchmarks scripts
+ruff format --check python tests examples benchmarks scripts
+echo "[test] all green"
