@@ -4,8 +4,11 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
+
+#include <pybind11/stl.h>
 #include "magi/common/error.h"
 #include "magi/runtime/executor.h"
+#include "magi/runtime/guard.h"
 
 namespace magi::bindings {
 namespace {
@@ -47,6 +50,19 @@ py::object to_python(const c10::IValue& v) {
   return py::none();
 }
 
+std::vector<std::optional<at::Tensor>> guard_inputs(py::sequence args) {
+  std::vector<std::optional<at::Tensor>> out;
+  out.reserve(args.size());
+  for (py::handle h : args) {
+    if (THPVariable_Check(h.ptr())) {
+      out.emplace_back(THPVariable_Unpack(h.ptr()));
+    } else {
+      out.emplace_back(std::nullopt);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_runtime(py::module_& m) {
@@ -74,6 +90,27 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_outputs", &runtime::Executable::num_outputs)
       .def_property_readonly("num_instructions", &runtime::Executable::num_instructions)
       .def_property_readonly("num_operator_calls", &runtime::Executable::num_operator_calls);
+
+  py::class_<runtime::GuardSignature>(m, "GuardSignature",
+                                      "The input signature a compiled entry was captured for.")
+      .def(py::init([](py::sequence args, std::vector<std::vector<int64_t>> dynamic_dims,
+                       bool training) {
+             return runtime::GuardSignature(guard_inputs(args), dynamic_dims, training);
+           }),
+           py::arg("args"), py::arg("dynamic_dims"), py::arg("training"))
+      .def(
+          "matches",
+          [](const runtime::GuardSignature& g, py::sequence args, bool training) {
+            return g.matches(guard_inputs(args), training);
+          },
+          py::arg("args"), py::arg("training"))
+      .def(
+          "mismatch",
+          [](const runtime::GuardSignature& g, py::sequence args, bool training) {
+            return g.mismatch(guard_inputs(args), training);
+          },
+          py::arg("args"), py::arg("training"))
+      .def("__str__", &runtime::GuardSignature::str);
 }
 
 }  // namespace magi::bindings

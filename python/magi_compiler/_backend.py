@@ -8,7 +8,8 @@ in ``magi_compiler._C``.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -60,8 +61,16 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
 
         return compile_fn
 
+    def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+        # Our hook for splitting the joint graph into forward and backward. For now it keeps
+        # PyTorch's default choice of saved values; the recompute planner replaces it.
+        from torch._functorch.partitioners import default_partition
+
+        return default_partition(joint_module, joint_inputs, **kwargs)
+
     aot = aot_autograd(
         fw_compiler=compiler("forward"),
+        partition_fn=partition,
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),

@@ -3,156 +3,296 @@
 ``magi_compile`` accepts what MagiCompiler's does: a module class, a module instance, a bound
 method or a plain function, used bare (``@magi_compile``), parametrised
 (``@magi_compile(dynamic_arg_dims=...)``), imperatively (``magi_compile(model)``) or as a
-factory (``c = magi_compile(model_tag="x"); c(Model)``). See docs/api.md.
+factory (``c = magi_compile(model_tag="x"); c(Model); c(model)``). See docs/api.md.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import types
-from typing import Any, Callable
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from magi_compiler import _C, _counters, _dynamic_dims
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig, CompileMode
+from magi_compiler.errors import UnsupportedError
 
-_DynamicDims = dict[str, "int | list[int]"]
+# Class attribute through which a model author gives a module its own settings (a dict of
+# CompileConfig overrides, like config_patch; the decorator's config_patch wins).
+CONFIG_ATTRIBUTE = "magi_compile_config"
+
+_tls = threading.local()  # depth of magi captures in progress on this thread
 
 
-def _normalise_dims(spec: Any) -> list[int]:
-    if isinstance(spec, int):
-        return [spec]
-    if isinstance(spec, (list, tuple)) and all(isinstance(d, int) for d in spec):
-        return list(spec)
-    raise TypeError(f"dynamic_arg_dims values must be an int or a list of ints, got {spec!r}")
+def _capture_depth() -> int:
+    return getattr(_tls, "depth", 0)
+
+
+@torch._dynamo.disable
+def _opaque_call(entry: _CompiledCallable, args: tuple, kwargs: dict) -> Any:
+    # Reached when an outer torch.compile traces into a magi-compiled module: the module runs
+    # as a black box (with its own compiled graph) and the outer graph breaks around it.
+    return entry(*args, **kwargs)
 
 
 class _CompiledCallable:
-    """One compiled entry point: the original function, its config, and the torch.compile
-    wrapper that captures it with our backend. Shared by every instance of a decorated class,
-    so instances of one layer type reuse Dynamo's cache entries."""
+    """One compiled entry point: the original function, its config and dynamic dims, the
+    torch.compile wrapper that captures it with our backend, and the guard signatures it was
+    captured for. One instance serves every instance of a decorated class, so layers of one
+    type share captures and compiled graphs."""
 
     def __init__(
         self,
         fn: Callable,
         config: CompileConfig,
-        dynamic_arg_dims: _DynamicDims | None,
+        dynamic_arg_dims: dict[str, Any] | None,
         model_tag: str | None,
-        skip_first: bool,
+        is_method: bool,
     ):
         self.fn = fn
         self.config = config
         self.model_tag = model_tag or getattr(fn, "__qualname__", "model")
         self.signature = inspect.signature(fn)
-        self.skip_first = skip_first  # `self` of a method is not an argument to mark
-        self.dynamic_arg_dims = (
-            None
-            if dynamic_arg_dims is None
-            else {k: _normalise_dims(v) for k, v in dynamic_arg_dims.items()}
-        )
+        self.is_method = is_method  # first parameter is `self`, not a graph input
         params = list(self.signature.parameters)
-        for name in self.dynamic_arg_dims or {}:
-            if name not in params:
-                raise ValueError(
-                    f"dynamic_arg_dims names {name!r}, which is not a parameter of "
-                    f"{self.model_tag}; parameters: {', '.join(params)}"
-                )
-        self.captured = False
-        self._compiled: Callable | None = None
+        self.param_names = params[1:] if is_method else params
 
+        if dynamic_arg_dims is None and config.dynamic_dim_default is not None:
+            dims = _dynamic_dims.infer_from_annotations(fn, is_method)
+            self.dims_inferred = dims is not None
+            self.dynamic_arg_dims = dims  # None: dim `dynamic_dim_default` of every tensor
+        else:
+            self.dims_inferred = False
+            self.dynamic_arg_dims = {
+                name: _dynamic_dims.normalise(spec, f"dynamic_arg_dims[{name!r}]")
+                for name, spec in (dynamic_arg_dims or {}).items()
+            }
+        for name in self.dynamic_arg_dims or {}:
+            if name.split(".")[0] not in params:
+                raise ValueError(
+                    f"{self.model_tag}: dynamic_arg_dims names {name!r}, which is not a parameter"
+                    f"; parameters: {', '.join(self.param_names)}"
+                )
+        self.paths = [p for p in (self.dynamic_arg_dims or {}) if "." in p]
+
+        self.signatures: list[Any] = []  # _C.GuardSignature per capture
+        self.fallback_reason: str | None = None
+        self._warned_bound = False
+        self._compiled: Callable | None = None
+        self._seen_owners: set[int] = set()
+
+    # --- capture -----------------------------------------------------------------------
     def _compiled_fn(self) -> Callable:
         if self._compiled is None:
             if self.config.compile_mode == CompileMode.TORCH_COMPILE:
                 self._compiled = torch.compile(self.fn)
             else:
-
-                def on_lowered(kind: str, fn: Any) -> None:
-                    self.captured = True
-
                 self._compiled = torch.compile(
-                    self.fn,
-                    fullgraph=True,
-                    dynamic=False,
-                    backend=make_backend(self.config, on_lowered),
+                    self.fn, fullgraph=True, dynamic=False, backend=make_backend(self.config)
                 )
         return self._compiled
 
-    def _dims_for(self, name: str, value: Any) -> list[int]:
-        if not isinstance(value, torch.Tensor):
-            return []
-        if self.dynamic_arg_dims is not None:
-            return self.dynamic_arg_dims.get(name, [])
-        d = self.config.dynamic_dim_default
-        return [] if d is None or value.dim() == 0 else [d]
-
-    def _mark_dynamic(self, args: tuple, kwargs: dict) -> None:
+    # --- inputs ------------------------------------------------------------------------
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[list[int]]]:
+        """The values the guard looks at (parameters in order, then dotted paths) and their
+        dynamic dims."""
         bound = self.signature.bind(*args, **kwargs)
-        items = list(bound.arguments.items())
-        if self.skip_first:
-            items = items[1:]
-        for name, value in items:
-            for d in self._dims_for(name, value):
+        arguments = bound.arguments
+        values, dims = [], []
+        default = self.config.dynamic_dim_default
+        for name in self.param_names:
+            value = arguments.get(name)
+            values.append(value)
+            if not isinstance(value, torch.Tensor):
+                dims.append([])
+            elif self.dynamic_arg_dims is None:
+                dims.append([] if default is None or value.dim() == 0 else [default])
+            else:
+                dims.append(list(self.dynamic_arg_dims.get(name, [])))
+        for path in self.paths:
+            value = _dynamic_dims.resolve_path(arguments, path)
+            values.append(value)
+            dims.append(
+                list(self.dynamic_arg_dims[path]) if isinstance(value, torch.Tensor) else []
+            )
+        return values, dims
+
+    def _mark_dynamic(
+        self, values: list[Any], dims: list[list[int]], first: bool
+    ) -> list[list[int]]:
+        names = self.param_names + self.paths
+        marked = []
+        for name, value, value_dims in zip(names, values, dims):
+            kept = []
+            for d in value_dims:
                 dim = d + value.dim() if d < 0 else d
                 if not 0 <= dim < value.dim():
                     raise ValueError(
-                        f"dynamic_arg_dims: dim {d} of argument {name!r} is out of range for a "
-                        f"tensor of rank {value.dim()}"
+                        f"{self.model_tag}: dynamic_arg_dims: dim {d} of argument {name!r} is "
+                        f"out of range for a tensor of rank {value.dim()}"
                     )
                 if value.shape[dim] <= 1:
-                    if not self.captured:
+                    if first:
                         raise ValueError(
                             f"{self.model_tag}: dynamic dim {dim} of argument {name!r} has size "
-                            f"{value.shape[dim]} on the first call; PyTorch specialises sizes 0 "
-                            "and 1, so the first call must use a size >= 2 for every dynamic dim "
-                            f"(or make the dim static: dynamic_arg_dims={{'{name}': []}})"
+                            f"{value.shape[dim]} on the first call; PyTorch specialises sizes 0 and"
+                            " 1, so the first call must use a size >= 2 for every dynamic dim (or "
+                            f"make the dim static: dynamic_arg_dims={{{name!r}: []}})"
                         )
-                    continue  # a later size-1 call gets its own specialised capture
+                    continue  # a later size-1 call gets its own, specialised capture
                 torch._dynamo.mark_dynamic(value, dim)
+                kept.append(dim)
+            marked.append(kept)
+        return marked
 
+    # --- call ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            return self.fn(*args, **kwargs)  # inside an outer capture: trace through
-        self._mark_dynamic(args, kwargs)
-        return self._compiled_fn()(*args, **kwargs)
+            if _capture_depth() > 0:
+                return self.fn(*args, **kwargs)  # nested magi module: part of the outer graph
+            return _opaque_call(self, args, kwargs)
+        if self.fallback_reason is not None:
+            return self.fn(*args, **kwargs)
+
+        owner = args[0] if self.is_method else None
+        training = bool(getattr(owner, "training", False))
+        values, dims = self._flat_inputs(args, kwargs)
+        for sig in self.signatures:
+            if sig.matches(values, training):
+                if owner is not None and id(owner) not in self._seen_owners:
+                    self._seen_owners.add(id(owner))
+                    _counters.bump("cache_hits")
+                return self._run(args, kwargs)
+        return self._miss(args, kwargs, values, dims, training, owner)
+
+    def _run(self, args: tuple, kwargs: dict) -> Any:
+        _tls.depth = _capture_depth() + 1
+        try:
+            return self._compiled_fn()(*args, **kwargs)
+        finally:
+            _tls.depth -= 1
+
+    def _miss(self, args, kwargs, values, dims, training, owner) -> Any:
+        first = not self.signatures
+        if not first:
+            _counters.bump("guard_misses")
+            reasons = "; ".join(
+                filter(None, (s.mismatch(values, training) for s in self.signatures))
+            )
+            logger.debug("%s: guard miss (%s)", self.model_tag, reasons)
+            if len(self.signatures) >= self.config.max_recaptures and not self._warned_bound:
+                self._warned_bound = True
+                warnings.warn(
+                    f"magi_compiler: {self.model_tag} has been captured for "
+                    f"{len(self.signatures)} input signatures (max_recaptures="
+                    f"{self.config.max_recaptures}); the latest change: {reasons}. Inputs whose "
+                    "dtype or static sizes keep changing recompile each time; mark the changing "
+                    "dims dynamic (dynamic_arg_dims) or raise max_recaptures",
+                    stacklevel=3,
+                )
+        marked = self._mark_dynamic(values, dims, first)
+        captures_before = _counters.get_counters().captures
+        try:
+            result = self._run(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - filtered just below
+            reason = _unsupported_reason(e)
+            if reason is None or self.config.strict:
+                raise
+            self.fallback_reason = reason
+            warnings.warn(
+                f"magi_compiler: {self.model_tag} cannot be compiled and will run eagerly: "
+                f"{reason} (set strict=True in its config to raise instead)",
+                stacklevel=3,
+            )
+            return self.fn(*args, **kwargs)
+        self.signatures.append(_C.GuardSignature(values, marked, training))
+        if owner is not None:
+            self._seen_owners.add(id(owner))
+        if _counters.get_counters().captures == captures_before and owner is not None and not first:
+            _counters.bump("cache_hits")
+        return result
 
 
-def _resolve_config(config_patch: dict[str, Any] | None) -> CompileConfig:
-    # Looked up through the module so tests and users can swap the process default.
-    cfg = _config.patched(_config.get_compile_config(), config_patch)
+def _unsupported_reason(e: BaseException) -> str | None:
+    """The reason to fall back to eager, when `e` says the code cannot be compiled."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, UnsupportedError):
+            return str(e).strip()
+        if isinstance(e, torch._dynamo.exc.Unsupported):
+            return "Dynamo cannot capture it as one graph: " + str(e).strip().splitlines()[0]
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    return None
+
+
+def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, Any] | None):
+    # The default is looked up through the module at decoration time, so tests and users can
+    # replace it (magi_compiler.config.set_compile_config).
+    cfg = _config.patched(_config.get_compile_config(), owner_patch)
+    cfg = _config.patched(cfg, config_patch)
     _config.warn_not_yet_acted_on(cfg)
     return cfg
 
 
-def _compile_instance(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
-    wrapper = functools.wraps(entry.fn)(lambda *a, **k: entry(module, *a, **k))
-    object.__setattr__(module, method_name, wrapper)
-    module._magi_compiled = entry  # type: ignore[attr-defined]
+def _install(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
+    @functools.wraps(entry.fn)
+    def compiled_method(*args: Any, **kwargs: Any) -> Any:
+        return entry(module, *args, **kwargs)
+
+    object.__setattr__(module, method_name, compiled_method)
+    compiled = dict(getattr(module, "_magi_compiled_methods", {}))
+    compiled[method_name] = entry
+    object.__setattr__(module, "_magi_compiled_methods", compiled)
+    if method_name == "forward":
+        object.__setattr__(module, "_magi_compiled", entry)
+
+
+def _method_of(cls: type, method_name: str) -> Callable:
+    fn = getattr(cls, method_name, None)
+    if not callable(fn):
+        raise ValueError(f"{cls.__name__} has no method {method_name!r} to compile")
+    return fn
 
 
 def magi_compile(
     obj: Any = None,
     *,
     model_tag: str | None = None,
-    dynamic_arg_dims: _DynamicDims | None = None,
+    dynamic_arg_dims: dict[str, int | list[int]] | None = None,
     enable_if: Callable[[], bool] | None = None,
     config_patch: dict[str, Any] | None = None,
-    method_name: str = "forward",
+    method_name: str | None = None,
 ) -> Any:
     """Compiles a module class, module instance, bound method or function with magi-compiler.
 
     Args:
-        obj: what to compile. Omitted: returns a decorator taking it.
-        model_tag: a name for logs, dumps and caches (default: the function's qualified name).
-        dynamic_arg_dims: ``{argument name: dim or [dims]}`` made dynamic (negative dims count
-            from the end). Default: dim 0 of every tensor argument. ``{}``: fully static.
+        obj: what to compile. Omitted: returns a decorator that takes it.
+        model_tag: a name for logs, dumps and caches (default: the class or function name).
+        dynamic_arg_dims: ``{argument: dim or [dims]}`` to make dynamic; negative dims count
+            from the end, ``"arg.attr"`` reaches into an argument, ``None`` arguments are
+            skipped, ``{}`` compiles fully static. Default: inferred from annotations
+            (``Tensor`` and ``Optional[Tensor]`` parameters get dim 0), else dim 0 of every
+            tensor argument.
         enable_if: called at decoration time; when it returns False, ``obj`` is returned as is.
-        config_patch: overrides of :class:`~magi_compiler.config.CompileConfig` fields.
-        method_name: the method of a module class or instance to compile.
+        config_patch: overrides of :class:`~magi_compiler.config.CompileConfig` fields for this
+            object only (they win over the class attribute ``magi_compile_config``, the
+            ``MAGI_COMPILE_*`` environment and the defaults).
+        method_name: the method of a module class or instance to compile (default
+            ``forward``). Not accepted with a function or bound method.
+
+    Returns:
+        The class itself (its instances are compiled after ``__init__``), the same instance,
+        a new bound method (its owner patched to use it), or a new function.
     """
     if obj is None:
         return functools.partial(
@@ -165,57 +305,76 @@ def magi_compile(
         )
     if enable_if is not None and not enable_if():
         return obj
-    cfg = _resolve_config(config_patch)
-    if cfg.compile_mode == CompileMode.NONE:
-        return obj
 
     if isinstance(obj, type):
         if not issubclass(obj, nn.Module):
             raise TypeError(
-                f"magi_compile takes an nn.Module class, a module, a method or a function; "
+                f"magi_compile takes an nn.Module class, a module, a bound method or a function; "
                 f"{obj.__name__} is a class that is not an nn.Module"
             )
-        fn = getattr(obj, method_name, None)
-        if not callable(fn):
-            raise ValueError(f"{obj.__name__} has no method {method_name!r} to compile")
+        name = method_name or "forward"
+        cfg = _resolve_config(getattr(obj, CONFIG_ATTRIBUTE, None), config_patch)
+        if cfg.compile_mode == CompileMode.NONE:
+            return obj
+        fn = _method_of(obj, name)
         entry = _CompiledCallable(fn, cfg, dynamic_arg_dims, model_tag or obj.__name__, True)
         original_init = obj.__init__
 
         @functools.wraps(original_init)
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self: nn.Module, *args: Any, **kwargs: Any) -> None:
             original_init(self, *args, **kwargs)
-            # Subclasses of a decorated class compile their own override only if decorated.
-            if getattr(type(self), method_name) is fn:
-                _compile_instance(self, entry, method_name)
+            # A subclass that overrides the method compiles it only if it is decorated itself.
+            if getattr(type(self), name) is fn:
+                _install(self, entry, name)
 
         obj.__init__ = __init__
-        logger.debug("magi_compile: class %s, method %s", obj.__name__, method_name)
+        logger.debug("magi_compile: class %s, method %s", obj.__name__, name)
         return obj
 
     if isinstance(obj, nn.Module):
-        fn = getattr(type(obj), method_name, None)
-        if not callable(fn):
-            raise ValueError(f"{type(obj).__name__} has no method {method_name!r} to compile")
+        name = method_name or "forward"
+        cfg = _resolve_config(getattr(type(obj), CONFIG_ATTRIBUTE, None), config_patch)
+        if cfg.compile_mode == CompileMode.NONE:
+            return obj
+        fn = _method_of(type(obj), name)
         tag = model_tag or type(obj).__name__
-        _compile_instance(obj, _CompiledCallable(fn, cfg, dynamic_arg_dims, tag, True), method_name)
+        _install(obj, _CompiledCallable(fn, cfg, dynamic_arg_dims, tag, True), name)
         return obj
 
     if inspect.ismethod(obj) or inspect.isfunction(obj):
-        if method_name != "forward":
+        if method_name is not None:
             raise ValueError(
-                "method_name applies to module classes and instances; for a function or a bound "
-                "method, pass the callable itself"
+                "method_name applies to module classes and instances; to compile a function or "
+                f"a bound method, pass it directly (got method_name={method_name!r} with "
+                f"{getattr(obj, '__qualname__', obj)!s})"
             )
-        if inspect.ismethod(obj):
-            owner, fn = obj.__self__, obj.__func__
+        owner = obj.__self__ if inspect.ismethod(obj) else None
+        cfg = _resolve_config(
+            getattr(type(owner), CONFIG_ATTRIBUTE, None) if owner else None, config_patch
+        )
+        if cfg.compile_mode == CompileMode.NONE:
+            return obj
+        if owner is not None:
+            fn = obj.__func__
             entry = _CompiledCallable(fn, cfg, dynamic_arg_dims, model_tag, True)
-            bound = types.MethodType(functools.wraps(fn)(lambda s, *a, **k: entry(s, *a, **k)), owner)
+
+            @functools.wraps(fn)
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return entry(self, *args, **kwargs)
+
+            bound = types.MethodType(method, owner)
             object.__setattr__(owner, fn.__name__, bound)
             return bound
         entry = _CompiledCallable(obj, cfg, dynamic_arg_dims, model_tag, False)
-        return functools.wraps(obj)(lambda *a, **k: entry(*a, **k))
+
+        @functools.wraps(obj)
+        def function(*args: Any, **kwargs: Any) -> Any:
+            return entry(*args, **kwargs)
+
+        function._magi_compiled = entry  # type: ignore[attr-defined]
+        return function
 
     raise TypeError(
-        f"magi_compile cannot compile {type(obj).__name__!s} objects; pass an nn.Module class or "
+        f"magi_compile cannot compile a {type(obj).__name__} object; pass an nn.Module class or "
         "instance, a bound method or a function"
     )

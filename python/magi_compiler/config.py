@@ -81,6 +81,8 @@ class CompileConfig:
     cudagraph_mode: CudaGraphMode = CudaGraphMode.NONE
     # ours
     dynamic_dim_default: int | None = 0  # dim made dynamic when none are given; None: static
+    strict: bool = False  # raise on code we cannot compile instead of running it eagerly
+    max_recaptures: int = 8  # input signatures per compiled entry before a warning
 
 
 # Fields that are accepted and documented but not acted on yet: setting one warns once.

@@ -1,0 +1,76 @@
+"""Which dims of which arguments are dynamic: from ``dynamic_arg_dims`` or, when absent, from
+the annotations of the compiled function.
+
+Inference works from resolved annotations (``typing.get_type_hints``), so it also works under
+``from __future__ import annotations``, where annotations are strings; if a string cannot be
+resolved (a name imported only under ``TYPE_CHECKING``), its text is matched instead.
+Parameters annotated ``Tensor``, ``Tensor | None`` or ``Optional[Tensor]`` get dim 0. When no
+parameter is annotated as a tensor, dim 0 of every tensor argument is dynamic.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_TENSOR_TEXT = re.compile(
+    r"^\s*(?:Optional\[\s*(?:torch\.)?Tensor\s*\]|(?:torch\.)?Tensor(?:\s*\|\s*None)?|None\s*\|\s*(?:torch\.)?Tensor)\s*$"
+)
+
+
+def _is_tensor_annotation(annotation: Any) -> bool:
+    if annotation is torch.Tensor:
+        return True
+    if isinstance(annotation, str):
+        return bool(_TENSOR_TEXT.match(annotation))
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return len(args) == 1 and args[0] is torch.Tensor
+    return False
+
+
+def infer_from_annotations(fn: Callable, skip_first: bool) -> dict[str, list[int]] | None:
+    """``{param: [0]}`` for tensor-annotated parameters; None when none is annotated so."""
+    params = list(inspect.signature(fn).parameters.values())
+    if skip_first:
+        params = params[1:]
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable string annotations: fall back to their text
+        hints = {}
+    dims = {}
+    for p in params:
+        annotation = hints.get(p.name, p.annotation)
+        if annotation is inspect.Parameter.empty:
+            continue
+        if _is_tensor_annotation(annotation):
+            dims[p.name] = [0]
+    return dims or None
+
+
+def normalise(spec: Any, where: str) -> list[int]:
+    if isinstance(spec, bool) or not isinstance(spec, (int, list, tuple)):
+        raise TypeError(f"{where}: expected an int or a list of ints, got {spec!r}")
+    if isinstance(spec, int):
+        return [spec]
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in spec):
+        raise TypeError(f"{where}: expected an int or a list of ints, got {spec!r}")
+    return list(spec)
+
+
+def resolve_path(arguments: dict[str, Any], path: str) -> Any:
+    """Value at ``"batch.x"``: attribute (or key) ``x`` of argument ``batch``; None if absent."""
+    head, *rest = path.split(".")
+    value = arguments.get(head)
+    for part in rest:
+        if value is None:
+            return None
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+    return value
