@@ -131,7 +131,7 @@ class _CompiledCallable:
     ) -> list[list[int]]:
         names = self.param_names + self.paths
         marked = []
-        for name, value, value_dims in zip(names, values, dims):
+        for name, value, value_dims in zip(names, values, dims, strict=True):
             kept = []
             for d in value_dims:
                 dim = d + value.dim() if d < 0 else d
