@@ -1,0 +1,86 @@
+// Compile drivers and kernel caches: CUDA C++ → cubin through NVRTC (loaded at run time, no
+// GPU needed to compile), cubin → CUfunction through the driver API (loaded at run time), and
+// C++ → shared object through the host compiler, loaded with dlopen.
+//
+// Caches: in memory by source hash; on disk under the cache directory by
+// hash(source + arch + compiler version). A second process with a warm disk cache compiles
+// nothing. Counters record compiles and cache hits for tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace magi::codegen {
+
+/// What one compile produced; `from_cache` says whether a compiler actually ran.
+struct CompileRecord {
+  std::string name;
+  bool from_cache = false;
+  double milliseconds = 0.0;
+};
+
+struct CompilerStats {
+  size_t cuda_compiles = 0;    ///< NVRTC invocations
+  size_t cpu_compiles = 0;     ///< host compiler invocations
+  size_t memory_hits = 0;
+  size_t disk_hits = 0;
+};
+
+/// Where compiled artifacts live on disk ("" disables the disk cache). Default:
+/// $MAGI_CACHE_DIR, else ~/.cache/magi_compiler/kernels.
+void set_cache_dir(const std::string& dir);
+std::string cache_dir();
+CompilerStats compiler_stats();
+void reset_compiler_stats();
+
+// ---- CUDA ---------------------------------------------------------------------------------
+
+/// True when NVRTC can be loaded (the CUDA toolkit's libnvrtc is present).
+bool nvrtc_available();
+/// True when a CUDA driver and at least one device are present.
+bool cuda_driver_available();
+
+/// Compiles CUDA C++ source to a cubin for `arch` (e.g. 90 for sm_90, 900 + 'a' not used:
+/// pass arch_suffix "a" for sm_90a). Throws magi::InternalError with NVRTC's log on failure.
+/// Uses the disk cache.
+std::vector<char> compile_cuda_to_cubin(const std::string& source, const std::string& name,
+                                        int arch, const std::string& arch_suffix = "");
+
+/// A loaded kernel function on one device.
+struct CudaKernel {
+  void* function = nullptr;  ///< CUfunction
+  int device = -1;
+  std::string name;
+};
+
+/// Compiles (or fetches from cache) `source` for the current device's architecture, loads
+/// the module on `device` and returns function `kernel_name`. Thread-safe.
+const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& kernel_name,
+                                  int device);
+
+/// Launches on `stream` (a cudaStream_t / CUstream handle). `args` are pointers to argument
+/// values, as for cuLaunchKernel. Throws InternalError with the driver's message on failure.
+void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid_y,
+                        unsigned grid_z, unsigned block_x, unsigned block_y, unsigned block_z,
+                        unsigned shared_bytes, void* stream, void** args);
+
+/// Max dynamic shared memory per block, number of SMs, compute capability of `device`.
+struct DeviceInfo {
+  int sm_count = 0;
+  int major = 0;
+  int minor = 0;
+  int max_threads_per_block = 0;
+  size_t shared_per_block = 0;
+};
+DeviceInfo device_info(int device);
+
+// ---- CPU ----------------------------------------------------------------------------------
+
+/// Compiles C++ source with the host compiler (c++ -O3 -march=native -fopenmp -shared -fPIC,
+/// or $MAGI_CXX / $CXX), loads it, and returns the address of extern "C" symbol `symbol`.
+/// Thread-safe; uses both caches.
+void* get_cpu_function(const std::string& source, const std::string& symbol);
+
+}  // namespace magi::codegen
