@@ -97,7 +97,7 @@ class _CompiledCallable:
                 self._compiled = torch.compile(self.fn)
             else:
                 self._compiled = torch.compile(
-                    self.fn, fullgraph=True, dynamic=False, backend=make_backend(self.config)
+                    self.fn, fullgraph=True, dynamic=False, backend=_backend_for(self.config)
                 )
         return self._compiled
 
@@ -202,7 +202,12 @@ class _CompiledCallable:
         marked = self._mark_dynamic(values, dims, first)
         captures_before = _counters.get_counters().captures
         try:
-            result = self._run(args, kwargs)
+            # Our guard decided that this call needs a capture; Dynamo's per-function limit
+            # (8 by default) must not refuse it and turn the whole entry eager.
+            dynamo = torch._dynamo.config
+            limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
+            with dynamo.patch(recompile_limit=limit):
+                result = self._run(args, kwargs)
         except Exception as e:  # noqa: BLE001 - filtered just below
             reason = _unsupported_reason(e)
             if reason is None or self.config.strict:
@@ -220,6 +225,19 @@ class _CompiledCallable:
         if _counters.get_counters().captures == captures_before and owner is not None and not first:
             _counters.bump("cache_hits")
         return result
+
+
+_backends: dict[str, Callable] = {}
+
+
+def _backend_for(config: CompileConfig) -> Callable:
+    """One backend object per distinct config. Dynamo keeps one cache per code object and
+    recaptures when the backend object differs, so entries of one function (instances of a
+    class compiled one by one) must hand it the same backend to share captures."""
+    key = repr(config)
+    if key not in _backends:
+        _backends[key] = make_backend(config)
+    return _backends[key]
 
 
 def _unsupported_reason(e: BaseException) -> str | None:
