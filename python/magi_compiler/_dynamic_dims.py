@@ -4,8 +4,9 @@ the annotations of the compiled function.
 Inference works from resolved annotations (``typing.get_type_hints``), so it also works under
 ``from __future__ import annotations``, where annotations are strings; if a string cannot be
 resolved (a name imported only under ``TYPE_CHECKING``), its text is matched instead.
-Parameters annotated ``Tensor``, ``Tensor | None`` or ``Optional[Tensor]`` get dim 0. When no
-parameter is annotated as a tensor, dim 0 of every tensor argument is dynamic.
+Parameters annotated ``Tensor``, ``Tensor | None`` or ``Optional[Tensor]`` get the config's
+``dynamic_dim_default`` (dim 0 unless changed). When no parameter is annotated as a tensor, that
+dim of every tensor argument is dynamic.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def _is_tensor_annotation(annotation: Any) -> bool:
     return False
 
 
-def infer_from_annotations(fn: Callable, skip_first: bool) -> dict[str, list[int]] | None:
-    """``{param: [0]}`` for tensor-annotated parameters; None when none is annotated so."""
+def infer_from_annotations(
+    fn: Callable, skip_first: bool, dim: int = 0
+) -> dict[str, list[int]] | None:
+    """``{param: [dim]}`` for tensor-annotated parameters; None when none is annotated so."""
     params = list(inspect.signature(fn).parameters.values())
     if skip_first:
         params = params[1:]
@@ -51,7 +54,7 @@ def infer_from_annotations(fn: Callable, skip_first: bool) -> dict[str, list[int
         if annotation is inspect.Parameter.empty:
             continue
         if _is_tensor_annotation(annotation):
-            dims[p.name] = [0]
+            dims[p.name] = [dim]
     return dims or None
 
 

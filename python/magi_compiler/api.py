@@ -67,7 +67,7 @@ class _CompiledCallable:
         self.param_names = params[1:] if is_method else params
 
         if dynamic_arg_dims is None and config.dynamic_dim_default is not None:
-            dims = _dynamic_dims.infer_from_annotations(fn, is_method)
+            dims = _dynamic_dims.infer_from_annotations(fn, is_method, config.dynamic_dim_default)
             self.dims_inferred = dims is not None
             self.dynamic_arg_dims = dims  # None: dim `dynamic_dim_default` of every tensor
         else:
