@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import json
 import os
+import typing
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,7 @@ class RecomputePolicy(enum.Enum):
 @dataclass
 class OffloadConfig:
     model_cpu_offload: bool = False
-    gpu_resident_weight_ratio: float = 0.0
+    gpu_resident_weight_ratio: float = 0.3
     offload_policy: OffloadPolicy = OffloadPolicy.COST_EFFECTIVE
     bandwidth_safety_factor: float = 0.9
 
@@ -100,7 +101,18 @@ _warned: set[str] = set()
 _ENV_PREFIX = "MAGI_COMPILE_"
 
 
-def _coerce(value: Any, annotation: Any, name: str) -> Any:
+def _list_element(value: Any, element_type: type, name: str) -> Any:
+    if element_type is int and isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise ValueError(f"{name}: list element {value!r} is not an int") from None
+    if isinstance(value, element_type) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{name}: list element {value!r} is not a {element_type.__name__}")
+
+
+def _coerce(value: Any, annotation: Any, name: str, element_type: type = str) -> Any:
     """Converts ``value`` (often a string from the environment) to the field's type."""
     default = annotation
     if isinstance(default, enum.Enum):
@@ -127,16 +139,29 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         except (TypeError, ValueError):
             raise ValueError(f"{name}={value!r} is not a {type(default).__name__}") from None
     if isinstance(default, list):
-        if isinstance(value, list):
-            return value
-        text = str(value).strip()
-        if text.startswith("["):
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{name}={value!r} is not valid JSON: {e}") from None
-        return [v.strip() for v in text.split(",") if v.strip()]
+        items = value
+        if not isinstance(value, (list, tuple)):
+            text = str(value).strip()
+            if text.startswith("["):
+                try:
+                    items = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{name}={value!r} is not valid JSON: {e}") from None
+            else:
+                items = [v.strip() for v in text.split(",") if v.strip()]
+        return [_list_element(v, element_type, name) for v in items]
     return value
+
+
+def _optional_int(value: Any, name: str) -> int | None:
+    if value is None or str(value).strip().lower() in ("none", "null", ""):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an int or None") from None
 
 
 def _apply(cfg: Any, key: str, value: Any, origin: str) -> None:
@@ -168,9 +193,10 @@ def _apply(cfg: Any, key: str, value: Any, origin: str) -> None:
             return
         raise ValueError(f"{origin}: {head!r} expects a {type(current).__name__} or a dict")
     if current is None or head == "dynamic_dim_default":
-        value = None if str(value).lower() in ("none", "null", "") else int(value)
+        value = _optional_int(value, origin)
     else:
-        value = _coerce(value, current, origin)
+        element_type = typing.get_args(typing.get_type_hints(type(cfg))[head]) or (str,)
+        value = _coerce(value, current, origin, element_type[0])
     setattr(cfg, head, value)
 
 
