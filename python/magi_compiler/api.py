@@ -380,6 +380,7 @@ def magi_compile(
             def method(self: Any, *args: Any, **kwargs: Any) -> Any:
                 return entry(self, *args, **kwargs)
 
+            method._magi_compiled = entry  # type: ignore[attr-defined]
             bound = types.MethodType(method, owner)
             object.__setattr__(owner, fn.__name__, bound)
             return bound
