@@ -131,6 +131,21 @@ def test_grad_mode_change_misses(assert_close_rel):
     assert (c.captures, c.guard_misses) == (2, 1), c
 
 
+def test_autocast_change_misses(assert_close_rel):
+    model = magi_compile(Tiny())
+    eager = copy.deepcopy(model)
+    with torch.no_grad():
+        x = inputs(3)
+        assert_close_rel(model(x), Tiny.forward(eager, x), RTOL)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, expected = model(x), Tiny.forward(eager, x)
+        assert out.dtype == expected.dtype
+        assert_close_rel(out, expected, 1e-2)
+        assert_close_rel(model(x), Tiny.forward(eager, x), RTOL)  # autocast off again: a hit
+    c = get_counters()
+    assert (c.captures, c.guard_misses) == (2, 1), c
+
+
 class WithDropout(nn.Module):
     def __init__(self) -> None:
         super().__init__()
