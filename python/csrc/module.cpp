@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   magi::bindings::bind_ir(m);
   magi::bindings::bind_import(m);
   magi::bindings::bind_runtime(m);
+  magi::bindings::bind_codegen(m);
 }

@@ -1,0 +1,288 @@
+// Loading and launching generated kernels through the CUDA driver API, loaded with
+// dlopen("libcuda.so.1") on first use (no link-time dependency, no CUDA headers).
+//
+// PyTorch's runtime works in each device's primary context, so modules are loaded there and
+// launches happen there. A launch from a thread whose current context is another one (or
+// none) switches to the primary context for the call and restores the previous one, so the
+// device PyTorch sees as current never changes under it.
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "compile_cache.h"
+#include "magi/codegen/compiler.h"
+#include "magi/common/log.h"
+
+namespace magi::codegen {
+namespace {
+
+// ---- The driver API, declared by hand (values from cuda.h) ------------------------------------
+
+using CUresult = int;  // 0 is CUDA_SUCCESS
+using CUdevice = int;
+struct CUctxOpaque;
+struct CUmodOpaque;
+struct CUfuncOpaque;
+struct CUstreamOpaque;
+using CUcontext = CUctxOpaque*;
+using CUmodule = CUmodOpaque*;
+using CUfunction = CUfuncOpaque*;
+using CUstream = CUstreamOpaque*;
+
+constexpr int kAttrMaxThreadsPerBlock = 1;
+constexpr int kAttrMultiprocessorCount = 16;
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
+constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
+constexpr unsigned kDefaultSharedLimit = 48 * 1024;
+constexpr int kMaxDevices = 64;
+
+struct Driver {
+  CUresult (*init)(unsigned) = nullptr;
+  CUresult (*device_get_count)(int*) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*device_get_attribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
+  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
+  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*get_error_name)(CUresult, const char**) = nullptr;
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+
+  bool loaded = false;
+  int device_count = 0;
+  std::string why_not;
+};
+
+const Driver& driver() {
+  static const Driver instance = [] {
+    Driver d;
+    std::string tried;
+    void* lib = internal::open_first_library({"libcuda.so.1"}, &tried);
+    if (lib == nullptr) {
+      d.why_not = "the CUDA driver (libcuda.so.1) could not be loaded:" + tried;
+      return d;
+    }
+    std::string missing;
+    auto resolve = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, symbol));
+      if (fn == nullptr) missing += std::string(" ") + symbol;
+    };
+    resolve(d.init, "cuInit");
+    resolve(d.device_get_count, "cuDeviceGetCount");
+    resolve(d.device_get, "cuDeviceGet");
+    resolve(d.device_get_attribute, "cuDeviceGetAttribute");
+    resolve(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    resolve(d.ctx_get_current, "cuCtxGetCurrent");
+    resolve(d.ctx_set_current, "cuCtxSetCurrent");
+    resolve(d.module_load_data, "cuModuleLoadData");
+    resolve(d.module_get_function, "cuModuleGetFunction");
+    resolve(d.func_set_attribute, "cuFuncSetAttribute");
+    resolve(d.launch_kernel, "cuLaunchKernel");
+    resolve(d.get_error_name, "cuGetErrorName");
+    resolve(d.get_error_string, "cuGetErrorString");
+    if (!missing.empty()) {
+      d.why_not = "libcuda.so.1 lacks" + missing;
+      return d;
+    }
+    if (CUresult r = d.init(0); r != 0) {
+      d.why_not = "cuInit failed with CUresult " + std::to_string(r);
+      return d;
+    }
+    d.device_get_count(&d.device_count);
+    d.loaded = true;
+    return d;
+  }();
+  return instance;
+}
+
+std::string error_text(const Driver& d, CUresult result) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  d.get_error_name(result, &name);
+  d.get_error_string(result, &text);
+  return detail::str_cat(name != nullptr ? name : "CUDA error", " (", result,
+                         "): ", text != nullptr ? text : "unknown");
+}
+
+const Driver& require_device(int device) {
+  const Driver& d = driver();
+  MAGI_CHECK(d.loaded,
+             "running generated CUDA kernels needs an NVIDIA driver and GPU: ", d.why_not);
+  MAGI_CHECK(device >= 0 && device < d.device_count && device < kMaxDevices, "CUDA device ", device,
+             " does not exist; this machine has ", d.device_count, " device(s)");
+  return d;
+}
+
+#define MAGI_CU_CALL(d, call, ...)                                                     \
+  do {                                                                                 \
+    CUresult magi_cu_result_ = (call);                                                 \
+    if (magi_cu_result_ != 0)                                                          \
+      ::magi::detail::throw_internal_error(                                            \
+          __FILE__, __LINE__, #call,                                                   \
+          ::magi::detail::str_cat(__VA_ARGS__, ": ", error_text(d, magi_cu_result_))); \
+  } while (0)
+
+/// The primary context of each device, retained once and never released (PyTorch holds it
+/// for the life of the process too). Read lock-free on the launch path.
+std::array<std::atomic<CUcontext>, kMaxDevices> g_primary_contexts{};
+std::mutex g_primary_mutex;
+
+CUcontext primary_context(const Driver& d, int device) {
+  if (CUcontext ctx = g_primary_contexts[device].load(std::memory_order_acquire)) return ctx;
+  std::lock_guard<std::mutex> lock(g_primary_mutex);
+  if (CUcontext ctx = g_primary_contexts[device].load()) return ctx;
+  CUdevice handle = 0;
+  MAGI_CU_CALL(d, d.device_get(&handle, device), "cuDeviceGet(", device, ")");
+  CUcontext ctx = nullptr;
+  MAGI_CU_CALL(d, d.primary_ctx_retain(&ctx, handle), "cuDevicePrimaryCtxRetain(", device, ")");
+  g_primary_contexts[device].store(ctx, std::memory_order_release);
+  return ctx;
+}
+
+/// Makes `device`'s primary context current for a scope; restores the previous one.
+class PrimaryContextScope {
+ public:
+  PrimaryContextScope(const Driver& d, int device) : d_(d) {
+    CUcontext target = primary_context(d, device);
+    MAGI_CU_CALL(d, d.ctx_get_current(&previous_), "cuCtxGetCurrent");
+    if (previous_ != target) {
+      MAGI_CU_CALL(d, d.ctx_set_current(target), "cuCtxSetCurrent(device ", device, ")");
+      switched_ = true;
+    }
+  }
+  ~PrimaryContextScope() {
+    if (switched_) d_.ctx_set_current(previous_);
+  }
+  PrimaryContextScope(const PrimaryContextScope&) = delete;
+  PrimaryContextScope& operator=(const PrimaryContextScope&) = delete;
+
+ private:
+  const Driver& d_;
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
+/// Loaded modules per (source hash, device) and their functions per name. Entries are never
+/// erased: get_cuda_kernel hands out references into `kernels`.
+struct ModuleTable {
+  std::mutex mutex;
+  std::map<std::pair<uint64_t, int>, CUmodule> modules;
+  std::map<std::tuple<uint64_t, int, std::string>, CudaKernel> kernels;
+  std::unordered_map<int, DeviceInfo> device_infos;
+};
+
+ModuleTable& module_table() {
+  static ModuleTable table;
+  return table;
+}
+
+}  // namespace
+
+bool cuda_driver_available() { return driver().loaded && driver().device_count > 0; }
+
+DeviceInfo device_info(int device) {
+  const Driver& d = require_device(device);
+  ModuleTable& table = module_table();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (auto it = table.device_infos.find(device); it != table.device_infos.end()) return it->second;
+  CUdevice handle = 0;
+  MAGI_CU_CALL(d, d.device_get(&handle, device), "cuDeviceGet(", device, ")");
+  auto attribute = [&](int attribute) {
+    int value = 0;
+    MAGI_CU_CALL(d, d.device_get_attribute(&value, attribute, handle), "cuDeviceGetAttribute(",
+                 attribute, ") of device ", device);
+    return value;
+  };
+  DeviceInfo info;
+  info.sm_count = attribute(kAttrMultiprocessorCount);
+  info.major = attribute(kAttrComputeCapabilityMajor);
+  info.minor = attribute(kAttrComputeCapabilityMinor);
+  info.max_threads_per_block = attribute(kAttrMaxThreadsPerBlock);
+  info.shared_per_block = static_cast<size_t>(attribute(kAttrMaxSharedMemoryPerBlockOptin));
+  return table.device_infos.emplace(device, info).first->second;
+}
+
+const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& kernel_name,
+                                  int device) {
+  const Driver& d = require_device(device);
+  const uint64_t source_key = internal::stable_hash(source);
+  const auto kernel_key = std::make_tuple(source_key, device, kernel_name);
+  ModuleTable& table = module_table();
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    if (auto it = table.kernels.find(kernel_key); it != table.kernels.end()) {
+      internal::counters().memory_hits++;
+      return it->second;
+    }
+  }
+
+  // Compile without holding the table lock: other threads keep launching meanwhile.
+  const DeviceInfo info = device_info(device);
+  bool module_loaded = false;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    module_loaded = table.modules.count({source_key, device}) != 0;
+  }
+  std::vector<char> cubin;
+  if (!module_loaded)
+    cubin = compile_cuda_to_cubin(source, kernel_name, info.major * 10 + info.minor);
+
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (auto it = table.kernels.find(kernel_key); it != table.kernels.end()) return it->second;
+  PrimaryContextScope scope(d, device);
+  auto module_it = table.modules.find({source_key, device});
+  if (module_it == table.modules.end()) {
+    MAGI_ASSERT(!cubin.empty(), "no cubin for kernel `", kernel_name, "`");
+    CUmodule module = nullptr;
+    MAGI_CU_CALL(d, d.module_load_data(&module, cubin.data()), "cuModuleLoadData for kernel `",
+                 kernel_name, "` on device ", device, " (sm_", info.major, info.minor, ")");
+    module_it = table.modules.emplace(std::make_pair(source_key, device), module).first;
+  }
+  CUmodule module = module_it->second;
+  CUfunction function = nullptr;
+  MAGI_CU_CALL(d, d.module_get_function(&function, module, kernel_name.c_str()),
+               "cuModuleGetFunction: no kernel `", kernel_name,
+               "` in the compiled source (entry points must be extern \"C\" __global__)");
+  CudaKernel kernel;
+  kernel.function = function;
+  kernel.device = device;
+  kernel.name = kernel_name;
+  return table.kernels.emplace(kernel_key, std::move(kernel)).first->second;
+}
+
+void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                        unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+                        void* stream, void** args) {
+  const Driver& d = driver();
+  MAGI_ASSERT(
+      d.loaded && kernel.function != nullptr && kernel.device >= 0 && kernel.device < kMaxDevices,
+      "launch of kernel `", kernel.name, "` that was never loaded");
+  PrimaryContextScope scope(d, kernel.device);
+  auto function = static_cast<CUfunction>(kernel.function);
+  if (shared_bytes > kDefaultSharedLimit) {
+    MAGI_CU_CALL(d,
+                 d.func_set_attribute(function, kFuncAttrMaxDynamicSharedSizeBytes,
+                                      static_cast<int>(shared_bytes)),
+                 "raising the dynamic shared memory of kernel `", kernel.name, "` to ",
+                 shared_bytes, " bytes");
+  }
+  MAGI_CU_CALL(d,
+               d.launch_kernel(function, grid_x, grid_y, grid_z, block_x, block_y, block_z,
+                               shared_bytes, static_cast<CUstream>(stream), args, nullptr),
+               "cuLaunchKernel of `", kernel.name, "` with grid (", grid_x, ", ", grid_y, ", ",
+               grid_z, "), block (", block_x, ", ", block_y, ", ", block_z, "), ", shared_bytes,
+               " bytes of shared memory on device ", kernel.device);
+}
+
+}  // namespace magi::codegen
