@@ -418,3 +418,24 @@ def test_env_set_field_not_acted_on_warns_at_first_decoration(monkeypatch):
     config_module.set_compile_config(None)
     with pytest.warns(UserWarning, match="CompileConfig.cudagraph_mode is accepted but not acted"):
         magi_compile(Model())
+
+
+# --------------------------------------------------------------------------------------------
+# Other environment variables
+# --------------------------------------------------------------------------------------------
+
+
+def test_invalid_logging_level_names_the_variable(monkeypatch):
+    from magi_compiler import _logging
+
+    monkeypatch.setenv("MAGI_LOGGING_LEVEL", "chatty")
+    with pytest.raises(ValueError, match="MAGI_LOGGING_LEVEL: log level 'chatty' is not one of"):
+        _logging.init_from_env()
+
+
+def test_disable_passes_from_env(monkeypatch, counters):
+    monkeypatch.setenv("MAGI_DISABLE_PASSES", "eliminate_dead_code")
+    compiled = magi_compile(Model())
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), x * 2)
+    assert counters().compiles == 1
