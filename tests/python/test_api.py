@@ -150,6 +150,23 @@ def test_method_name_compiles_one_method_only(assert_close_rel):
     assert captures() == 1
 
 
+def test_default_valued_settings_add_no_capture(assert_close_rel):
+    class Defaults(Tiny):
+        magi_compile_config = {"strict": False}
+
+    models = [
+        magi_compile(Tiny()),
+        magi_compile(Tiny(), config_patch={"dynamic_dim_default": 0, "max_recaptures": 8}),
+        magi_compile(Defaults()),
+    ]
+    with torch.no_grad():
+        for b in BATCHES:
+            x = inputs(b)
+            for model in models:
+                assert_close_rel(model(x), Tiny.forward(model, x), RTOL)
+    assert captures() == 2  # Tiny's instances share one capture; Defaults is another class
+
+
 # --------------------------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------------------------
