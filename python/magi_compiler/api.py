@@ -22,9 +22,10 @@ from torch import nn
 from magi_compiler import _C, _counters, _dynamic_dims
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
+from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig, CompileMode
-from magi_compiler.errors import UnsupportedError
+from magi_compiler.errors import InternalError, UnsupportedError, UserError
 
 # Class attribute through which a model author gives a module its own settings (a dict of
 # CompileConfig overrides, like config_patch; the decorator's config_patch wins).
@@ -211,6 +212,11 @@ class _CompiledCallable:
         except Exception as e:  # noqa: BLE001 - filtered just below
             reason = _unsupported_reason(e)
             if reason is None or self.config.strict:
+                ours = _magi_error(e)
+                if ours is not None and ours is not e:
+                    # Dynamo wraps backend errors in BackendCompilerFailed; surface ours with
+                    # their own type (UserError is a ValueError, etc.) and message.
+                    raise ours.with_traceback(None) from e
                 raise
             self.fallback_reason = reason
             warnings.warn(
@@ -238,6 +244,17 @@ def _backend_for(config: CompileConfig) -> Callable:
     if key not in _backends:
         _backends[key] = make_backend(config)
     return _backends[key]
+
+
+def _magi_error(e: BaseException) -> BaseException | None:
+    """The first UserError/UnsupportedError/InternalError in `e`'s chain of causes."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (UserError, UnsupportedError, InternalError)):
+            return e
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    return None
 
 
 def _unsupported_reason(e: BaseException) -> str | None:

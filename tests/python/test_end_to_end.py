@@ -204,11 +204,6 @@ def test_errors_are_reexported():
     assert issubclass(magi_compiler.InternalError, RuntimeError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Dynamo wraps errors raised in our backend in BackendCompilerFailed "
-    "(a RuntimeError); api.py does not unwrap them into magi_compiler's error classes",
-)
 def test_backend_errors_keep_their_magi_type(counters):
     compiled = magi_compile(
         gpt2(), config_patch={"pass_config": {"disabled_passes": ["no_such_pass"]}}
