@@ -5,8 +5,10 @@
 #include <pybind11/stl.h>
 
 #include "magi/ir/graph.h"
+#include "magi/ir/op_registry.h"
 #include "magi/ir/printer.h"
 #include "magi/ir/verifier.h"
+#include "magi/passes/passes.h"
 #include "magi/passes/pipeline.h"
 
 namespace magi::bindings {
@@ -69,11 +71,45 @@ void bind_ir(py::module_& m) {
             for (const ir::Value* v : g.outputs()) out.push_back(v->type_str());
             return out;
           })
+      .def_property_readonly(
+          "pieces", &ir::Graph::pieces, py::return_value_policy::reference_internal,
+          "The distinct pieces this graph calls (empty when it was not split).")
+      .def_property_readonly(
+          "num_piece_calls",
+          [](const ir::Graph& g) {
+            size_t n = 0;
+            for (const ir::Node* node : g.nodes()) n += node->kind() == ir::NodeKind::kCallPiece;
+            return n;
+          },
+          "Calls of pieces per run (0 when the graph was not split).")
+      .def(
+          "boundary_op_names",
+          [](const ir::Graph& g, const std::vector<std::string>& splitting_ops) {
+            std::vector<std::string> names;
+            for (const ir::Node* n : g.nodes()) {
+              if (passes::is_boundary_call(*n, splitting_ops)) names.push_back(n->op_name());
+            }
+            return names;
+          },
+          py::arg("splitting_ops") = std::vector<std::string>{},
+          "Calls of this graph (not of its pieces) that are subgraph boundaries, in order.")
+      .def(
+          "compute_sensitive_op_names",
+          [](const ir::Graph& g) {
+            std::vector<std::string> names;
+            for (const ir::Node* n : g.nodes()) {
+              if (ir::is_compute_sensitive(*n)) names.push_back(n->op_name());
+            }
+            return names;
+          },
+          "Operators of this graph (not of its pieces) whose outputs are expensive to recompute.")
       .def(
           "run_pipeline",
-          [](ir::Graph& g, const std::vector<std::string>& disabled) {
+          [](ir::Graph& g, const std::vector<std::string>& disabled,
+             const std::vector<std::string>& splitting_ops) {
             passes::PipelineOptions options;
             options.disabled.insert(disabled.begin(), disabled.end());
+            options.splitting_ops = splitting_ops;
             py::list records;
             for (const auto& r : passes::run_pipeline(g, options)) {
               py::dict d;
@@ -86,7 +122,9 @@ void bind_ir(py::module_& m) {
             return records;
           },
           py::arg("disabled") = std::vector<std::string>{},
-          "Runs the pass pipeline in place; returns one record per pass.");
+          py::arg("splitting_ops") = std::vector<std::string>{},
+          "Runs the pass pipeline in place; returns one record per pass. `splitting_ops` names "
+          "operators to split at besides those registered as subgraph boundaries.");
 
   m.def("pipeline_pass_names", &passes::pipeline_pass_names);
 }

@@ -89,7 +89,11 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_inputs", &runtime::Executable::num_inputs)
       .def_property_readonly("num_outputs", &runtime::Executable::num_outputs)
       .def_property_readonly("num_instructions", &runtime::Executable::num_instructions)
-      .def_property_readonly("num_operator_calls", &runtime::Executable::num_operator_calls);
+      .def_property_readonly("num_operator_calls", &runtime::Executable::num_operator_calls)
+      .def_property_readonly("num_piece_calls", &runtime::Executable::num_piece_calls)
+      .def_property_readonly("num_pieces", &runtime::Executable::num_pieces)
+      .def_property_readonly("piece_call_sequence", &runtime::Executable::piece_call_sequence,
+                             "For each piece call, in order, the index of the piece it runs.");
 
   py::class_<runtime::GuardSignature>(m, "GuardSignature",
                                       "The input signature a compiled entry was captured for.")

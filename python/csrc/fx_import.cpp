@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <ATen/EmptyTensor.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "magi/common/error.h"
@@ -391,6 +392,10 @@ class FxImporter {
       return finish_sym(node, sym->second.second, std::move(inputs));
     }
     if (py::isinstance(target, hop_type_)) {
+      std::string hop = py_str(target.attr("__name__"));
+      if (hop == "auto_functionalized" || hop == "auto_functionalized_v2") {
+        return import_auto_functionalized(node, hop == "auto_functionalized_v2");
+      }
       MAGI_UNSUPPORTED("higher-order operator ", py_str(target.attr("__name__")), " in FX node '",
                        py_str(node.attr("name")), "' is not supported yet");
     }
@@ -464,6 +469,190 @@ class FxImporter {
     annotate(n->output(), meta_val(node));
     if (n->output()->kind() == ir::ValueKind::kOther) n->output()->set_kind(kind);
     bind(node, {n->output()});
+  }
+
+  // auto_functionalized(op, **kwargs) and auto_functionalized_v2(op, **kwargs) are AOTAutograd's
+  // functional form of a call of an operator that mutates arguments (a custom op with
+  // mutates_args). They become a call of the op itself on fresh copies of what it mutates; the
+  // node's results are (the op's results..., the copies...), as in the reference
+  // implementation (torch/_higher_order_ops/auto_functionalize.py). v1 names the mutated
+  // tensors; v2 names their bases and how to view each base again.
+  void import_auto_functionalized(py::handle node, bool v2) {
+    py::tuple args = node.attr("args");
+    py::dict kwargs = node.attr("kwargs");
+    py::handle schema_py = args[0].attr("_schema");
+    std::string name = schema_py.attr("name").cast<std::string>();
+    std::string overload = schema_py.attr("overload_name").cast<std::string>();
+    auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+    MAGI_CHECK(handle.has_value(), "operator ", name, " (FX node '", py_str(node.attr("name")),
+               "') is not registered with the dispatcher");
+    const c10::FunctionSchema& schema = handle->schema();
+
+    std::vector<ir::Value*> copies;  // the node's results after the op's own
+    std::vector<ir::Value*> fresh;   // values created here, to annotate and name
+    std::unordered_map<std::string, ir::Value*> mutated;
+    auto clone = [&](ir::Value* v) {
+      ir::Value* c = add_call("aten::clone", "", {v});
+      fresh.push_back(c);
+      return c;
+    };
+    if (v2) {
+      std::vector<ir::Value*> bases;
+      py::object only = kwargs.contains("_only_clone_these_bases")
+                            ? py::reinterpret_borrow<py::object>(kwargs["_only_clone_these_bases"])
+                            : py::none();
+      std::vector<int64_t> clone_these;
+      if (!only.is_none()) {
+        for (py::handle i : only) clone_these.push_back(i.cast<int64_t>());
+      }
+      py::list all = kwargs["_all_bases"];
+      for (size_t i = 0; i < all.size(); ++i) {
+        check_base_offset(all[i]);
+        ir::Value* base = lookup(all[i]);
+        bool copy = only.is_none() || std::find(clone_these.begin(), clone_these.end(),
+                                                int64_t(i)) != clone_these.end();
+        bases.push_back(copy ? clone(base) : base);
+      }
+      copies = bases;
+      for (const c10::Argument& arg : schema.arguments()) {
+        if (!arg.alias_info() || !arg.alias_info()->isWrite()) continue;
+        std::string prefix = "_" + arg.name();
+        if (arg.real_type()->kind() != c10::TypeKind::ListType &&
+            !(arg.real_type()->kind() == c10::TypeKind::OptionalType &&
+              arg.real_type()->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+                  c10::TypeKind::ListType)) {
+          mutated[arg.name()] = regenerate_view(prefix, kwargs, bases);
+          continue;
+        }
+        py::object length = kwargs[py::str(prefix + "_length")];
+        if (length.is_none()) {
+          mutated[arg.name()] = constant(c10::IValue(), ir::ValueKind::kNone);
+          continue;
+        }
+        std::vector<ir::Value*> items;
+        bool optional_items = false;
+        for (int64_t i = 0; i < length.cast<int64_t>(); ++i) {
+          items.push_back(regenerate_view(prefix + "_" + std::to_string(i), kwargs, bases));
+          optional_items |= items.back()->kind() == ir::ValueKind::kNone;
+        }
+        mutated[arg.name()] =
+            graph_
+                ->add_list(optional_items ? ir::ValueKind::kOptionalTensorList
+                                          : ir::ValueKind::kTensorList,
+                           std::move(items))
+                ->output();
+      }
+    } else {
+      py::object only = kwargs.contains("_only_clone_these_tensors")
+                            ? py::reinterpret_borrow<py::object>(kwargs["_only_clone_these_tensors"])
+                            : py::none();
+      for (const c10::Argument& arg : schema.arguments()) {
+        if (!arg.alias_info() || !arg.alias_info()->isWrite()) continue;
+        py::handle given = kwargs[py::str(arg.name())];
+        bool copy = only.is_none() || only.contains(py::str(arg.name()));
+        ir::Value* v;
+        if (given.is_none()) {
+          v = constant(c10::IValue(), ir::ValueKind::kNone);
+        } else if (py::isinstance<py::list>(given) || py::isinstance<py::tuple>(given)) {
+          std::vector<ir::Value*> items;
+          for (py::handle item : given) items.push_back(copy ? clone(lookup(item)) : lookup(item));
+          v = graph_->add_list(ir::ValueKind::kTensorList, std::move(items))->output();
+        } else {
+          v = copy ? clone(lookup(given)) : lookup(given);
+        }
+        mutated[arg.name()] = v;
+        copies.push_back(v);
+      }
+    }
+
+    std::vector<ir::Value*> inputs;
+    for (const c10::Argument& arg : schema.arguments()) {
+      if (auto it = mutated.find(arg.name()); it != mutated.end()) {
+        inputs.push_back(it->second);
+      } else if (kwargs.contains(arg.name())) {
+        inputs.push_back(convert(kwargs[py::str(arg.name())], arg.real_type()));
+      } else if (arg.default_value().has_value()) {
+        const c10::IValue& d = *arg.default_value();
+        inputs.push_back(constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.real_type())));
+      } else {
+        MAGI_CHECK(false, "FX node '", py_str(node.attr("name")), "' calls ", name,
+                   " without its required argument '", arg.name(), "'");
+      }
+    }
+    ir::Node* call = graph_->add_op(*handle, std::move(inputs));
+    set_provenance(call, node);
+    std::vector<ir::Value*> results = call->outputs();
+    if (results.empty()) results.push_back(constant(c10::IValue(), ir::ValueKind::kNone));
+    fresh.insert(fresh.end(), call->outputs().begin(), call->outputs().end());
+    results.insert(results.end(), copies.begin(), copies.end());
+
+    py::object val = meta_val(node);
+    if (!val.is_none() && (py::isinstance<py::tuple>(val) || py::isinstance<py::list>(val))) {
+      py::sequence vals = val;
+      for (size_t i = 0; i < results.size() && i < vals.size(); ++i) {
+        if (std::find(fresh.begin(), fresh.end(), results[i]) != fresh.end()) {
+          annotate(results[i], vals[i]);
+        }
+      }
+    }
+    std::string base_name = py_str(node.attr("name"));
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (std::find(fresh.begin(), fresh.end(), results[i]) != fresh.end()) {
+        results[i]->set_name(graph_->unique_name(base_name + "_" + std::to_string(i)));
+      }
+    }
+    env_[node.ptr()] = std::move(results);
+  }
+
+  // A mutated argument of auto_functionalized_v2, viewed again from its (copied) base.
+  ir::Value* regenerate_view(const std::string& prefix, py::dict kwargs,
+                             const std::vector<ir::Value*>& bases) {
+    auto get = [&](const std::string& key) { return kwargs[py::str(key)]; };
+    py::object index = get(prefix + "_base_index");
+    if (index.is_none()) return constant(c10::IValue(), ir::ValueKind::kNone);
+    ir::Value* base = bases.at(index.cast<size_t>());
+    if (kwargs.contains(prefix + "_alias")) return add_call("aten::alias", "", {base});
+    if (kwargs.contains(prefix + "_storage_offset")) {
+      return add_call("aten::as_strided", "", {base}, {get(prefix + "_size"), get(prefix + "_stride"),
+                                                    get(prefix + "_storage_offset")});
+    }
+    if (kwargs.contains(prefix + "_slice_dim")) {
+      return add_call("aten::slice", "Tensor", {base},
+                      {get(prefix + "_slice_dim"), get(prefix + "_slice_start"),
+                       get(prefix + "_slice_end")});
+    }
+    return base;
+  }
+
+  // Copies of a base start at offset 0, so views of it recreated with as_strided are only right
+  // when the base itself starts at offset 0 (as fresh tensors and ordinary inputs do).
+  void check_base_offset(py::handle fx_base) {
+    py::object val = meta_val(fx_base);
+    if (!THPVariable_Check(val.ptr())) return;
+    py::object offset = val.attr("storage_offset")();
+    if (py::isinstance<py::int_>(offset) && offset.cast<int64_t>() == 0) return;
+    MAGI_UNSUPPORTED("FX node '", py_str(current_.attr("name")),
+                     "' calls a mutating operator on a view of a tensor whose storage starts at "
+                     "offset ", py_str(offset),
+                     "; pass the operator a tensor that owns its storage (e.g. .clone() it first)");
+  }
+
+  // A call of `name.overload` on `values`, then `rest` (Python values converted to the schema's
+  // types), then the schema's defaults.
+  ir::Value* add_call(const char* name, const char* overload, std::vector<ir::Value*> values,
+                      std::vector<py::object> rest = {}) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+    const auto& arguments = op.schema().arguments();
+    for (py::object& r : rest) values.push_back(convert(r, arguments.at(values.size()).real_type()));
+    for (size_t i = values.size(); i < arguments.size(); ++i) {
+      const c10::IValue& d = *arguments[i].default_value();
+      values.push_back(
+          constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arguments[i].real_type())));
+    }
+    ir::Node* n = graph_->add_op(op, std::move(values));
+    set_provenance(n, current_);
+    n->output()->set_kind(ir::ValueKind::kTensor);
+    return n->output();
   }
 
   void import_getitem(py::handle node, py::tuple args) {

@@ -7,5 +7,6 @@ PYBIND11_MODULE(_C, m) {
   magi::bindings::bind_ir(m);
   magi::bindings::bind_import(m);
   magi::bindings::bind_runtime(m);
+  magi::bindings::bind_ops(m);
   magi::bindings::bind_codegen(m);
 }

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from magi_compiler import _C, _counters
+from magi_compiler import _C, _counters, inspection
 from magi_compiler._decompositions import decomposition_table
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
@@ -23,14 +23,20 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable."""
     start = time.perf_counter()
     graph = _C.import_fx_graph(gm)
-    graph.run_pipeline(list(config.pass_config.disabled_passes))
+    # Custom-op boundaries are read from the C++ op registry now, at compile time, so operators
+    # registered after the model was decorated count too.
+    graph.run_pipeline(list(config.pass_config.disabled_passes), list(config.splitting_ops))
     executable = _C.Executable(graph)
     _counters.bump("compiles")
+    _counters.bump("pieces", executable.num_pieces)
+    _counters.bump("piece_calls", executable.num_piece_calls)
     logger.info(
-        "compiled %s graph: %d nodes, %d operator calls, %.1f ms",
+        "compiled %s graph: %d nodes, %d operator calls, %d piece calls of %d pieces, %.1f ms",
         kind,
         graph.num_nodes,
         executable.num_operator_calls,
+        executable.num_piece_calls,
+        executable.num_pieces,
         (time.perf_counter() - start) * 1e3,
     )
 
@@ -42,6 +48,7 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     run._boxed_call = True  # type: ignore[attr-defined]
     run.magi_graph = graph  # type: ignore[attr-defined]  # for inspection and tests
     run.magi_executable = executable  # type: ignore[attr-defined]
+    inspection.record(kind, run, config.splitting_ops)
     return run
 
 

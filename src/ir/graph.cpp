@@ -118,6 +118,10 @@ const c10::OperatorHandle& Node::op() const {
 std::string Node::op_name() const {
   if (!is_operator()) {
     if (kind_ == NodeKind::kSymArith) return sym_op_name(sym_op_);
+    if (kind_ == NodeKind::kCallPiece) {
+      int64_t index = owner_->piece_index(piece_);
+      return index < 0 ? std::string("piece_?") : "piece_" + std::to_string(index);
+    }
     return node_kind_name(kind_);
   }
   const auto& name = op_->operator_name();
@@ -239,6 +243,48 @@ Node* Graph::add_list(ValueKind list_kind, std::vector<Value*> items) {
   return node;
 }
 
+Graph* Graph::add_piece(std::unique_ptr<Graph> piece) {
+  MAGI_ASSERT(piece != nullptr && piece.get() != this, "add_piece() of a null or self graph");
+  pieces_.push_back(std::move(piece));
+  return pieces_.back().get();
+}
+
+Node* Graph::add_call_piece(Graph* piece, std::vector<Value*> inputs) {
+  MAGI_ASSERT(piece_index(piece) >= 0, "add_call_piece() of a piece this graph does not own");
+  Node* node = create(NodeKind::kCallPiece, std::move(inputs), piece->outputs().size());
+  node->piece_ = piece;
+  for (size_t i = 0; i < piece->outputs().size(); ++i) {
+    const Value* result = piece->outputs()[i];
+    Value* out = node->outputs_[i];
+    out->set_kind(result->kind());
+    if (result->tensor_type()) out->set_tensor_type(*result->tensor_type());
+    if (result->sym()) out->set_sym(*result->sym());
+  }
+  return node;
+}
+
+Node* Graph::clone_node(const Node& node, std::vector<Value*> inputs) {
+  MAGI_ASSERT(node.kind() != NodeKind::kInput && node.kind() != NodeKind::kOutput,
+              "clone_node() of an ", node_kind_name(node.kind()),
+              " node; use add_input / set_outputs");
+  Node* copy = create(node.kind(), std::move(inputs), node.outputs().size());
+  copy->op_ = node.op_;
+  copy->sym_op_ = node.sym_op_;
+  copy->item_index_ = node.item_index_;
+  copy->constant_ = node.constant_;
+  copy->piece_ = node.piece_;
+  copy->provenance_ = node.provenance_;
+  for (size_t i = 0; i < node.outputs().size(); ++i) {
+    const Value* from = node.outputs()[i];
+    Value* to = copy->outputs_[i];
+    to->set_name(unique_name(from->name()));
+    to->set_kind(from->kind());
+    if (from->tensor_type()) to->set_tensor_type(*from->tensor_type());
+    if (from->sym()) to->set_sym(*from->sym());
+  }
+  return copy;
+}
+
 Node* Graph::set_outputs(std::vector<Value*> outputs) {
   MAGI_CHECK(output_node_ == nullptr, "the graph already has an Output node");
   Node* saved = insert_before_;
@@ -280,6 +326,20 @@ std::vector<Node*> Graph::nodes() const {
 const std::vector<Value*>& Graph::outputs() const {
   static const std::vector<Value*> kEmpty;
   return output_node_ ? output_node_->inputs() : kEmpty;
+}
+
+std::vector<Graph*> Graph::pieces() const {
+  std::vector<Graph*> out;
+  out.reserve(pieces_.size());
+  for (const auto& p : pieces_) out.push_back(p.get());
+  return out;
+}
+
+int64_t Graph::piece_index(const Graph* piece) const {
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (pieces_[i].get() == piece) return static_cast<int64_t>(i);
+  }
+  return -1;
 }
 
 bool Graph::owns(const Node* node) const {

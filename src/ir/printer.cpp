@@ -153,6 +153,11 @@ void print(std::ostream& os, const Graph& graph, const PrintOptions& options) {
     if (!source.empty()) text += std::string(comment_column - text.size(), ' ') + "  # " + source;
     os << "  " << text << "\n";
   }
+  std::vector<Graph*> pieces = graph.pieces();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    os << "\npiece_" << i << " = ";
+    print(os, *pieces[i], options);
+  }
 }
 
 std::string to_string(const Graph& graph, const PrintOptions& options) {

@@ -1,4 +1,4 @@
-// Graph verifier: ownership, order, SSA, arity and the Output node.
+// Graph verifier: ownership, order, SSA, arity, the Output node, and pieces (recursively).
 #include "magi/ir/verifier.h"
 
 #include <unordered_map>
@@ -137,6 +137,30 @@ std::vector<std::string> verify_errors(const Graph& graph) {
           fail(node, "a list node must produce one list value");
         }
         break;
+      case NodeKind::kCallPiece: {
+        const Graph* piece = node->piece();
+        if (piece == nullptr || graph.piece_index(piece) < 0) {
+          fail(node, "calls a piece this graph does not own");
+          break;
+        }
+        expect_arity(piece->inputs().size(), piece->outputs().size());
+        for (size_t i = 0; i < node->inputs().size() && i < piece->inputs().size(); ++i) {
+          ValueKind have = node->inputs()[i]->kind(), want = piece->inputs()[i]->kind();
+          if (have != want && have != ValueKind::kOther && want != ValueKind::kOther) {
+            fail(node, "input " + std::to_string(i) + " is a " + value_kind_name(have) +
+                           " but the piece's input %" + piece->inputs()[i]->name() + " is a " +
+                           value_kind_name(want));
+          }
+        }
+        for (size_t i = 0; i < node->outputs().size() && i < piece->outputs().size(); ++i) {
+          if (node->outputs()[i]->kind() != piece->outputs()[i]->kind()) {
+            fail(node, "output " + std::to_string(i) + " is a " +
+                           value_kind_name(node->outputs()[i]->kind()) + " but the piece returns a " +
+                           value_kind_name(piece->outputs()[i]->kind()));
+          }
+        }
+        break;
+      }
     }
 
     // Use lists must mirror inputs.
@@ -149,6 +173,12 @@ std::vector<std::string> verify_errors(const Graph& graph) {
   }
   if (output_nodes != 1) {
     errors.push_back("graph has " + std::to_string(output_nodes) + " Output nodes, expected 1");
+  }
+  std::vector<Graph*> pieces = graph.pieces();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    for (const auto& e : verify_errors(*pieces[i])) {
+      errors.push_back("piece_" + std::to_string(i) + ": " + e);
+    }
   }
   return errors;
 }

@@ -13,6 +13,7 @@ bool has_side_effects(const ir::Node* node) {
   switch (node->kind()) {
     case ir::NodeKind::kInput:
     case ir::NodeKind::kOutput:
+    case ir::NodeKind::kCallPiece:  // a piece may write its inputs in place
       return true;
     case ir::NodeKind::kAtenOp:
     case ir::NodeKind::kCustomOp: {

@@ -14,12 +14,16 @@ namespace {
 
 struct PassEntry {
   const char* name;
-  bool (*run)(ir::Graph&);
+  bool (*run)(ir::Graph&, const PipelineOptions&);
 };
 
-// Later issues insert their passes here, in order.
+// Later issues insert their passes here, in order. Passes after split_at_boundaries that work
+// on straight-line code (fusion, memory planning) run on each piece.
 constexpr PassEntry kPipeline[] = {
-    {"eliminate_dead_code", &eliminate_dead_code},
+    {"eliminate_dead_code",
+     [](ir::Graph& g, const PipelineOptions&) { return eliminate_dead_code(g); }},
+    {"split_at_boundaries",
+     [](ir::Graph& g, const PipelineOptions& o) { return split_at_boundaries(g, o.splitting_ops); }},
 };
 
 std::set<std::string> disabled_from_env() {
@@ -59,7 +63,7 @@ std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& op
     PassRecord record{pass.name};
     if (!disabled.count(pass.name)) {
       auto start = std::chrono::steady_clock::now();
-      record.changed = pass.run(graph);
+      record.changed = pass.run(graph, options);
       record.ran = true;
       record.milliseconds =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)

@@ -15,7 +15,7 @@ namespace {
 using Ref = int32_t;
 constexpr Ref kUnused = std::numeric_limits<Ref>::min();
 
-enum class InstrKind : uint8_t { kCall, kSym, kGetItem, kMakeList };
+enum class InstrKind : uint8_t { kCall, kSym, kGetItem, kMakeList, kCallPiece };
 
 struct Instr {
   InstrKind kind;
@@ -23,8 +23,9 @@ struct Instr {
   ir::SymOp sym = ir::SymOp::kAdd;        // kSym
   ir::ValueKind list_kind = ir::ValueKind::kOther;  // kMakeList
   int64_t item_index = 0;                           // kGetItem
+  size_t piece = 0;                                 // kCallPiece: index into Program::pieces
   std::vector<Ref> in;
-  std::vector<uint8_t> move_in;  // kCall: move the register into the stack (its last use)
+  std::vector<uint8_t> move_in;  // kCall, kCallPiece: move the register in (its last use)
   std::vector<Ref> out;          // kUnused for outputs nobody reads
   std::vector<Ref> release_after;
   std::string where;  // for error messages: "aten::mm (FX node mm, model.py:12)"
@@ -147,11 +148,13 @@ std::string describe(const ir::Node* node) {
 
 struct Executable::Program {
   std::vector<Instr> instrs;
+  std::vector<std::unique_ptr<Executable>> pieces;  // one per piece of the graph
   std::vector<c10::IValue> constants;
   std::vector<Ref> input_regs;   // kUnused for inputs nobody reads
   std::vector<Ref> output_refs;
   size_t num_registers = 0;
   size_t num_calls = 0;
+  size_t num_piece_calls = 0;
   size_t max_stack = 0;
 };
 
@@ -159,6 +162,7 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
   ir::verify(graph);
   Program& p = *program_;
   std::unordered_map<const ir::Value*, Ref> ref_of;
+  for (const ir::Graph* piece : graph.pieces()) p.pieces.push_back(std::make_unique<Executable>(*piece));
 
   auto new_register = [&](const ir::Value* v) {
     Ref r = static_cast<Ref>(p.num_registers++);
@@ -205,6 +209,12 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
         instr.kind = InstrKind::kMakeList;
         instr.list_kind = node->output()->kind();
         break;
+      case ir::NodeKind::kCallPiece:
+        instr.kind = InstrKind::kCallPiece;
+        instr.piece = static_cast<size_t>(graph.piece_index(node->piece()));
+        p.num_piece_calls++;
+        p.num_calls += p.pieces[instr.piece]->num_operator_calls();
+        break;
       default:
         MAGI_ASSERT(false, "unexpected node kind ", ir::node_kind_name(node->kind()));
     }
@@ -241,7 +251,7 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
       bool later_in_same = false;
       for (size_t k = j + 1; k < instr.in.size(); ++k) later_in_same |= (instr.in[k] == r);
       if (later_in_same) continue;
-      if (instr.kind == InstrKind::kCall) {
+      if (instr.kind == InstrKind::kCall || instr.kind == InstrKind::kCallPiece) {
         instr.move_in[j] = 1;
       } else {
         instr.release_after.push_back(r);
@@ -252,8 +262,8 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
     }
   }
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
-                 " dispatcher calls, ", p.num_registers, " registers, ", p.constants.size(),
-                 " constants");
+                 " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
+                 " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");
 }
 
 Executable::~Executable() = default;
@@ -263,6 +273,22 @@ size_t Executable::num_inputs() const { return program_->input_regs.size(); }
 size_t Executable::num_outputs() const { return program_->output_refs.size(); }
 size_t Executable::num_instructions() const { return program_->instrs.size(); }
 size_t Executable::num_operator_calls() const { return program_->num_calls; }
+size_t Executable::num_piece_calls() const { return program_->num_piece_calls; }
+size_t Executable::num_pieces() const { return program_->pieces.size(); }
+
+const Executable& Executable::piece(size_t i) const {
+  MAGI_CHECK(i < program_->pieces.size(), "piece ", i, " of an executable with ",
+             program_->pieces.size(), " pieces");
+  return *program_->pieces[i];
+}
+
+std::vector<size_t> Executable::piece_call_sequence() const {
+  std::vector<size_t> out;
+  for (const Instr& instr : program_->instrs) {
+    if (instr.kind == InstrKind::kCallPiece) out.push_back(instr.piece);
+  }
+  return out;
+}
 
 std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const {
   const Program& p = *program_;
@@ -314,6 +340,19 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         MAGI_ASSERT(instr.item_index >= 0 && size_t(instr.item_index) < items.size(),
                     instr.where, ": index ", instr.item_index, " of a list of ", items.size());
         if (instr.out[0] != kUnused) regs[instr.out[0]] = items[instr.item_index];
+        break;
+      }
+      case InstrKind::kCallPiece: {
+        std::vector<c10::IValue> args;
+        args.reserve(instr.in.size());
+        for (size_t j = 0; j < instr.in.size(); ++j) {
+          Ref r = instr.in[j];
+          args.push_back(instr.move_in[j] ? std::move(regs[r]) : get(r));
+        }
+        std::vector<c10::IValue> results = p.pieces[instr.piece]->run(std::move(args));
+        for (size_t k = 0; k < instr.out.size(); ++k) {
+          if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(results[k]);
+        }
         break;
       }
       case InstrKind::kMakeList: {

@@ -6,7 +6,13 @@
 //   - SSA: each value has exactly one producer, at the recorded output index;
 //   - arity: operator nodes have one input per schema argument and one output per return;
 //     symbolic ops, getitem and constants have their fixed arity;
-//   - the Output node exists exactly once, last.
+//   - the Output node exists exactly once, last;
+//   - pieces: a CallPiece node runs a piece this graph owns, with one input per piece input
+//     and one output per piece output, and every piece is itself a valid graph.
+//
+// Pieces are the graphs between subgraph boundaries (passes/split_at_boundaries.cpp). The
+// graph that calls them owns them; structurally identical pieces are stored once and called
+// from several CallPiece nodes.
 // Nodes are created through the Graph; creation appends (or inserts before a given node) and
 // records uses, but checks nothing beyond the arguments' basic sanity, so a malformed graph
 // can be built on purpose and rejected by the verifier.
@@ -41,6 +47,15 @@ class Graph {
   Node* add_sym(SymOp op, std::vector<Value*> inputs);
   Node* add_getitem(Value* list, int64_t index);
   Node* add_list(ValueKind list_kind, std::vector<Value*> items);
+  /// Takes ownership of a piece graph; returns it for add_call_piece.
+  Graph* add_piece(std::unique_ptr<Graph> piece);
+  /// A call of `piece` (owned by this graph). Outputs take the kinds, types and symbolic values
+  /// of the piece's outputs.
+  Node* add_call_piece(Graph* piece, std::vector<Value*> inputs);
+  /// A copy of `node` (from any graph) reading `inputs`: same kind, operator, constant, piece,
+  /// provenance, and output names, kinds and types. A piece pointer is kept as is, so copying a
+  /// CallPiece across graphs is the caller's business.
+  Node* clone_node(const Node& node, std::vector<Value*> inputs);
   /// Appends the Output node. May be called once.
   Node* set_outputs(std::vector<Value*> outputs);
 
@@ -57,6 +72,12 @@ class Graph {
   const std::vector<Value*>& outputs() const;
   Node* output_node() const { return output_node_; }
 
+  /// Pieces owned by this graph, in the order they were added.
+  std::vector<Graph*> pieces() const;
+  size_t num_pieces() const { return pieces_.size(); }
+  /// Position of `piece` in pieces(); -1 when this graph does not own it.
+  int64_t piece_index(const Graph* piece) const;
+
   /// For the verifier: does this graph own the node / value?
   bool owns(const Node* node) const;
   bool owns(const Value* value) const;
@@ -70,6 +91,7 @@ class Graph {
   std::vector<std::unique_ptr<Node>> nodes_;  // execution order
   std::vector<std::unique_ptr<Value>> values_;
   std::vector<Value*> inputs_;
+  std::vector<std::unique_ptr<Graph>> pieces_;
   Node* output_node_ = nullptr;
   Node* insert_before_ = nullptr;
   size_t name_counter_ = 0;

@@ -5,7 +5,8 @@
 // SSA: each has exactly one producer, and uses are tracked so passes can ask who reads a
 // value. Operator nodes are normalised at construction: their inputs correspond one to one
 // to the operator schema's arguments (defaults filled in as Constant nodes), and their
-// outputs to its returns. Every node remembers where it came from (Provenance) so errors and
+// outputs to its returns. A CallPiece node's inputs and outputs correspond one to one to its
+// piece's inputs and outputs. Every node remembers where it came from (Provenance) so errors and
 // dumps can point at the user's model.
 #pragma once
 
@@ -91,6 +92,8 @@ class Node {
   SymOp sym_op() const { return sym_op_; }         ///< SymArith only
   int64_t item_index() const { return item_index_; }  ///< GetItem only
   const c10::IValue& constant() const { return constant_; }  ///< Constant only
+  /// CallPiece only: the piece it runs, owned by this node's graph (several calls may share it).
+  Graph* piece() const { return piece_; }
 
   Provenance& provenance() { return provenance_; }
   const Provenance& provenance() const { return provenance_; }
@@ -107,6 +110,7 @@ class Node {
   SymOp sym_op_ = SymOp::kAdd;
   int64_t item_index_ = 0;
   c10::IValue constant_;
+  Graph* piece_ = nullptr;
   Provenance provenance_;
 };
 

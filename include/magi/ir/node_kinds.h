@@ -16,7 +16,8 @@ namespace magi::ir {
   _(CustomOp, "custom")   /* any other dispatcher operator (torch.library, prims, ...) */    \
   _(SymArith, "sym")      /* integer arithmetic on sizes: see MAGI_SYM_OPS */                \
   _(GetItem, "getitem")   /* element i of a list-valued output (e.g. of aten::split) */      \
-  _(MakeList, "list")     /* a list built from values, e.g. [s0, 4096] for aten::view */
+  _(MakeList, "list")     /* a list built from values, e.g. [s0, 4096] for aten::view */    \
+  _(CallPiece, "piece")   /* runs a piece (Graph::pieces) on its inputs, yields its outputs */
 
 enum class NodeKind : uint8_t {
 #define MAGI_DECLARE_NODE_KIND(name, text) k##name,

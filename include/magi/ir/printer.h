@@ -5,6 +5,9 @@
 //     %mm: f32[s0, 16] = aten::mm(%x, %w)                  # model.py:12 in forward
 //     %view: f32[s0, 4, 4] = aten::view(%mm, [%s0, 4, 4])
 //     return (%view)
+//
+// A graph split into pieces prints its calls (`%a, %b = piece_0(%x, %w)`) and then each piece
+// it owns, once, as `piece_0 = graph(...)`.
 #pragma once
 
 #include <ostream>

@@ -1,13 +1,26 @@
 // Entry points of the individual passes. Each returns whether it changed the graph.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "magi/ir/graph.h"
 
 namespace magi::passes {
 
 /// Removes nodes none of whose outputs are used (operators without side effects, symbolic
-/// arithmetic, constants, lists, getitems). Keeps inputs, the Output node and operators whose
-/// schema says they mutate an argument or have no return values (asserts, in-place writes).
+/// arithmetic, constants, lists, getitems). Keeps inputs, the Output node, piece calls and
+/// operators whose schema says they mutate an argument or have no return values (asserts,
+/// in-place writes).
 bool eliminate_dead_code(ir::Graph& graph);
+
+/// Cuts an unsplit graph at every call of a boundary operator (flagged in ir::OpRegistry, or
+/// named in `splitting_ops`) into pieces that the graph owns and calls in the original order;
+/// boundary calls stay in the graph between the calls. Structurally identical pieces are stored
+/// once. Unknown names in `splitting_ops` are logged once and ignored.
+bool split_at_boundaries(ir::Graph& graph, const std::vector<std::string>& splitting_ops = {});
+
+/// Is `node` a call where split_at_boundaries cuts?
+bool is_boundary_call(const ir::Node& node, const std::vector<std::string>& splitting_ops = {});
 
 }  // namespace magi::passes

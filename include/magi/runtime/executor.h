@@ -5,6 +5,10 @@
 // eager PyTorch can run, we can run, with eager's numbers), symbolic integer nodes become
 // integer arithmetic, and constants live in a table built once. Each register is released at
 // its last use (moved into the callee's stack, so in-place reuse and early frees both work).
+// A graph split into pieces (passes/split_at_boundaries.cpp) lowers each piece it owns to an
+// Executable of its own, once, and a CallPiece becomes one call of that Executable; boundary
+// operators between the pieces are ordinary dispatcher calls. Operators implemented in Python
+// (torch.library custom ops) take the GIL themselves, so callers run this without it.
 // An Executable is immutable after construction; run() may be called from several threads.
 #pragma once
 
@@ -32,8 +36,16 @@ class Executable {
   size_t num_inputs() const;
   size_t num_outputs() const;
   size_t num_instructions() const;
-  /// Number of boxed dispatcher calls per run.
+  /// Number of boxed dispatcher calls per run, those inside pieces included.
   size_t num_operator_calls() const;
+  /// Number of piece calls per run (0 when the graph was not split).
+  size_t num_piece_calls() const;
+  /// Number of distinct pieces (each lowered once, however often it is called).
+  size_t num_pieces() const;
+  /// Piece i, in the order of the graph's pieces().
+  const Executable& piece(size_t i) const;
+  /// For each piece call, in execution order, the index of the piece it runs.
+  std::vector<size_t> piece_call_sequence() const;
 
  private:
   struct Program;

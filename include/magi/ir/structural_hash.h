@@ -1,0 +1,24 @@
+// Structural identity of graphs: two graphs with the same key compute the same function of
+// their inputs, whatever their value names and provenance. The split pass uses it to store
+// identical pieces (the same layer repeated around attention calls) once; compile caches key
+// on it too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "magi/ir/graph.h"
+
+namespace magi::ir {
+
+/// A canonical text of the graph: per node its kind, operator, constant, operands (values are
+/// numbered by position) and result kinds and types. Size symbols are renamed by order of first
+/// appearance, so `f32[s0, 64]` and `f32[s3, 64]` in the same position match. Small CPU tensor
+/// constants (literals) match by value, others only when they are the same tensor. Called
+/// pieces contribute their own keys.
+std::string structural_key(const Graph& graph);
+
+/// A hash of structural_key(graph).
+uint64_t structural_hash(const Graph& graph);
+
+}  // namespace magi::ir

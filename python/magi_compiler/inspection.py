@@ -1,0 +1,90 @@
+"""What the compiler made of the graphs it compiled: for tests, debugging and curious users.
+
+Every graph lowered to the C++ executor (a forward, backward or inference graph of a captured
+module) leaves a :class:`CompiledGraphInfo` here: how many pieces it was split into at custom-op
+boundaries, which boundary operators run between them, and how many pieces are distinct.
+Records hold no tensors; the last 64 are kept::
+
+    from magi_compiler import inspection
+
+    y = block(x)                                  # first call: captures and compiles
+    info = inspection.last_compiled()
+    info.num_pieces, info.num_unique_pieces, info.boundary_ops
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CompiledGraphInfo", "last_compiled", "compiled_graphs", "clear"]
+
+
+@dataclass(frozen=True)
+class CompiledGraphInfo:
+    kind: str  #: "forward", "backward" or "inference"
+    num_pieces: int  #: piece calls per run; 0 when the graph was not split
+    num_unique_pieces: int  #: distinct pieces (identical ones are compiled once)
+    piece_sequence: tuple[int, ...]  #: for each piece call, in order, the distinct piece it runs
+    boundary_ops: tuple[str, ...]  #: boundary operator calls between the pieces, in order
+    num_operator_calls: int  #: dispatcher calls per run, inside pieces included
+    _run: Callable[[], Any] = field(repr=False, compare=False)
+
+    @property
+    def graph(self) -> Any:
+        """The compiled ``_C.Graph`` (pieces under ``.pieces``), or None once it was freed."""
+        run = self._run()
+        return None if run is None else run.magi_graph
+
+    @property
+    def executable(self) -> Any:
+        """The ``_C.Executable``, or None once it was freed."""
+        run = self._run()
+        return None if run is None else run.magi_executable
+
+
+_lock = threading.Lock()
+_records: collections.deque[CompiledGraphInfo] = collections.deque(maxlen=64)
+
+
+def record(kind: str, run: Callable, splitting_ops: Sequence[str]) -> CompiledGraphInfo:
+    """Called by the backend for each lowered graph (``run`` carries magi_graph and
+    magi_executable)."""
+    graph, exe = run.magi_graph, run.magi_executable  # type: ignore[attr-defined]
+    info = CompiledGraphInfo(
+        kind=kind,
+        num_pieces=exe.num_piece_calls,
+        num_unique_pieces=exe.num_pieces,
+        piece_sequence=tuple(exe.piece_call_sequence),
+        boundary_ops=tuple(graph.boundary_op_names(list(splitting_ops))),
+        num_operator_calls=exe.num_operator_calls,
+        _run=weakref.ref(run),
+    )
+    with _lock:
+        _records.append(info)
+    return info
+
+
+def last_compiled(kind: str | None = None) -> CompiledGraphInfo | None:
+    """The most recently compiled graph (of ``kind``, when given), or None."""
+    with _lock:
+        for info in reversed(_records):
+            if kind is None or info.kind == kind:
+                return info
+    return None
+
+
+def compiled_graphs() -> list[CompiledGraphInfo]:
+    """Every kept record, oldest first."""
+    with _lock:
+        return list(_records)
+
+
+def clear() -> None:
+    """Forgets every record."""
+    with _lock:
+        _records.clear()
