@@ -28,8 +28,6 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     graph.run_pipeline(list(config.pass_config.disabled_passes), list(config.splitting_ops))
     executable = _C.Executable(graph)
     _counters.bump("compiles")
-    _counters.bump("pieces", executable.num_pieces)
-    _counters.bump("piece_calls", executable.num_piece_calls)
     logger.info(
         "compiled %s graph: %d nodes, %d operator calls, %d piece calls of %d pieces, %.1f ms",
         kind,

@@ -13,8 +13,6 @@ class Counters:
     compiles: int = 0  # ATen graphs (forward, backward or inference) lowered to the executor
     guard_misses: int = 0  # calls whose inputs no longer matched a compiled entry
     cache_hits: int = 0  # compiled artifacts reused instead of rebuilt
-    pieces: int = 0  # distinct pieces of lowered graphs split at custom-op boundaries
-    piece_calls: int = 0  # piece calls per run, summed over lowered graphs
 
     def __getitem__(self, key: str) -> int:
         return getattr(self, key)

@@ -436,5 +436,31 @@ TEST(StructuralKey, IgnoresNamesAndProvenanceButNotStructure) {
   EXPECT_NE(ir::structural_key(a), ir::structural_key(d));
 }
 
+TEST(StructuralKey, SmallTensorConstantsMatchByValueOthersByIdentity) {
+  auto build = [](Graph& g, const at::Tensor& constant) {
+    Value* x = g.add_tensor_input("x", tensor_type({4}));
+    Value* c = g.add_constant(constant, ValueKind::kTensor);
+    g.set_outputs(
+        {named(g.add_op(op("aten::add", "Tensor"), {x, c, g.add_constant(1, ValueKind::kScalar)}),
+               "add")});
+  };
+  auto literal = [](double v) {  // what the importer makes of `x + 1e-6`
+    at::Tensor t = at::scalar_tensor(v, at::kDouble);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  };
+  Graph a, b, c, d, e;
+  build(a, literal(1e-6));
+  build(b, literal(1e-6));
+  build(c, literal(2e-6));
+  at::Tensor big = at::ones({1024});
+  build(d, big);
+  build(e, at::ones({1024}));
+  EXPECT_EQ(ir::structural_key(a), ir::structural_key(b));
+  EXPECT_NE(ir::structural_key(a), ir::structural_key(c));
+  EXPECT_NE(ir::structural_key(a), ir::structural_key(d));
+  EXPECT_NE(ir::structural_key(d), ir::structural_key(e));  // equal values, other tensor
+}
+
 }  // namespace
 }  // namespace magi::passes

@@ -128,8 +128,6 @@ def test_llama_stack_splits_at_attention_and_matches_eager(layers, counters, ass
     # which are all alike (o_proj, residual, MLP, next layer's norm, projections and RoPE).
     assert info.num_unique_pieces == min(layers + 1, 3)
     assert info.piece_sequence == (0,) + (1,) * (layers - 1) + ((2,) if layers > 1 else (1,))
-    assert counters().pieces == info.num_unique_pieces
-    assert counters().piece_calls == layers + 1
     # Boundary calls stay in the top graph; the pieces hold everything else.
     graph = info.graph
     assert graph.boundary_op_names() == ["magi_t_co::llama_attention"] * layers
@@ -418,6 +416,19 @@ def test_schema_covers_the_supported_annotations(counters, assert_close_rel):
     for batch in (2, 3):
         x, b = torch.randn(batch, 4), torch.randn(batch, 4)
         assert_close_rel(compiled(x, b), fn(x, b), RTOL)
+
+
+def test_string_annotations_need_no_imports():
+    # Tensor is not imported in this module (and annotations are strings here, from
+    # `from __future__ import annotations`): like torch.library, the decorator resolves it.
+    @magi_register_custom_op(name="magi_t_co::stringly")
+    def stringly(x: Tensor, k: Optional[int] = None) -> Tensor:  # noqa: F821, UP045
+        return x * (k or 1)
+
+    assert str(torch.ops.magi_t_co.stringly.default._schema) == (
+        "magi_t_co::stringly(Tensor x, SymInt? k=None) -> Tensor"
+    )
+    assert torch.equal(stringly(torch.ones(2), k=3), torch.full((2,), 3.0))
 
 
 def test_outputs_are_checked_against_the_declared_metadata():
