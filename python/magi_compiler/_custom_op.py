@@ -13,6 +13,7 @@ raised there, not deep inside a trace. See docs/custom_ops.md.
 from __future__ import annotations
 
 import collections.abc
+import functools
 import inspect
 import re
 import typing
@@ -439,15 +440,21 @@ def _same_layout(out: torch.Tensor, ref: torch.Tensor) -> bool:
     if ref.is_contiguous():
         if out.is_contiguous():
             return True
-        expected = _contiguous_strides(ref.shape)
+        expected = _contiguous_strides(tuple(ref.shape))
     else:
-        expected = torch.empty_like(ref, device="meta").stride()
+        expected = _empty_like_strides(tuple(ref.shape), ref.stride())
     return all(s == e for s, e, n in zip(out.stride(), expected, out.shape, strict=True) if n > 1)
 
 
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, running = [], 1
     for n in reversed(shape):
         strides.append(running)
         running *= max(n, 1)
     return tuple(reversed(strides))
+
+
+@functools.lru_cache(maxsize=256)
+def _empty_like_strides(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    ref = torch.empty_strided(shape, stride, device="meta")
+    return torch.empty_like(ref).stride()
