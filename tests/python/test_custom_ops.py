@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from blocks import LlamaBlock, apply_rotary, init_weights_, rotary_cos_sin
-from magi_compiler import _C, inspection, magi_compile, magi_register_custom_op
+from magi_compiler import _C, _logging, inspection, magi_compile, magi_register_custom_op
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -314,7 +314,7 @@ def plain(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.filterwarnings("ignore:.*splitting_ops.*:UserWarning")
-def test_splitting_ops_split_at_ops_named_in_the_config(counters, assert_close_rel):
+def test_splitting_ops_split_at_ops_named_in_the_config(counters, assert_close_rel, capfd):
     def fn(x):
         return plain(x.sin()).cos()
 
@@ -324,10 +324,20 @@ def test_splitting_ops_split_at_ops_named_in_the_config(counters, assert_close_r
     assert inspection.last_compiled().boundary_ops == ("magi_t_co::plain",)
     assert inspection.last_compiled().num_pieces == 2
 
-    torch._dynamo.reset()
-    ignored = magi_compile(fn, config_patch={"splitting_ops": ["magi_t_co::no_such_op"]})
-    assert_close_rel(ignored(x), fn(x), RTOL)  # unknown names are ignored (and logged once)
-    assert inspection.last_compiled().num_pieces == 0
+    # Unknown names are ignored, with one warning per name and process.
+    capfd.readouterr()
+    _logging.set_level("warning")
+    try:
+        for _ in range(2):
+            torch._dynamo.reset()
+            patch = {"splitting_ops": ["magi_t_co::no_such_op"]}
+            ignored = magi_compile(fn, config_patch=patch)
+            assert_close_rel(ignored(x), fn(x), RTOL)
+            assert inspection.last_compiled().num_pieces == 0
+    finally:
+        _logging.init_from_env()
+    logged = capfd.readouterr().err
+    assert logged.count("splitting_ops: ignoring 'magi_t_co::no_such_op'") == 1, logged
 
 
 def test_flags_are_recorded_in_the_core_registry():
@@ -429,6 +439,27 @@ def test_string_annotations_need_no_imports():
         "magi_t_co::stringly(Tensor x, SymInt? k=None) -> Tensor"
     )
     assert torch.equal(stringly(torch.ones(2), k=3), torch.full((2,), 3.0))
+
+
+@magi_register_custom_op(
+    name="magi_t_co::row_norms",
+    infer_output_meta_fn=lambda x, p: x.new_empty(x.shape[:-1]),
+    is_subgraph_boundary=True,
+)
+def row_norms(x: torch.Tensor, p: float) -> torch.Tensor:
+    return x.abs().pow(p).sum(-1).pow(1 / p)
+
+
+def test_infer_output_meta_fn_as_a_function(counters, assert_close_rel):
+    def fn(x):
+        return row_norms(x.tanh(), 3.0)[:, None] * x
+
+    compiled = magi_compile(fn)
+    for batch in BATCHES:
+        x = torch.randn(batch, 6)
+        assert_close_rel(compiled(x), fn(x), RTOL)
+    assert inspection.last_compiled().boundary_ops == ("magi_t_co::row_norms",)
+    assert counters().captures == 1
 
 
 def test_outputs_are_checked_against_the_declared_metadata():
