@@ -7,7 +7,9 @@
 
 #include <pybind11/stl.h>
 #include "magi/common/error.h"
+#include "magi/runtime/cuda_graph.h"
 #include "magi/runtime/executor.h"
+#include "magi/runtime/fused_kernel.h"
 #include "magi/runtime/guard.h"
 
 namespace magi::bindings {
@@ -90,10 +92,56 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_outputs", &runtime::Executable::num_outputs)
       .def_property_readonly("num_instructions", &runtime::Executable::num_instructions)
       .def_property_readonly("num_operator_calls", &runtime::Executable::num_operator_calls)
+      .def("enable_piece_cuda_graphs", &runtime::Executable::enable_piece_cuda_graphs,
+           py::arg("max_graphs") = 32)
+      .def_property_readonly("num_piece_graph_captures",
+                             &runtime::Executable::num_piece_graph_captures)
+      .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
+                             "Fusion nodes (generated kernels) run per call, pieces included.")
+      .def(
+          "generated_kernels",
+          [](const runtime::Executable& exe) {
+            py::list out;
+            for (const auto& k : exe.generated_kernels()) {
+              py::dict d;
+              d["symbol"] = k.symbol;
+              d["target"] = k.target;
+              d["source"] = k.source;
+              d["fused_ops"] = k.fused_ops;
+              out.append(d);
+            }
+            return out;
+          },
+          "Kernel variants generated and compiled so far: symbol, target, source, fused_ops.")
       .def_property_readonly("num_piece_calls", &runtime::Executable::num_piece_calls)
       .def_property_readonly("num_pieces", &runtime::Executable::num_pieces)
       .def_property_readonly("piece_call_sequence", &runtime::Executable::piece_call_sequence,
                              "For each piece call, in order, the index of the piece it runs.");
+
+  py::class_<runtime::CudaGraphRunner>(m, "CudaGraphRunner",
+                                       "Captures and replays an Executable as CUDA graphs.")
+      .def(py::init<const runtime::Executable&, size_t>(), py::arg("executable"),
+           py::arg("max_graphs") = 32, py::keep_alive<1, 2>())
+      .def(
+          "run",
+          [](runtime::CudaGraphRunner& runner, py::sequence args) {
+            std::vector<c10::IValue> inputs;
+            inputs.reserve(args.size());
+            for (size_t i = 0; i < args.size(); ++i) inputs.push_back(to_ivalue(args[i], i));
+            std::vector<c10::IValue> outputs;
+            {
+              py::gil_scoped_release no_gil;
+              outputs = runner.run(std::move(inputs));
+            }
+            py::list result(outputs.size());
+            for (size_t i = 0; i < outputs.size(); ++i) result[i] = to_python(outputs[i]);
+            return result;
+          },
+          py::arg("args"))
+      .def_property_readonly("num_graphs", &runtime::CudaGraphRunner::num_graphs)
+      .def_property_readonly("num_captures", &runtime::CudaGraphRunner::num_captures)
+      .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
+      .def_static("available", &runtime::CudaGraphRunner::available);
 
   py::class_<runtime::GuardSignature>(m, "GuardSignature",
                                       "The input signature a compiled entry was captured for.")

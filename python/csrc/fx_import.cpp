@@ -1,13 +1,13 @@
 // FX -> IR importer. See fx_import.h for the contract.
 #include "fx_import.h"
 
+#include <ATen/EmptyTensor.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
-#include <ATen/EmptyTensor.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -44,8 +44,10 @@ ir::SymExpr from_sympy(py::handle e) {
   if (kind == "Mul") return fold([](const ir::SymExpr& a, const ir::SymExpr& b) { return a * b; });
   if (kind == "FloorDiv") return floor_div(from_sympy(args[0]), from_sympy(args[1]));
   if (kind == "Mod" || kind == "PythonMod") return mod(from_sympy(args[0]), from_sympy(args[1]));
-  if (kind == "Max") return fold([](const ir::SymExpr& a, const ir::SymExpr& b) { return max(a, b); });
-  if (kind == "Min") return fold([](const ir::SymExpr& a, const ir::SymExpr& b) { return min(a, b); });
+  if (kind == "Max")
+    return fold([](const ir::SymExpr& a, const ir::SymExpr& b) { return max(a, b); });
+  if (kind == "Min")
+    return fold([](const ir::SymExpr& a, const ir::SymExpr& b) { return min(a, b); });
   if (kind == "Pow" && type_name(args[1]) == "Integer") {
     int64_t n = py::int_(py::reinterpret_borrow<py::object>(args[1])).cast<int64_t>();
     if (n >= 0 && n <= 8) {
@@ -136,6 +138,12 @@ class FxImporter {
     using ir::ValueKind;
     ValueKind want = expected ? ir::value_kind_of(expected) : ValueKind::kOther;
     if (want == ValueKind::kTensor) {
+      // None for a non-optional Tensor parameter is an undefined tensor, as in PyTorch's own
+      // Python -> IValue conversion (AOTAutograd passes one as attn_bias of
+      // aten::_scaled_dot_product_efficient_attention_backward).
+      if (a.is_none() && expected->kind() == c10::TypeKind::TensorType) {
+        return constant(c10::IValue(at::Tensor()), ValueKind::kTensor);
+      }
       // FX passes Python numbers to Tensor parameters (aten::add.Tensor(x, 1e-6)); eager's
       // argument parser turns them into 0-dim "wrapped number" tensors, which take no part
       // in type promotion. Do the same, at import time for literals, at run time for sizes.
@@ -179,7 +187,8 @@ class FxImporter {
                       ValueKind::kMemoryFormat);
     }
     if (THPVariable_Check(obj)) return constant(THPVariable_Unpack(obj), ValueKind::kTensor);
-    if (py::isinstance<py::list>(a) || py::isinstance<py::tuple>(a)) return convert_list(a, expected);
+    if (py::isinstance<py::list>(a) || py::isinstance<py::tuple>(a))
+      return convert_list(a, expected);
     MAGI_UNSUPPORTED("cannot import argument ", py::repr(a).cast<std::string>(), " of type ",
                      type_name(a), " in FX node '", py_str(current_.attr("name")), "'");
     return nullptr;
@@ -190,13 +199,16 @@ class FxImporter {
   static at::Tensor wrapped_number(py::handle a) {
     at::Tensor t;
     if (py::isinstance<py::bool_>(a)) {
-      t = at::detail::empty_cpu({}, at::kBool, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      t = at::detail::empty_cpu({}, at::kBool, std::nullopt, std::nullopt, std::nullopt,
+                                std::nullopt);
       *t.mutable_data_ptr<bool>() = a.cast<bool>();
     } else if (py::isinstance<py::int_>(a)) {
-      t = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      t = at::detail::empty_cpu({}, at::kLong, std::nullopt, std::nullopt, std::nullopt,
+                                std::nullopt);
       *t.mutable_data_ptr<int64_t>() = a.cast<int64_t>();
     } else {
-      t = at::detail::empty_cpu({}, at::kDouble, std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+      t = at::detail::empty_cpu({}, at::kDouble, std::nullopt, std::nullopt, std::nullopt,
+                                std::nullopt);
       *t.mutable_data_ptr<double>() = a.cast<double>();
     }
     t.unsafeGetTensorImpl()->set_wrapped_number(true);
@@ -205,12 +217,14 @@ class FxImporter {
 
   // A symbolic int or float read as a Tensor argument: aten::scalar_tensor at run time.
   ir::Value* scalar_tensor(ir::Value* number) {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::scalar_tensor", "");
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::scalar_tensor", "");
     bool is_int = number->kind() == ir::ValueKind::kInt;
     std::vector<ir::Value*> inputs = {
         number,
         constant(static_cast<int64_t>(is_int ? at::kLong : at::kDouble), ir::ValueKind::kDtype),
-        constant(c10::IValue(), ir::ValueKind::kNone), constant(c10::IValue(), ir::ValueKind::kNone),
+        constant(c10::IValue(), ir::ValueKind::kNone),
+        constant(c10::IValue(), ir::ValueKind::kNone),
         constant(c10::IValue(), ir::ValueKind::kNone)};
     ir::Node* n = graph_->add_op(op, std::move(inputs));
     set_provenance(n, current_);
@@ -227,7 +241,8 @@ class FxImporter {
       if (t->kind() == c10::TypeKind::OptionalType) {
         t = t->castRaw<c10::OptionalType>()->getElementType();
       }
-      if (t->kind() == c10::TypeKind::ListType) elem_type = t->castRaw<c10::ListType>()->getElementType();
+      if (t->kind() == c10::TypeKind::ListType)
+        elem_type = t->castRaw<c10::ListType>()->getElementType();
     }
     bool all_literal = true;
     for (py::handle item : items) all_literal &= !is_fx_node(item);
@@ -235,7 +250,8 @@ class FxImporter {
       // Unknown expected type (e.g. an output tuple): infer from the elements.
       kind = ValueKind::kIntList;
       for (py::handle item : items) {
-        if (is_fx_node(item) && lookup(item)->kind() == ValueKind::kTensor) kind = ValueKind::kTensorList;
+        if (is_fx_node(item) && lookup(item)->kind() == ValueKind::kTensor)
+          kind = ValueKind::kTensorList;
         if (py::isinstance<py::float_>(item)) kind = ValueKind::kFloatList;
       }
     }
@@ -320,8 +336,10 @@ class FxImporter {
     auto eol = trace.find('\n', in_at == std::string::npos ? line_at : in_at);
     if (file_end == std::string::npos || line_at == std::string::npos) return;
     std::string file = trace.substr(at + 6, file_end - at - 6);
-    file = file.substr(file.find_last_of('/') == std::string::npos ? 0 : file.find_last_of('/') + 1);
-    std::string line = trace.substr(line_at + 5, trace.find_first_not_of("0123456789", line_at + 5) - line_at - 5);
+    file =
+        file.substr(file.find_last_of('/') == std::string::npos ? 0 : file.find_last_of('/') + 1);
+    std::string line =
+        trace.substr(line_at + 5, trace.find_first_not_of("0123456789", line_at + 5) - line_at - 5);
     p.source = file + ":" + line;
     if (in_at != std::string::npos) p.source += " in " + trace.substr(in_at + 5, eol - in_at - 5);
     if (eol != std::string::npos) {
@@ -335,7 +353,8 @@ class FxImporter {
   void bind(py::handle fx, std::vector<ir::Value*> outputs) {
     std::string name = py_str(fx.attr("name"));
     for (size_t i = 0; i < outputs.size(); ++i) {
-      outputs[i]->set_name(graph_->unique_name(outputs.size() == 1 ? name : name + "_" + std::to_string(i)));
+      outputs[i]->set_name(
+          graph_->unique_name(outputs.size() == 1 ? name : name + "_" + std::to_string(i)));
     }
     env_[fx.ptr()] = std::move(outputs);
   }
@@ -432,7 +451,8 @@ class FxImporter {
         inputs.push_back(convert(kwargs[py::str(arg.name())], arg.real_type()));
       } else if (arg.default_value().has_value()) {
         const c10::IValue& d = *arg.default_value();
-        inputs.push_back(constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.real_type())));
+        inputs.push_back(
+            constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.real_type())));
       } else {
         MAGI_CHECK(false, "FX node '", py_str(node.attr("name")), "' calls ", name, ".", overload,
                    " without its required argument '", arg.name(), "'");
@@ -447,9 +467,11 @@ class FxImporter {
     py::object val = meta_val(node);
     if (n->outputs().size() == 1) {
       annotate(n->output(), val);
-    } else if (!val.is_none() && (py::isinstance<py::tuple>(val) || py::isinstance<py::list>(val))) {
+    } else if (!val.is_none() &&
+               (py::isinstance<py::tuple>(val) || py::isinstance<py::list>(val))) {
       py::sequence vals = val;
-      for (size_t i = 0; i < n->outputs().size() && i < vals.size(); ++i) annotate(n->output(i), vals[i]);
+      for (size_t i = 0; i < n->outputs().size() && i < vals.size(); ++i)
+        annotate(n->output(i), vals[i]);
     }
     // A Tensor[] return stays a list value whatever meta says.
     for (size_t i = 0; i < n->outputs().size(); ++i) {
@@ -535,17 +557,17 @@ class FxImporter {
           items.push_back(regenerate_view(prefix + "_" + std::to_string(i), kwargs, bases));
           optional_items |= items.back()->kind() == ir::ValueKind::kNone;
         }
-        mutated[arg.name()] =
-            graph_
-                ->add_list(optional_items ? ir::ValueKind::kOptionalTensorList
-                                          : ir::ValueKind::kTensorList,
-                           std::move(items))
-                ->output();
+        mutated[arg.name()] = graph_
+                                  ->add_list(optional_items ? ir::ValueKind::kOptionalTensorList
+                                                            : ir::ValueKind::kTensorList,
+                                             std::move(items))
+                                  ->output();
       }
     } else {
-      py::object only = kwargs.contains("_only_clone_these_tensors")
-                            ? py::reinterpret_borrow<py::object>(kwargs["_only_clone_these_tensors"])
-                            : py::none();
+      py::object only =
+          kwargs.contains("_only_clone_these_tensors")
+              ? py::reinterpret_borrow<py::object>(kwargs["_only_clone_these_tensors"])
+              : py::none();
       for (const c10::Argument& arg : schema.arguments()) {
         if (!arg.alias_info() || !arg.alias_info()->isWrite()) continue;
         py::handle given = kwargs[py::str(arg.name())];
@@ -573,7 +595,8 @@ class FxImporter {
         inputs.push_back(convert(kwargs[py::str(arg.name())], arg.real_type()));
       } else if (arg.default_value().has_value()) {
         const c10::IValue& d = *arg.default_value();
-        inputs.push_back(constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.real_type())));
+        inputs.push_back(
+            constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arg.real_type())));
       } else {
         MAGI_CHECK(false, "FX node '", py_str(node.attr("name")), "' calls ", name,
                    " without its required argument '", arg.name(), "'");
@@ -613,13 +636,14 @@ class FxImporter {
     ir::Value* base = bases.at(index.cast<size_t>());
     if (kwargs.contains(prefix + "_alias")) return add_call("aten::alias", "", {base});
     if (kwargs.contains(prefix + "_storage_offset")) {
-      return add_call("aten::as_strided", "", {base}, {get(prefix + "_size"), get(prefix + "_stride"),
-                                                    get(prefix + "_storage_offset")});
+      return add_call(
+          "aten::as_strided", "", {base},
+          {get(prefix + "_size"), get(prefix + "_stride"), get(prefix + "_storage_offset")});
     }
     if (kwargs.contains(prefix + "_slice_dim")) {
-      return add_call("aten::slice", "Tensor", {base},
-                      {get(prefix + "_slice_dim"), get(prefix + "_slice_start"),
-                       get(prefix + "_slice_end")});
+      return add_call(
+          "aten::slice", "Tensor", {base},
+          {get(prefix + "_slice_dim"), get(prefix + "_slice_start"), get(prefix + "_slice_end")});
     }
     return base;
   }
@@ -633,7 +657,8 @@ class FxImporter {
     if (py::isinstance<py::int_>(offset) && offset.cast<int64_t>() == 0) return;
     MAGI_UNSUPPORTED("FX node '", py_str(current_.attr("name")),
                      "' calls a mutating operator on a view of a tensor whose storage starts at "
-                     "offset ", py_str(offset),
+                     "offset ",
+                     py_str(offset),
                      "; pass the operator a tensor that owns its storage (e.g. .clone() it first)");
   }
 
@@ -643,11 +668,12 @@ class FxImporter {
                       std::vector<py::object> rest = {}) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
     const auto& arguments = op.schema().arguments();
-    for (py::object& r : rest) values.push_back(convert(r, arguments.at(values.size()).real_type()));
+    for (py::object& r : rest)
+      values.push_back(convert(r, arguments.at(values.size()).real_type()));
     for (size_t i = values.size(); i < arguments.size(); ++i) {
       const c10::IValue& d = *arguments[i].default_value();
-      values.push_back(
-          constant(d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arguments[i].real_type())));
+      values.push_back(constant(
+          d, d.isNone() ? ir::ValueKind::kNone : ir::value_kind_of(arguments[i].real_type())));
     }
     ir::Node* n = graph_->add_op(op, std::move(values));
     set_provenance(n, current_);
@@ -658,7 +684,8 @@ class FxImporter {
   void import_getitem(py::handle node, py::tuple args) {
     py::handle source = args[0];
     int64_t index = args[1].cast<int64_t>();
-    MAGI_CHECK(is_fx_node(source), "getitem on a literal in FX node '", py_str(node.attr("name")), "'");
+    MAGI_CHECK(is_fx_node(source), "getitem on a literal in FX node '", py_str(node.attr("name")),
+               "'");
     const auto& outs = env_.at(source.ptr());
     if (outs.size() > 1) {
       // Multi-return operator: the getitem names one of its outputs.

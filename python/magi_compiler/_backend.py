@@ -38,16 +38,51 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         (time.perf_counter() - start) * 1e3,
     )
 
+    runner = _cuda_graph_runner(gm, kind, config, executable)
+    call = runner.run if runner is not None else executable.run
+
     def run(args: list[Any]) -> list[Any]:
-        outputs = executable.run(args)
+        outputs = call(args)
         args.clear()  # boxed calling convention: drop our references to the inputs early
         return outputs
 
     run._boxed_call = True  # type: ignore[attr-defined]
     run.magi_graph = graph  # type: ignore[attr-defined]  # for inspection and tests
     run.magi_executable = executable  # type: ignore[attr-defined]
+    run.magi_cuda_graphs = runner  # type: ignore[attr-defined]
     inspection.record(kind, run, config.splitting_ops)
     return run
+
+
+_warned_cpu_cudagraphs = False
+
+
+def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfig, executable):
+    """A CUDA graph runner for FULL mode (None otherwise; PIECEWISE is set up on the
+    executable itself). CUDA graphs apply to inference graphs on CUDA tensors only."""
+    global _warned_cpu_cudagraphs
+    mode = config.cudagraph_mode.name
+    if mode == "NONE" or kind != "inference":
+        return None
+    devices = {
+        n.meta["val"].device.type
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    if devices != {"cuda"} or not _C.CudaGraphRunner.available():
+        if not _warned_cpu_cudagraphs:
+            _warned_cpu_cudagraphs = True
+            logger.warning(
+                "cudagraph_mode=%s needs CUDA inputs and a CUDA build; running without CUDA "
+                "graphs (inputs on %s)",
+                mode,
+                ", ".join(sorted(devices)) or "no device",
+            )
+        return None
+    if mode == "PIECEWISE" and executable.num_pieces > 0:
+        executable.enable_piece_cuda_graphs(config.max_cuda_graphs)
+        return None
+    return _C.CudaGraphRunner(executable, config.max_cuda_graphs)
 
 
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):

@@ -84,6 +84,7 @@ class CompileConfig:
     dynamic_dim_default: int | None = 0  # dim made dynamic when none are given; None: static
     strict: bool = False  # raise on code we cannot compile instead of running it eagerly
     max_recaptures: int = 8  # input signatures per compiled entry before a warning
+    max_cuda_graphs: int = 32  # CUDA graphs (input signatures) per compiled graph or piece
 
 
 # Fields that are accepted and documented but not acted on yet: setting one warns once.
@@ -92,9 +93,7 @@ NOT_YET_ACTED_ON = {
     "disable_cache",
     "offload_config",
     "compile_sizes",
-    "splitting_ops",
     "recompute_config",
-    "cudagraph_mode",
 }
 _warned: set[str] = set()
 

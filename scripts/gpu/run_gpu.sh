@@ -1,26 +1,50 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, run the CUDA tests and the quick start, write logs to
-# $OUT. Needs .deps/ (scripts/gpu/stage_deps.sh) carried along. Usage on the device:
-#   bash scripts/gpu/run_gpu.sh [extra pytest args]
+# One call on the GPU machine: build, run the CUDA tests, the quick start and the benchmarks,
+# writing logs and JSON to $OUT. Needs .deps/ (scripts/gpu/stage_deps.sh) carried along.
+#   bash scripts/gpu/run_gpu.sh [phase ...]   phases: build tests quickstart bench (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/magi_out}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+export PYTHONUNBUFFERED=1 MAGI_CACHE_DIR="${MAGI_CACHE_DIR:-/tmp/magi_kernel_cache}"
+# The GPU machine's default CXX wraps g++ with a static libstdc++; an extension built that way
+# carries a second libstdc++ beside torch's, and iostreams crash. Use the system compiler, also
+# for generated CPU kernels.
+export CC=/usr/bin/gcc CXX=/usr/bin/g++ MAGI_CXX=/usr/bin/g++
+phases="${*:-build tests quickstart bench}"
+has() { [[ " $phases " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
 
-echo "== build"
-start=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGI_DEPS_DIR="$PWD/.deps" \
-  -DPython3_EXECUTABLE="$(which python)" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-ninja -C build/gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built in $(( $(date +%s) - start )) s"
+if has build || [[ ! -e build/gpu/build.ninja ]]; then
+  echo "== build"
+  start=$(date +%s)
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAGI_DEPS_DIR="$PWD/.deps" \
+    -DPython3_EXECUTABLE="$(which python)" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  ninja -C build/gpu >"$OUT/build.log" 2>&1 || { grep -B2 -A12 -m3 "error" "$OUT/build.log" | head -60; exit 1; }
+  echo "built in $(( $(date +%s) - start )) s"
+fi
 ln -sf "$PWD"/build/gpu/python/csrc/_C*.so python/magi_compiler/
 export PYTHONPATH="$PWD/python"
 
-echo "== pytest (tests/gpu and tests/python)"
-python -m pytest tests/gpu tests/python -q -ra "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
-
-echo "== quick start"
-python examples/quickstart.py 2>&1 | tee "$OUT/quickstart.log" | tail -12
+if has tests; then
+  echo "== pytest tests/gpu"
+  timeout 360 python -m pytest tests/gpu -q -ra -p no:cacheprovider --durations=8 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+fi
+if has quickstart; then
+  echo "== quick start"
+  timeout 180 python examples/quickstart.py 2>&1 | tee "$OUT/quickstart.log" | tail -12
+fi
+if has bench; then
+  for b in bandwidth host_overhead; do
+    if [[ -f benchmarks/$b.py ]]; then
+      echo "== benchmarks/$b.py"
+      timeout 240 python benchmarks/$b.py --device cuda --out "$OUT/$b.json" 2>&1 | tee "$OUT/$b.log" | tail -25
+    fi
+  done
+  if [[ -f benchmarks/run.py ]]; then
+    echo "== benchmarks/run.py"
+    timeout 480 python benchmarks/run.py --device cuda --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -40
+  fi
+fi

@@ -118,7 +118,7 @@ const c10::OperatorHandle& Node::op() const {
 std::string Node::op_name() const {
   if (!is_operator()) {
     if (kind_ == NodeKind::kSymArith) return sym_op_name(sym_op_);
-    if (kind_ == NodeKind::kCallPiece) {
+    if (kind_ == NodeKind::kCallPiece || kind_ == NodeKind::kFusion) {
       int64_t index = owner_->piece_index(piece_);
       return index < 0 ? std::string("piece_?") : "piece_" + std::to_string(index);
     }
@@ -186,7 +186,8 @@ Value* Graph::add_constant(c10::IValue value, ValueKind kind) {
   node->constant_ = std::move(value);
   Value* v = node->output();
   v->set_kind(kind);
-  if (node->constant_.isInt() && kind == ValueKind::kInt) v->set_sym(SymExpr(node->constant_.toInt()));
+  if (node->constant_.isInt() && kind == ValueKind::kInt)
+    v->set_sym(SymExpr(node->constant_.toInt()));
   return v;
 }
 
@@ -207,8 +208,12 @@ Node* Graph::add_sym(SymOp op, std::vector<Value*> inputs) {
   node->sym_op_ = op;
   ValueKind kind = ValueKind::kInt;
   switch (op) {
-    case SymOp::kEq: case SymOp::kNe: case SymOp::kLt:
-    case SymOp::kLe: case SymOp::kGt: case SymOp::kGe:
+    case SymOp::kEq:
+    case SymOp::kNe:
+    case SymOp::kLt:
+    case SymOp::kLe:
+    case SymOp::kGt:
+    case SymOp::kGe:
       kind = ValueKind::kBool;
       break;
     case SymOp::kTrueDiv:
@@ -226,11 +231,21 @@ Node* Graph::add_getitem(Value* list, int64_t index) {
   node->item_index_ = index;
   ValueKind kind = ValueKind::kOther;
   switch (list->kind()) {
-    case ValueKind::kTensorList: case ValueKind::kOptionalTensorList: kind = ValueKind::kTensor; break;
-    case ValueKind::kIntList: kind = ValueKind::kInt; break;
-    case ValueKind::kFloatList: kind = ValueKind::kFloat; break;
-    case ValueKind::kBoolList: kind = ValueKind::kBool; break;
-    default: break;
+    case ValueKind::kTensorList:
+    case ValueKind::kOptionalTensorList:
+      kind = ValueKind::kTensor;
+      break;
+    case ValueKind::kIntList:
+      kind = ValueKind::kInt;
+      break;
+    case ValueKind::kFloatList:
+      kind = ValueKind::kFloat;
+      break;
+    case ValueKind::kBoolList:
+      kind = ValueKind::kBool;
+      break;
+    default:
+      break;
   }
   node->output()->set_kind(kind);
   return node;
@@ -247,6 +262,25 @@ Graph* Graph::add_piece(std::unique_ptr<Graph> piece) {
   MAGI_ASSERT(piece != nullptr && piece.get() != this, "add_piece() of a null or self graph");
   pieces_.push_back(std::move(piece));
   return pieces_.back().get();
+}
+
+Node* Graph::add_fusion(Graph* group, std::vector<Value*> inputs) {
+  Node* node = add_call_piece(group, std::move(inputs));
+  node->kind_ = NodeKind::kFusion;
+  return node;
+}
+
+void Graph::move_before(Node* node, Node* before) {
+  auto find = [&](const Node* n) {
+    return std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == n; });
+  };
+  auto it = find(node);
+  MAGI_ASSERT(it != nodes_.end(), "move_before() of a node of another graph");
+  std::unique_ptr<Node> owned = std::move(*it);
+  nodes_.erase(it);
+  auto pos = before ? find(before) : (output_node_ ? find(output_node_) : nodes_.end());
+  MAGI_ASSERT(before == nullptr || pos != nodes_.end(), "move_before() target not in this graph");
+  nodes_.insert(pos, std::move(owned));
 }
 
 Node* Graph::add_call_piece(Graph* piece, std::vector<Value*> inputs) {
@@ -298,8 +332,8 @@ Node* Graph::set_outputs(std::vector<Value*> outputs) {
 void Graph::erase(Node* node) {
   MAGI_ASSERT(node->owner() == this, "erase() of a node of another graph");
   for (Value* out : node->outputs()) {
-    MAGI_ASSERT(out->users().empty(), "erase() of ", node->op_name(), " whose output ",
-                out->name(), " is still used");
+    MAGI_ASSERT(out->users().empty(), "erase() of ", node->op_name(), " whose output ", out->name(),
+                " is still used");
   }
   MAGI_ASSERT(node->kind() != NodeKind::kInput, "graph inputs cannot be erased");
   for (Value* in : node->inputs_) {
@@ -312,8 +346,8 @@ void Graph::erase(Node* node) {
     values_.erase(std::find_if(values_.begin(), values_.end(),
                                [&](const auto& v) { return v.get() == out; }));
   }
-  nodes_.erase(std::find_if(nodes_.begin(), nodes_.end(),
-                            [&](const auto& n) { return n.get() == node; }));
+  nodes_.erase(
+      std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == node; }));
 }
 
 std::vector<Node*> Graph::nodes() const {

@@ -37,6 +37,7 @@ class KeyWriter {
         write_ivalue(node.constant(), node);
         break;
       case NodeKind::kCallPiece:
+      case NodeKind::kFusion:
         os_ << " {" << structural_key(*node.piece()) << '}';
         break;
       default:

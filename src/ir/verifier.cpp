@@ -15,7 +15,8 @@ std::string describe(const Node* node) {
   if (!node->outputs().empty() && !node->output()->name().empty()) {
     s = "%" + node->output()->name() + " = " + s;
   }
-  if (!node->provenance().fx_name.empty()) s += " (from FX node " + node->provenance().fx_name + ")";
+  if (!node->provenance().fx_name.empty())
+    s += " (from FX node " + node->provenance().fx_name + ")";
   return s;
 }
 
@@ -70,8 +71,8 @@ std::vector<std::string> verify_errors(const Graph& graph) {
         continue;
       }
       if (!defined.count(in)) {
-        fail(node, "input " + std::to_string(i) + " (%" + in->name() +
-                       ") is used before it is produced");
+        fail(node,
+             "input " + std::to_string(i) + " (%" + in->name() + ") is used before it is produced");
       }
     }
 
@@ -137,7 +138,8 @@ std::vector<std::string> verify_errors(const Graph& graph) {
           fail(node, "a list node must produce one list value");
         }
         break;
-      case NodeKind::kCallPiece: {
+      case NodeKind::kCallPiece:
+      case NodeKind::kFusion: {
         const Graph* piece = node->piece();
         if (piece == nullptr || graph.piece_index(piece) < 0) {
           fail(node, "calls a piece this graph does not own");
@@ -155,7 +157,8 @@ std::vector<std::string> verify_errors(const Graph& graph) {
         for (size_t i = 0; i < node->outputs().size() && i < piece->outputs().size(); ++i) {
           if (node->outputs()[i]->kind() != piece->outputs()[i]->kind()) {
             fail(node, "output " + std::to_string(i) + " is a " +
-                           value_kind_name(node->outputs()[i]->kind()) + " but the piece returns a " +
+                           value_kind_name(node->outputs()[i]->kind()) +
+                           " but the piece returns a " +
                            value_kind_name(piece->outputs()[i]->kind()));
           }
         }

@@ -23,7 +23,10 @@ constexpr PassEntry kPipeline[] = {
     {"eliminate_dead_code",
      [](ir::Graph& g, const PipelineOptions&) { return eliminate_dead_code(g); }},
     {"split_at_boundaries",
-     [](ir::Graph& g, const PipelineOptions& o) { return split_at_boundaries(g, o.splitting_ops); }},
+     [](ir::Graph& g, const PipelineOptions& o) {
+       return split_at_boundaries(g, o.splitting_ops);
+     }},
+    {"fuse_groups", [](ir::Graph& g, const PipelineOptions&) { return fuse_groups(g); }},
 };
 
 std::set<std::string> disabled_from_env() {
@@ -50,7 +53,8 @@ std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& op
   std::set<std::string> disabled = disabled_from_env();
   disabled.insert(options.disabled.begin(), options.disabled.end());
   std::string known_names;
-  for (const auto& p : kPipeline) known_names += (known_names.empty() ? "" : ", ") + std::string(p.name);
+  for (const auto& p : kPipeline)
+    known_names += (known_names.empty() ? "" : ", ") + std::string(p.name);
   for (const auto& name : disabled) {
     bool known = false;
     for (const auto& p : kPipeline) known |= (name == p.name);

@@ -1,6 +1,13 @@
 // Executable: lowering a graph to instructions, and the interpreter loop that runs them.
 #include "magi/runtime/executor.h"
 
+#include <cstdio>
+#include <unordered_set>
+
+#include "magi/ir/structural_hash.h"
+#include "magi/runtime/cuda_graph.h"
+#include "magi/runtime/fused_kernel.h"
+
 #include <limits>
 #include <unordered_map>
 
@@ -15,12 +22,12 @@ namespace {
 using Ref = int32_t;
 constexpr Ref kUnused = std::numeric_limits<Ref>::min();
 
-enum class InstrKind : uint8_t { kCall, kSym, kGetItem, kMakeList, kCallPiece };
+enum class InstrKind : uint8_t { kCall, kSym, kGetItem, kMakeList, kCallPiece, kFusion };
 
 struct Instr {
   InstrKind kind;
-  std::optional<c10::OperatorHandle> op;  // kCall
-  ir::SymOp sym = ir::SymOp::kAdd;        // kSym
+  std::optional<c10::OperatorHandle> op;            // kCall
+  ir::SymOp sym = ir::SymOp::kAdd;                  // kSym
   ir::ValueKind list_kind = ir::ValueKind::kOther;  // kMakeList
   int64_t item_index = 0;                           // kGetItem
   size_t piece = 0;                                 // kCallPiece: index into Program::pieces
@@ -58,36 +65,62 @@ c10::IValue eval_sym(ir::SymOp op, const c10::IValue& a, const c10::IValue* b) {
   if (a.isDouble() || b->isDouble()) {
     double x = to_double(a), y = to_double(*b);
     switch (op) {
-      case SymOp::kAdd: return x + y;
-      case SymOp::kSub: return x - y;
-      case SymOp::kMul: return x * y;
-      case SymOp::kTrueDiv: return x / y;
-      case SymOp::kEq: return x == y;
-      case SymOp::kNe: return x != y;
-      case SymOp::kLt: return x < y;
-      case SymOp::kLe: return x <= y;
-      case SymOp::kGt: return x > y;
-      case SymOp::kGe: return x >= y;
-      default: break;
+      case SymOp::kAdd:
+        return x + y;
+      case SymOp::kSub:
+        return x - y;
+      case SymOp::kMul:
+        return x * y;
+      case SymOp::kTrueDiv:
+        return x / y;
+      case SymOp::kEq:
+        return x == y;
+      case SymOp::kNe:
+        return x != y;
+      case SymOp::kLt:
+        return x < y;
+      case SymOp::kLe:
+        return x <= y;
+      case SymOp::kGt:
+        return x > y;
+      case SymOp::kGe:
+        return x >= y;
+      default:
+        break;
     }
   }
   int64_t x = to_int(a), y = to_int(*b);
   switch (op) {
-    case SymOp::kAdd: return x + y;
-    case SymOp::kSub: return x - y;
-    case SymOp::kMul: return x * y;
-    case SymOp::kFloorDiv: return ir::py_floor_div(x, y);
-    case SymOp::kMod: return ir::py_mod(x, y);
-    case SymOp::kTrueDiv: return double(x) / double(y);
-    case SymOp::kMax: return std::max(x, y);
-    case SymOp::kMin: return std::min(x, y);
-    case SymOp::kEq: return x == y;
-    case SymOp::kNe: return x != y;
-    case SymOp::kLt: return x < y;
-    case SymOp::kLe: return x <= y;
-    case SymOp::kGt: return x > y;
-    case SymOp::kGe: return x >= y;
-    default: break;
+    case SymOp::kAdd:
+      return x + y;
+    case SymOp::kSub:
+      return x - y;
+    case SymOp::kMul:
+      return x * y;
+    case SymOp::kFloorDiv:
+      return ir::py_floor_div(x, y);
+    case SymOp::kMod:
+      return ir::py_mod(x, y);
+    case SymOp::kTrueDiv:
+      return double(x) / double(y);
+    case SymOp::kMax:
+      return std::max(x, y);
+    case SymOp::kMin:
+      return std::min(x, y);
+    case SymOp::kEq:
+      return x == y;
+    case SymOp::kNe:
+      return x != y;
+    case SymOp::kLt:
+      return x < y;
+    case SymOp::kLe:
+      return x <= y;
+    case SymOp::kGt:
+      return x > y;
+    case SymOp::kGe:
+      return x >= y;
+    default:
+      break;
   }
   MAGI_ASSERT(false, "unhandled symbolic op ", ir::sym_op_name(op));
   return {};
@@ -144,17 +177,41 @@ std::string describe(const ir::Node* node) {
   return s;
 }
 
+// "fused_pow_mean_add_rsqrt_mul_3f2a": the ops it fuses and a hash of what it computes, so
+// identical groups (one per layer) print identical sources and compile once.
+std::string kernel_name(const ir::Graph& group) {
+  std::string name = "fused";
+  for (const ir::Node* n : group.nodes()) {
+    if (!n->is_operator()) continue;
+    std::string op = n->op_name();
+    op = op.substr(op.find("::") == std::string::npos ? 0 : op.find("::") + 2);
+    op = op.substr(0, op.find('.'));
+    while (!op.empty() && op.front() == '_') op.erase(0, 1);
+    if (name.size() + op.size() > 48) break;
+    name += "_" + op;
+  }
+  uint32_t h = 2166136261u;
+  for (char c : ir::structural_key(group)) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", h);
+  return name + "_" + buf;
+}
+
 }  // namespace
 
 struct Executable::Program {
   std::vector<Instr> instrs;
-  std::vector<std::unique_ptr<Executable>> pieces;  // one per piece of the graph
+  std::vector<std::unique_ptr<Executable>> pieces;  // one per called piece of the graph
+  std::vector<std::unique_ptr<FusedKernel>> fused;  // one per fusion group (same indexing)
+  // PIECEWISE CUDA graphs: one runner per called piece (same indexing), when enabled.
+  std::vector<std::unique_ptr<CudaGraphRunner>> piece_graphs;
   std::vector<c10::IValue> constants;
-  std::vector<Ref> input_regs;   // kUnused for inputs nobody reads
+  std::vector<Ref> input_regs;  // kUnused for inputs nobody reads
   std::vector<Ref> output_refs;
   size_t num_registers = 0;
   size_t num_calls = 0;
   size_t num_piece_calls = 0;
+  size_t num_fusions = 0;
   size_t max_stack = 0;
 };
 
@@ -162,7 +219,19 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
   ir::verify(graph);
   Program& p = *program_;
   std::unordered_map<const ir::Value*, Ref> ref_of;
-  for (const ir::Graph* piece : graph.pieces()) p.pieces.push_back(std::make_unique<Executable>(*piece));
+  std::unordered_set<const ir::Graph*> fusion_groups;
+  for (const ir::Node* node : graph.nodes()) {
+    if (node->kind() == ir::NodeKind::kFusion) fusion_groups.insert(node->piece());
+  }
+  for (const ir::Graph* piece : graph.pieces()) {
+    if (fusion_groups.count(piece)) {
+      p.pieces.push_back(nullptr);
+      p.fused.push_back(std::make_unique<FusedKernel>(*piece, kernel_name(*piece)));
+    } else {
+      p.pieces.push_back(std::make_unique<Executable>(*piece));
+      p.fused.push_back(nullptr);
+    }
+  }
 
   auto new_register = [&](const ir::Value* v) {
     Ref r = static_cast<Ref>(p.num_registers++);
@@ -209,6 +278,11 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
         instr.kind = InstrKind::kMakeList;
         instr.list_kind = node->output()->kind();
         break;
+      case ir::NodeKind::kFusion:
+        instr.kind = InstrKind::kFusion;
+        instr.piece = static_cast<size_t>(graph.piece_index(node->piece()));
+        p.num_fusions++;
+        break;
       case ir::NodeKind::kCallPiece:
         instr.kind = InstrKind::kCallPiece;
         instr.piece = static_cast<size_t>(graph.piece_index(node->piece()));
@@ -251,7 +325,8 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
       bool later_in_same = false;
       for (size_t k = j + 1; k < instr.in.size(); ++k) later_in_same |= (instr.in[k] == r);
       if (later_in_same) continue;
-      if (instr.kind == InstrKind::kCall || instr.kind == InstrKind::kCallPiece) {
+      if (instr.kind == InstrKind::kCall || instr.kind == InstrKind::kCallPiece ||
+          instr.kind == InstrKind::kFusion) {
         instr.move_in[j] = 1;
       } else {
         instr.release_after.push_back(r);
@@ -274,12 +349,55 @@ size_t Executable::num_outputs() const { return program_->output_refs.size(); }
 size_t Executable::num_instructions() const { return program_->instrs.size(); }
 size_t Executable::num_operator_calls() const { return program_->num_calls; }
 size_t Executable::num_piece_calls() const { return program_->num_piece_calls; }
-size_t Executable::num_pieces() const { return program_->pieces.size(); }
+size_t Executable::num_pieces() const {
+  size_t n = 0;
+  for (const auto& piece : program_->pieces) n += piece != nullptr;
+  return n;
+}
 
 const Executable& Executable::piece(size_t i) const {
-  MAGI_CHECK(i < program_->pieces.size(), "piece ", i, " of an executable with ",
-             program_->pieces.size(), " pieces");
-  return *program_->pieces[i];
+  size_t seen = 0;
+  for (const auto& piece : program_->pieces) {
+    if (piece != nullptr && seen++ == i) return *piece;
+  }
+  MAGI_CHECK(false, "piece ", i, " of an executable with ", num_pieces(), " pieces");
+  return *this;
+}
+
+void Executable::enable_piece_cuda_graphs(size_t max_graphs) {
+  Program& p = *program_;
+  p.piece_graphs.clear();
+  for (const auto& piece : p.pieces) {
+    p.piece_graphs.push_back(piece ? std::make_unique<CudaGraphRunner>(*piece, max_graphs)
+                                   : nullptr);
+  }
+}
+
+size_t Executable::num_piece_graph_captures() const {
+  size_t n = 0;
+  for (const auto& r : program_->piece_graphs) n += r ? r->num_captures() : 0;
+  return n;
+}
+
+size_t Executable::num_fusions() const {
+  size_t n = program_->num_fusions;
+  for (const auto& piece : program_->pieces) {
+    if (piece) n += piece->num_fusions();
+  }
+  return n;
+}
+
+std::vector<GeneratedKernel> Executable::generated_kernels() const {
+  std::vector<GeneratedKernel> out;
+  for (const auto& f : program_->fused) {
+    if (!f) continue;
+    for (auto& k : f->generated()) out.push_back(std::move(k));
+  }
+  for (const auto& piece : program_->pieces) {
+    if (!piece) continue;
+    for (auto& k : piece->generated_kernels()) out.push_back(std::move(k));
+  }
+  return out;
 }
 
 std::vector<size_t> Executable::piece_call_sequence() const {
@@ -292,15 +410,13 @@ std::vector<size_t> Executable::piece_call_sequence() const {
 
 std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const {
   const Program& p = *program_;
-  MAGI_CHECK(inputs.size() == p.input_regs.size(), "the compiled graph takes ",
-             p.input_regs.size(), " inputs but was called with ", inputs.size());
+  MAGI_CHECK(inputs.size() == p.input_regs.size(), "the compiled graph takes ", p.input_regs.size(),
+             " inputs but was called with ", inputs.size());
   std::vector<c10::IValue> regs(p.num_registers);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (p.input_regs[i] != kUnused) regs[p.input_regs[i]] = std::move(inputs[i]);
   }
-  auto get = [&](Ref r) -> const c10::IValue& {
-    return r >= 0 ? regs[r] : p.constants[-r - 1];
-  };
+  auto get = [&](Ref r) -> const c10::IValue& { return r >= 0 ? regs[r] : p.constants[-r - 1]; };
 
   torch::jit::Stack stack;
   stack.reserve(p.max_stack);
@@ -337,9 +453,22 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
       }
       case InstrKind::kGetItem: {
         auto items = get(instr.in[0]).toListRef();
-        MAGI_ASSERT(instr.item_index >= 0 && size_t(instr.item_index) < items.size(),
-                    instr.where, ": index ", instr.item_index, " of a list of ", items.size());
+        MAGI_ASSERT(instr.item_index >= 0 && size_t(instr.item_index) < items.size(), instr.where,
+                    ": index ", instr.item_index, " of a list of ", items.size());
         if (instr.out[0] != kUnused) regs[instr.out[0]] = items[instr.item_index];
+        break;
+      }
+      case InstrKind::kFusion: {
+        std::vector<at::Tensor> args;
+        args.reserve(instr.in.size());
+        for (size_t j = 0; j < instr.in.size(); ++j) {
+          Ref r = instr.in[j];
+          args.push_back(instr.move_in[j] ? std::move(regs[r]).toTensor() : get(r).toTensor());
+        }
+        std::vector<at::Tensor> results = p.fused[instr.piece]->run(args);
+        for (size_t k = 0; k < instr.out.size(); ++k) {
+          if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(results[k]);
+        }
         break;
       }
       case InstrKind::kCallPiece: {
@@ -349,7 +478,10 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
           Ref r = instr.in[j];
           args.push_back(instr.move_in[j] ? std::move(regs[r]) : get(r));
         }
-        std::vector<c10::IValue> results = p.pieces[instr.piece]->run(std::move(args));
+        std::vector<c10::IValue> results =
+            (instr.piece < p.piece_graphs.size() && p.piece_graphs[instr.piece])
+                ? p.piece_graphs[instr.piece]->run(std::move(args))
+                : p.pieces[instr.piece]->run(std::move(args));
         for (size_t k = 0; k < instr.out.size(); ++k) {
           if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(results[k]);
         }

@@ -52,6 +52,12 @@ class Graph {
   /// A call of `piece` (owned by this graph). Outputs take the kinds, types and symbolic values
   /// of the piece's outputs.
   Node* add_call_piece(Graph* piece, std::vector<Value*> inputs);
+  /// Like add_call_piece, for a fusion group: the executor runs `group` as one generated
+  /// kernel (or, if code generation fails, op by op).
+  Node* add_fusion(Graph* group, std::vector<Value*> inputs);
+  /// Moves `node` to just before `before` (nullptr: to the end, before the Output node). The
+  /// caller keeps the order valid; the verifier checks it.
+  void move_before(Node* node, Node* before);
   /// A copy of `node` (from any graph) reading `inputs`: same kind, operator, constant, piece,
   /// provenance, and output names, kinds and types. A piece pointer is kept as is, so copying a
   /// CallPiece across graphs is the caller's business.

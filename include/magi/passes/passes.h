@@ -20,6 +20,10 @@ bool eliminate_dead_code(ir::Graph& graph);
 /// once. Unknown names in `splitting_ops` are logged once and ignored.
 bool split_at_boundaries(ir::Graph& graph, const std::vector<std::string>& splitting_ops = {});
 
+/// Groups chains of fusible ops (ir/op_info.h) with one index space into Fusion nodes, each
+/// run as one generated kernel; recurses into pieces. See src/passes/fuse_groups.cpp.
+bool fuse_groups(ir::Graph& graph);
+
 /// Is `node` a call where split_at_boundaries cuts?
 bool is_boundary_call(const ir::Node& node, const std::vector<std::string>& splitting_ops = {});
 

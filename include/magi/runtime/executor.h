@@ -23,6 +23,8 @@
 
 namespace magi::runtime {
 
+struct GeneratedKernel;
+
 class Executable {
  public:
   /// Lowers `graph` (which must verify). The graph is not kept.
@@ -44,6 +46,14 @@ class Executable {
   size_t num_pieces() const;
   /// Piece i, in the order of the graph's pieces().
   const Executable& piece(size_t i) const;
+  /// PIECEWISE CUDA graphs: run each piece through its own CudaGraphRunner (boundary ops stay
+  /// eager between them). Not thread-safe: one caller at a time.
+  void enable_piece_cuda_graphs(size_t max_graphs);
+  size_t num_piece_graph_captures() const;
+  /// Fusion nodes run per call (generated kernels), those inside pieces included.
+  size_t num_fusions() const;
+  /// Every kernel variant generated and compiled so far, pieces included.
+  std::vector<struct GeneratedKernel> generated_kernels() const;
   /// For each piece call, in execution order, the index of the piece it runs.
   std::vector<size_t> piece_call_sequence() const;
 

@@ -1,0 +1,110 @@
+// Kernel IR: one generated kernel, independent of the graph IR and of any printer.
+//
+// A kernel walks an index space: either every element of a tensor (pointwise schedule) or
+// the rows of a tensor whose last dim is reduced (row schedule: one row per thread block on
+// the GPU, per OpenMP iteration on the CPU). Its body is a DAG of scalar operations (KOps) in
+// SSA order. Every KOp is either per-element or per-row; per-row values come from reductions
+// over the row (sum, max, min) or from per-row inputs, and broadcast back over the row for free.
+//
+// Inputs are described by dtype only here; how each is addressed (contiguous, broadcast along
+// rows or columns, scalar, or general strides) is decided at launch from the actual tensors,
+// and is part of the *variant* a printer is asked for (`AccessClass`), so one kernel serves
+// every shape whose inputs are laid out alike.
+//
+// Arithmetic runs in float (double for float64 groups). After every op whose eager result
+// dtype is bfloat16 or float16 (or float32, in a double kernel) the value is rounded to that
+// dtype, so a fused chain rounds exactly where eager PyTorch's op-by-op execution does.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace magi::codegen {
+
+enum class Schedule : uint8_t { kPointwise, kRow };
+
+// _(Name, printed name) of every scalar op a kernel may contain.
+#define MAGI_KOP_KINDS(_) \
+  _(Load, "load")         \
+  _(Const, "const")       \
+  _(Unary, "unary")       \
+  _(Binary, "binary")     \
+  _(Where, "where")       \
+  _(Round, "round")       \
+  _(Reduce, "reduce")
+
+enum class KOpKind : uint8_t {
+#define MAGI_DECLARE_KOP(name, text) k##name,
+  MAGI_KOP_KINDS(MAGI_DECLARE_KOP)
+#undef MAGI_DECLARE_KOP
+};
+
+enum class ReduceKind : uint8_t { kSum, kMax, kMin };
+
+struct KOp {
+  KOpKind kind = KOpKind::kConst;
+  std::string fn;         ///< Unary/Binary: function name ("exp", "add", "gelu_tanh", ...)
+  std::vector<int> args;  ///< earlier KOps
+  int input = -1;         ///< Load: input index
+  double value = 0.0;     ///< Const
+  c10::ScalarType round_to = c10::ScalarType::Undefined;  ///< Round: bf16/f16 (f32 in double)
+  ReduceKind reduce = ReduceKind::kSum;                   ///< Reduce
+  bool per_row = false;  ///< value is one per row (row schedule only)
+  std::string comment;   ///< the ATen op and user source it comes from
+};
+
+struct KInput {
+  c10::ScalarType dtype;
+  bool per_row = false;  ///< a [..., 1]-shaped input of a row kernel
+};
+
+struct KOutput {
+  int op;
+  c10::ScalarType dtype;
+  bool per_row = false;
+};
+
+/// One fused group, ready for a printer.
+struct KernelSpec {
+  std::string name;  ///< e.g. "fused_pow_mean_add_rsqrt_mul_3"
+  Schedule schedule = Schedule::kPointwise;
+  bool use_double = false;  ///< compute in double (float64 groups)
+  std::vector<KInput> inputs;
+  std::vector<KOp> ops;
+  std::vector<KOutput> outputs;
+  std::vector<std::string> fused_ops;  ///< ATen ops this kernel replaces, in order
+  std::vector<std::string> sources;    ///< user source lines they came from
+
+  /// Textual form for dumps and golden tests.
+  std::string str() const;
+  /// Stable text identifying the computation (not the name); equal specs may share code.
+  std::string fingerprint() const;
+};
+
+/// How a kernel variant addresses one input (decided per call from strides, see
+/// classify_access in the runtime).
+enum class AccessClass : char {
+  kContiguous = 'c',  ///< same shape as the index space, row-major
+  kRow = 'r',         ///< one value per row (broadcast along the last dim), rows contiguous
+  kColumn = 'l',      ///< one value per column (broadcast along all leading dims)
+  kScalar = 's',      ///< one value
+  kStrided = 'g',     ///< general strides over up to kMaxRank dims
+};
+
+constexpr int kMaxRank = 8;
+
+/// A printable variant: the spec plus how each input is addressed and the vector width.
+struct KernelVariant {
+  const KernelSpec* spec = nullptr;
+  std::vector<AccessClass> access;  ///< one per input
+  int vector_width = 1;             ///< elements per thread access for contiguous inputs
+  /// "<fingerprint>|ccl|v8": the cache key of the printed source.
+  std::string key() const;
+  /// The C symbol / CUDA kernel name of this variant.
+  std::string symbol() const;
+};
+
+}  // namespace magi::codegen

@@ -1,0 +1,38 @@
+// What the compiler knows about individual operators, in one table: which ATen ops are
+// pointwise (and the scalar function a generated kernel computes for them), which are row
+// reductions, which are casts. The fusion pass and the code generator both read it, so an op
+// is fusible exactly when the code generator can emit it.
+#pragma once
+
+#include <string>
+
+namespace magi::ir {
+
+class Node;
+
+enum class OpClass : uint8_t {
+  kOther,      ///< not fusible: runs as an ATen call
+  kUnary,      ///< elementwise f(x)
+  kBinary,     ///< elementwise f(x, y) with broadcasting (alpha folded in for add/sub)
+  kWhere,      ///< where(cond, x, y)
+  kCast,       ///< _to_copy / clone that only changes dtype (or nothing)
+  kReduction,  ///< sum/mean/amax/amin over the last dim
+  kSoftmax,    ///< _softmax / _log_softmax over the last dim
+  kLayerNorm,  ///< native_layer_norm over the last dim
+};
+
+struct OpInfo {
+  OpClass op_class = OpClass::kOther;
+  std::string fn;  ///< scalar function for kUnary/kBinary ("exp", "add", "gelu_tanh", ...)
+};
+
+/// Classifies `node` (an AtenOp). Checks argument values too: a reduction over a dim other
+/// than the last, a cast that changes device, or a gelu with an unknown approximation are
+/// kOther. `reason`, when given, says why a node is not fusible.
+OpInfo op_info(const Node& node, std::string* reason = nullptr);
+
+/// True for float32, float64, bfloat16 and float16 tensors with a known type: what fused
+/// kernels compute on.
+bool is_fusible_float_tensor(const class Value& value);
+
+}  // namespace magi::ir

@@ -1,0 +1,47 @@
+// CUDA graph capture and replay of an Executable.
+//
+// One graph per input signature (the sizes, strides and dtypes of the tensor inputs and the
+// values of the integer inputs, e.g. the dynamic batch size): the first call with a signature
+// runs eagerly (warm-up: kernels load, library handles are created), the second captures
+// and replays, later calls only replay. All graphs of the process share one memory pool.
+//
+// Inputs: an input whose address was the same in the warm-up and the capture (parameters,
+// buffers) is used in place; others are copied into static buffers before each replay. If a
+// parameter-like input later arrives at a different address (the parameter was replaced),
+// the graph is dropped and captured again.
+//
+// Outputs: copied out of the graph's memory before they are returned, so a later replay
+// never overwrites a tensor the caller holds. The copy costs one pass over the outputs.
+//
+// Without a CUDA build (or for CPU inputs) run() simply calls the executable.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace magi::runtime {
+
+class Executable;
+
+class CudaGraphRunner {
+ public:
+  /// `max_graphs`: signatures captured at most; further ones run without graphs.
+  CudaGraphRunner(const Executable& executable, size_t max_graphs = 32);
+  ~CudaGraphRunner();
+
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
+
+  size_t num_graphs() const;    ///< graphs currently captured
+  size_t num_captures() const;  ///< captures so far (re-captures included)
+  size_t num_replays() const;
+  static bool available();  ///< built with CUDA graph support
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace magi::runtime

@@ -1,0 +1,65 @@
+// FusedKernel: runs one fusion group as a generated kernel.
+//
+// At each call the input tensors decide the variant: the index space (their broadcast
+// shape), how each input is addressed (contiguous, per-row, per-column, scalar, strided) and
+// the vector width. A variant is printed and compiled once (CUDA through NVRTC, CPU through
+// the host compiler) and reused for every later call with the same signature, whatever the
+// sizes: a new batch size or sequence length compiles nothing. If a variant cannot be
+// compiled, the group runs op by op through ATen instead (with one warning), so correctness
+// never depends on code generation.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "magi/codegen/kernel_ir.h"
+#include "magi/ir/graph.h"
+
+namespace magi::runtime {
+
+class Executable;
+
+/// A kernel source the runtime generated and compiled.
+struct GeneratedKernel {
+  std::string symbol;
+  std::string target;  ///< "cuda" or "cpu"
+  std::string source;  ///< the printed kernel (without the shared preamble)
+  std::vector<std::string> fused_ops;
+};
+
+class FusedKernel {
+ public:
+  FusedKernel(const ir::Graph& group, const std::string& name);
+  ~FusedKernel();
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
+
+  const codegen::KernelSpec& spec() const { return spec_; }
+  std::vector<GeneratedKernel> generated() const;
+  size_t num_variants() const;
+
+ private:
+  struct Variant;
+  struct OutputInfo {
+    c10::ScalarType dtype;
+    bool per_row;
+    bool keepdim;
+  };
+
+  const Variant& variant_for(const std::string& key, const codegen::KernelVariant& v,
+                             const c10::Device& device) const;
+  std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs) const;
+
+  codegen::KernelSpec spec_;
+  std::vector<OutputInfo> outputs_;
+  std::unique_ptr<Executable> fallback_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::string, std::unique_ptr<Variant>> variants_;
+};
+
+}  // namespace magi::runtime

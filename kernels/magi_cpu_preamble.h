@@ -1,0 +1,114 @@
+// Helpers included at the top of every generated C++ (CPU) kernel, compiled by the host
+// compiler with OpenMP. Mirrors kernels/magi_cuda_preamble.cuh.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+struct magi_bf16 { uint16_t x; };
+struct magi_f16 { uint16_t x; };
+
+#define MAGI_MAX_IO 16
+#define MAGI_MAX_RANK 8
+
+struct MagiArgs {
+  void* ptr[MAGI_MAX_IO];
+  long long numel, rows, cols;
+  long long rank;
+  long long sizes[MAGI_MAX_RANK];
+  long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];
+};
+
+static inline float magi_bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t magi_float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+static inline float magi_f16_to_float(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) { mant <<= 1; --exp; }
+      u = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t magi_float_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half: round to nearest even
+    float a;
+    std::memcpy(&a, &abs, 4);
+    float scaled = a * 16777216.0f;  // 2^24: half subnormal unit
+    uint32_t m = static_cast<uint32_t>(std::nearbyint(scaled));
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t exp = (abs >> 23) - 127 + 15, mant = abs & 0x7fffffu;
+  uint32_t h = (exp << 10) | (mant >> 13);
+  uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+template <typename A> static inline A magi_to_acc(float v) { return static_cast<A>(v); }
+template <typename A> static inline A magi_to_acc(double v) { return static_cast<A>(v); }
+template <typename A> static inline A magi_to_acc(bool v) { return v ? A(1) : A(0); }
+template <typename A> static inline A magi_to_acc(magi_bf16 v) { return static_cast<A>(magi_bf16_to_float(v.x)); }
+template <typename A> static inline A magi_to_acc(magi_f16 v) { return static_cast<A>(magi_f16_to_float(v.x)); }
+
+template <typename T> struct MagiStore;
+template <> struct MagiStore<float> { template <typename A> static float from(A v) { return static_cast<float>(v); } };
+template <> struct MagiStore<double> { template <typename A> static double from(A v) { return static_cast<double>(v); } };
+template <> struct MagiStore<magi_bf16> { template <typename A> static magi_bf16 from(A v) { return {magi_float_to_bf16(static_cast<float>(v))}; } };
+template <> struct MagiStore<magi_f16> { template <typename A> static magi_f16 from(A v) { return {magi_float_to_f16(static_cast<float>(v))}; } };
+
+template <typename A> static inline A magi_round_bf16(A v) { return static_cast<A>(magi_bf16_to_float(magi_float_to_bf16(static_cast<float>(v)))); }
+template <typename A> static inline A magi_round_f16(A v) { return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v)))); }
+
+static inline long long magi_offset(const MagiArgs& a, int k, long long i) {
+  long long off = 0;
+  for (long long d = a.rank - 1; d >= 0; --d) {
+    long long s = a.sizes[d];
+    off += (i % s) * a.strides[k][d];
+    i /= s;
+  }
+  return off;
+}
+
+template <typename A> static inline A magi_rsqrt(A x) { return A(1) / std::sqrt(x); }
+template <typename A> static inline A magi_sigmoid(A x) { return A(1) / (A(1) + std::exp(-x)); }
+template <typename A> static inline A magi_silu(A x) { return x / (A(1) + std::exp(-x)); }
+template <typename A> static inline A magi_relu(A x) { return x > A(0) ? x : A(0); }
+template <typename A> static inline A magi_gelu(A x) { return A(0.5) * x * (A(1) + std::erf(x * A(0.70710678118654752440))); }
+template <typename A> static inline A magi_gelu_tanh(A x) {
+  const A k = A(0.79788456080286535588);
+  return A(0.5) * x * (A(1) + std::tanh(k * (x + A(0.044715) * x * x * x)));
+}
+template <typename A> static inline A magi_max(A a, A b) { return (a != a || a > b) ? a : b; }
+template <typename A> static inline A magi_min(A a, A b) { return (a != a || a < b) ? a : b; }
+using std::exp; using std::log; using std::sqrt; using std::abs; using std::sin; using std::cos;
+using std::tanh; using std::erf; using std::log1p; using std::expm1;
+#include <limits>
+template <typename A> static inline A magi_inf() { return std::numeric_limits<A>::infinity(); }
+using std::fabs;

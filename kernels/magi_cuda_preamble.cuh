@@ -1,0 +1,135 @@
+// Device helpers included at the top of every generated CUDA kernel (embedded as a string,
+// compiled by NVRTC). Deliberately self-contained: our own bf16/fp16 conversions instead of
+// cuda_bf16.h/cuda_fp16.h keep each compile small and fast.
+#pragma once
+
+struct magi_bf16 { unsigned short x; };
+struct magi_f16 { unsigned short x; };
+
+#define MAGI_MAX_IO 16
+#define MAGI_MAX_RANK 8
+
+// The single by-value argument of every generated kernel (layout shared with the launcher).
+struct MagiArgs {
+  void* ptr[MAGI_MAX_IO];  // inputs, then outputs
+  long long numel, rows, cols;
+  long long rank;
+  long long sizes[MAGI_MAX_RANK];                 // index space
+  long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];  // per input, in elements, 0 where broadcast
+};
+
+__device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+__device__ __forceinline__ unsigned short magi_float_to_bf16(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  return static_cast<unsigned short>(u >> 16);
+}
+__device__ __forceinline__ float magi_f16_to_float(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short magi_float_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// Loads convert to the accumulation type, stores convert back.
+template <typename A> __device__ __forceinline__ A magi_to_acc(float v) { return static_cast<A>(v); }
+template <typename A> __device__ __forceinline__ A magi_to_acc(double v) { return static_cast<A>(v); }
+template <typename A> __device__ __forceinline__ A magi_to_acc(bool v) { return v ? A(1) : A(0); }
+template <typename A> __device__ __forceinline__ A magi_to_acc(magi_bf16 v) { return static_cast<A>(magi_bf16_to_float(v.x)); }
+template <typename A> __device__ __forceinline__ A magi_to_acc(magi_f16 v) { return static_cast<A>(magi_f16_to_float(v.x)); }
+
+template <typename T> struct MagiStore;
+template <> struct MagiStore<float> { template <typename A> __device__ static float from(A v) { return static_cast<float>(v); } };
+template <> struct MagiStore<double> { template <typename A> __device__ static double from(A v) { return static_cast<double>(v); } };
+template <> struct MagiStore<magi_bf16> { template <typename A> __device__ static magi_bf16 from(A v) { return {magi_float_to_bf16(static_cast<float>(v))}; } };
+template <> struct MagiStore<magi_f16> { template <typename A> __device__ static magi_f16 from(A v) { return {magi_float_to_f16(static_cast<float>(v))}; } };
+
+template <typename A> __device__ __forceinline__ A magi_round_bf16(A v) { return static_cast<A>(magi_bf16_to_float(magi_float_to_bf16(static_cast<float>(v)))); }
+template <typename A> __device__ __forceinline__ A magi_round_f16(A v) { return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v)))); }
+
+// Vector loads/stores of V elements: 16-byte transactions when the bytes allow it.
+template <typename A, typename T, int V>
+__device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
+  if constexpr (kBytes % 16 == 0) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) {
+      uint4 raw = reinterpret_cast<const uint4*>(p)[c];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) out[c * kPer + j] = magi_to_acc<A>(e[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = magi_to_acc<A>(p[j]);
+  }
+}
+
+template <typename A, typename T, int V>
+__device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
+  if constexpr (kBytes % 16 == 0) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) e[j] = MagiStore<T>::from(in[c * kPer + j]);
+      reinterpret_cast<uint4*>(p)[c] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = MagiStore<T>::from(in[j]);
+  }
+}
+
+// Element offset of linear index `i` of the index space in input `k` (general strides).
+__device__ __forceinline__ long long magi_offset(const MagiArgs& a, int k, long long i) {
+  long long off = 0;
+  for (long long d = a.rank - 1; d >= 0; --d) {
+    long long s = a.sizes[d];
+    off += (i % s) * a.strides[k][d];
+    i /= s;
+  }
+  return off;
+}
+
+// Scalar math, overloaded for float and double.
+template <typename A> __device__ __forceinline__ A magi_rsqrt(A x) { return rsqrt(x); }
+template <typename A> __device__ __forceinline__ A magi_sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
+template <typename A> __device__ __forceinline__ A magi_silu(A x) { return x / (A(1) + exp(-x)); }
+template <typename A> __device__ __forceinline__ A magi_relu(A x) { return x > A(0) ? x : A(0); }
+template <typename A> __device__ __forceinline__ A magi_gelu(A x) { return A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440))); }
+template <typename A> __device__ __forceinline__ A magi_gelu_tanh(A x) {
+  const A k = A(0.79788456080286535588);  // sqrt(2/pi)
+  return A(0.5) * x * (A(1) + tanh(k * (x + A(0.044715) * x * x * x)));
+}
+template <typename A> __device__ __forceinline__ A magi_max(A a, A b) { return (a != a || a > b) ? a : b; }  // NaN-propagating
+template <typename A> __device__ __forceinline__ A magi_min(A a, A b) { return (a != a || a < b) ? a : b; }
+
+// Block-wide reductions; every thread gets the result. `scratch` holds 32 values.
+template <typename A, typename F>
+__device__ __forceinline__ A magi_block_reduce(A v, F combine, A* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = scratch[0];
+  for (int w = 1; w < warps; ++w) v = combine(v, scratch[w]);
+  return v;
+}
+
+template <typename A> __device__ __forceinline__ A magi_inf();
+template <> __device__ __forceinline__ float magi_inf<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double magi_inf<double>() { return __longlong_as_double(0x7ff0000000000000LL); }

@@ -1,0 +1,100 @@
+// KernelSpec printing, fingerprints and variant keys.
+#include "magi/codegen/kernel_ir.h"
+
+#include <sstream>
+
+namespace magi::codegen {
+namespace {
+
+const char* kop_name(KOpKind k) {
+  switch (k) {
+#define MAGI_KOP_NAME(name, text) \
+  case KOpKind::k##name:          \
+    return text;
+    MAGI_KOP_KINDS(MAGI_KOP_NAME)
+#undef MAGI_KOP_NAME
+  }
+  return "?";
+}
+
+const char* reduce_name(ReduceKind r) {
+  switch (r) {
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+void print_body(std::ostream& os, const KernelSpec& s, bool with_comments) {
+  os << (s.schedule == Schedule::kRow ? "row" : "pointwise") << (s.use_double ? " f64" : " f32")
+     << "\n";
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    os << "in" << i << ": " << c10::toString(s.inputs[i].dtype)
+       << (s.inputs[i].per_row ? " row" : "") << "\n";
+  }
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const KOp& op = s.ops[i];
+    os << "v" << i << (op.per_row ? "r" : "") << " = " << kop_name(op.kind);
+    switch (op.kind) {
+      case KOpKind::kLoad:
+        os << " in" << op.input;
+        break;
+      case KOpKind::kConst: {
+        std::ostringstream v;
+        v.precision(17);
+        v << op.value;
+        os << " " << v.str();
+        break;
+      }
+      case KOpKind::kRound:
+        os << " " << c10::toString(op.round_to);
+        break;
+      case KOpKind::kReduce:
+        os << " " << reduce_name(op.reduce);
+        break;
+      default:
+        os << " " << op.fn;
+        break;
+    }
+    for (int a : op.args) os << " v" << a;
+    if (with_comments && !op.comment.empty()) os << "  # " << op.comment;
+    os << "\n";
+  }
+  for (size_t i = 0; i < s.outputs.size(); ++i) {
+    os << "out" << i << ": " << c10::toString(s.outputs[i].dtype)
+       << (s.outputs[i].per_row ? " row" : "") << " = v" << s.outputs[i].op << "\n";
+  }
+}
+
+}  // namespace
+
+std::string KernelSpec::str() const {
+  std::ostringstream os;
+  os << "kernel " << name << "\n";
+  print_body(os, *this, true);
+  return os.str();
+}
+
+std::string KernelSpec::fingerprint() const {
+  std::ostringstream os;
+  print_body(os, *this, false);
+  return os.str();
+}
+
+std::string KernelVariant::key() const {
+  std::string k = spec->fingerprint() + "|";
+  for (AccessClass a : access) k += static_cast<char>(a);
+  return k + "|v" + std::to_string(vector_width);
+}
+
+std::string KernelVariant::symbol() const {
+  std::string s = spec->name + "_";
+  for (AccessClass a : access) s += static_cast<char>(a);
+  return s + "_v" + std::to_string(vector_width);
+}
+
+}  // namespace magi::codegen

@@ -1,0 +1,279 @@
+// Lowering a fusion group to a KernelSpec: each ATen op becomes a few scalar KOps, composite
+// ops (softmax, layer norm, mean) are expanded into reductions and pointwise math here.
+#include "magi/codegen/lower_group.h"
+
+#include <unordered_map>
+
+#include "magi/common/error.h"
+#include "magi/ir/op_info.h"
+
+namespace magi::codegen {
+namespace {
+
+bool is_reduced_precision(c10::ScalarType t) {
+  return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half;
+}
+
+class Lowering {
+ public:
+  Lowering(const ir::Graph& group, const std::string& name) : group_(group) { spec_.name = name; }
+
+  KernelSpec run() {
+    for (const ir::Node* node : group_.nodes()) {
+      if (node->kind() == ir::NodeKind::kAtenOp) {
+        ir::OpClass c = ir::op_info(*node).op_class;
+        if (c == ir::OpClass::kReduction || c == ir::OpClass::kSoftmax ||
+            c == ir::OpClass::kLayerNorm) {
+          spec_.schedule = Schedule::kRow;
+          if (const auto& t = node->input(0)->tensor_type()) row_length_ = t->sizes.back();
+        }
+      }
+      for (const ir::Value* v : node->outputs()) {
+        if (v->tensor_type() && v->tensor_type()->dtype == c10::ScalarType::Double) {
+          spec_.use_double = true;
+        }
+      }
+    }
+    for (const ir::Value* in : group_.inputs()) {
+      KInput input{in->tensor_type() ? in->tensor_type()->dtype : c10::ScalarType::Float};
+      if (in->tensor_type() && in->tensor_type()->dtype == c10::ScalarType::Double) {
+        spec_.use_double = true;
+      }
+      input.per_row = spec_.schedule == Schedule::kRow && is_row_shaped(*in);
+      spec_.inputs.push_back(input);
+      KOp load;
+      load.kind = KOpKind::kLoad;
+      load.input = static_cast<int>(spec_.inputs.size() - 1);
+      load.per_row = input.per_row;
+      value_[in] = add(std::move(load));
+    }
+    for (const ir::Node* node : group_.nodes()) {
+      switch (node->kind()) {
+        case ir::NodeKind::kInput:
+        case ir::NodeKind::kOutput:
+          break;
+        case ir::NodeKind::kConstant:
+          lower_constant(*node);
+          break;
+        case ir::NodeKind::kAtenOp:
+          lower_op(*node);
+          break;
+        default:
+          MAGI_ASSERT(false, "fusion group contains a ", node->op_name(), " node");
+      }
+    }
+    for (const ir::Value* out : group_.outputs()) {
+      auto it = value_.find(out);
+      MAGI_ASSERT(it != value_.end(), "group output %", out->name(), " was not lowered");
+      spec_.outputs.push_back(
+          {it->second, out->tensor_type()->dtype, spec_.ops[it->second].per_row});
+    }
+    return std::move(spec_);
+  }
+
+ private:
+  bool is_row_shaped(const ir::Value& v) const {
+    const auto& t = v.tensor_type();
+    if (!t) return false;
+    if (t->sizes.empty()) return true;  // a 0-dim tensor is one value for every row
+    const ir::SymExpr& last = t->sizes.back();
+    bool last_is_one = last.is_constant() && last.constant_value() == 1;
+    bool row_is_one = row_length_.is_constant() && row_length_.constant_value() == 1;
+    return last_is_one && !row_is_one;
+  }
+
+  int add(KOp op) {
+    if (op.kind != KOpKind::kLoad && op.kind != KOpKind::kConst && op.kind != KOpKind::kReduce) {
+      bool per_row = true;
+      for (int a : op.args) per_row &= spec_.ops[a].per_row || spec_.ops[a].kind == KOpKind::kConst;
+      op.per_row = per_row && spec_.schedule == Schedule::kRow;
+    }
+    if (op.kind == KOpKind::kReduce) op.per_row = true;
+    op.comment = comment_;
+    spec_.ops.push_back(std::move(op));
+    return static_cast<int>(spec_.ops.size() - 1);
+  }
+
+  int constant(double value, const std::string& fn = "") {
+    KOp op;
+    op.kind = KOpKind::kConst;
+    op.value = value;
+    op.fn = fn;
+    return add(std::move(op));
+  }
+  int unary(const std::string& fn, int a) {
+    KOp op;
+    op.kind = KOpKind::kUnary;
+    op.fn = fn;
+    op.args = {a};
+    return add(std::move(op));
+  }
+  int binary(const std::string& fn, int a, int b) {
+    KOp op;
+    op.kind = KOpKind::kBinary;
+    op.fn = fn;
+    op.args = {a, b};
+    return add(std::move(op));
+  }
+  int reduce(ReduceKind kind, int a) {
+    KOp op;
+    op.kind = KOpKind::kReduce;
+    op.reduce = kind;
+    op.args = {a};
+    return add(std::move(op));
+  }
+  // Rounds to the eager result dtype of `v` when that is bf16/f16, or float32 in a kernel
+  // computing in double.
+  int round_as(int x, const ir::Value& v) {
+    c10::ScalarType t = v.tensor_type()->dtype;
+    if (!is_reduced_precision(t) && !(spec_.use_double && t == c10::ScalarType::Float)) return x;
+    KOp op;
+    op.kind = KOpKind::kRound;
+    op.round_to = t;
+    op.args = {x};
+    return add(std::move(op));
+  }
+
+  double scalar_of(const c10::IValue& v) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      MAGI_ASSERT(t.numel() == 1 && t.device().is_cpu(), "non-scalar constant in a fusion group");
+      // Read the value directly: lowering may run under AOTAutograd's FakeTensorMode, where
+      // item() would dispatch to the fake implementation.
+      const void* p = t.const_data_ptr();
+      switch (t.scalar_type()) {
+        case c10::ScalarType::Double:
+          return *static_cast<const double*>(p);
+        case c10::ScalarType::Float:
+          return *static_cast<const float*>(p);
+        case c10::ScalarType::Long:
+          return static_cast<double>(*static_cast<const int64_t*>(p));
+        case c10::ScalarType::Int:
+          return static_cast<double>(*static_cast<const int32_t*>(p));
+        case c10::ScalarType::Bool:
+          return *static_cast<const bool*>(p) ? 1.0 : 0.0;
+        default:
+          MAGI_ASSERT(false, "scalar constant of dtype ", c10::toString(t.scalar_type()));
+      }
+    }
+    if (v.isDouble()) return v.toDouble();
+    if (v.isInt()) return static_cast<double>(v.toInt());
+    if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+    if (v.isScalar()) return v.toScalar().toDouble();
+    MAGI_ASSERT(false, "constant of kind ", v.tagKind(), " used as a number");
+    return 0.0;
+  }
+
+  void lower_constant(const ir::Node& node) {
+    const c10::IValue& v = node.constant();
+    if (v.isTensor() || v.isDouble() || v.isInt() || v.isBool()) {
+      if (v.isTensor() && v.toTensor().numel() != 1) return;  // not used as a number
+      value_[node.output()] = constant(scalar_of(v));
+    }
+  }
+
+  int in(const ir::Node& node, size_t i) {
+    auto it = value_.find(node.input(i));
+    MAGI_ASSERT(it != value_.end(), "operand ", i, " of ", node.op_name(), " is not lowered");
+    return it->second;
+  }
+
+  const c10::IValue& const_arg(const ir::Node& node, size_t i) {
+    const ir::Node* p = node.input(i)->producer();
+    MAGI_ASSERT(p->kind() == ir::NodeKind::kConstant, node.op_name(), " argument ", i,
+                " is not a constant");
+    return p->constant();
+  }
+
+  void lower_op(const ir::Node& node) {
+    std::string reason;
+    ir::OpInfo info = ir::op_info(node, &reason);
+    MAGI_ASSERT(info.op_class != ir::OpClass::kOther, node.op_name(),
+                " in a fusion group: ", reason);
+    comment_ = node.op_name();
+    if (!node.provenance().source.empty()) comment_ += " @ " + node.provenance().source;
+    spec_.fused_ops.push_back(node.op_name());
+    if (!node.provenance().source.empty()) spec_.sources.push_back(node.provenance().source);
+    const ir::Value& out = *node.output();
+
+    switch (info.op_class) {
+      case ir::OpClass::kUnary:
+        value_[&out] = round_as(unary(info.fn, in(node, 0)), out);
+        break;
+      case ir::OpClass::kBinary: {
+        int a = in(node, 0);
+        int b = info.fn == "pow" ? constant(scalar_of(const_arg(node, 1))) : in(node, 1);
+        if ((info.fn == "add" || info.fn == "sub") && node.inputs().size() > 2) {
+          double alpha = scalar_of(const_arg(node, 2));
+          if (alpha != 1.0) b = binary("mul", b, constant(alpha));
+        }
+        value_[&out] = round_as(binary(info.fn, a, b), out);
+        break;
+      }
+      case ir::OpClass::kWhere: {
+        KOp op;
+        op.kind = KOpKind::kWhere;
+        op.args = {in(node, 0), in(node, 1), in(node, 2)};
+        value_[&out] = round_as(add(std::move(op)), out);
+        break;
+      }
+      case ir::OpClass::kCast:
+        value_[&out] = round_as(in(node, 0), out);
+        break;
+      case ir::OpClass::kReduction: {
+        ReduceKind kind = info.fn == "max"   ? ReduceKind::kMax
+                          : info.fn == "min" ? ReduceKind::kMin
+                                             : ReduceKind::kSum;
+        int r = reduce(kind, in(node, 0));
+        if (info.fn == "mean") r = binary("div", r, constant(0, "cols"));
+        value_[&out] = round_as(r, out);
+        break;
+      }
+      case ir::OpClass::kSoftmax: {
+        int x = in(node, 0);
+        int m = reduce(ReduceKind::kMax, x);
+        int shifted = binary("sub", x, m);
+        int e = unary("exp", shifted);
+        int s = reduce(ReduceKind::kSum, e);
+        int y =
+            info.fn == "softmax" ? binary("div", e, s) : binary("sub", shifted, unary("log", s));
+        value_[&out] = round_as(y, out);
+        break;
+      }
+      case ir::OpClass::kLayerNorm: {
+        // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+        int x = in(node, 0);
+        int cols = constant(0, "cols");
+        int mean = binary("div", reduce(ReduceKind::kSum, x), cols);
+        int d = binary("sub", x, mean);
+        int var = binary("div", reduce(ReduceKind::kSum, binary("mul", d, d)), cols);
+        double eps = scalar_of(const_arg(node, 4));
+        int rstd = unary("rsqrt", binary("add", var, constant(eps)));
+        int y = binary("mul", d, rstd);
+        if (node.input(2)->kind() == ir::ValueKind::kTensor) y = binary("mul", y, in(node, 2));
+        if (node.input(3)->kind() == ir::ValueKind::kTensor) y = binary("add", y, in(node, 3));
+        value_[node.output(0)] = round_as(y, *node.output(0));
+        value_[node.output(1)] = round_as(mean, *node.output(1));
+        value_[node.output(2)] = round_as(rstd, *node.output(2));
+        break;
+      }
+      default:
+        MAGI_ASSERT(false, "unhandled op class for ", node.op_name());
+    }
+    comment_.clear();
+  }
+
+  const ir::Graph& group_;
+  KernelSpec spec_;
+  ir::SymExpr row_length_{0};
+  std::unordered_map<const ir::Value*, int> value_;
+  std::string comment_;
+};
+
+}  // namespace
+
+KernelSpec lower_group(const ir::Graph& group, const std::string& name) {
+  return Lowering(group, name).run();
+}
+
+}  // namespace magi::codegen

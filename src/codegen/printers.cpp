@@ -1,0 +1,529 @@
+// CUDA and C++ printers of the kernel IR. Shared: naming, scalar expressions, which ops each
+// pass needs. Different: how the index space is walked (threads and blocks vs OpenMP loops).
+//
+// Row kernels run, per row: the per-row ops in SSA order, and for each reduction a pass over
+// the row that evaluates the per-element ops it needs and combines them; then a final pass
+// that stores the full-size outputs. On the GPU a row belongs to one thread block; when the
+// row fits (cols <= threads * vector_width * kRowChunksPerThread) it is read from memory once
+// into registers and every pass reads the registers, else each pass streams the row again.
+#include <cstdio>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "magi/codegen/printers.h"
+#include "magi/common/error.h"
+
+namespace magi::codegen {
+namespace {
+
+const char* ctype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float:
+      return "float";
+    case c10::ScalarType::Double:
+      return "double";
+    case c10::ScalarType::BFloat16:
+      return "magi_bf16";
+    case c10::ScalarType::Half:
+      return "magi_f16";
+    case c10::ScalarType::Bool:
+      return "bool";
+    default:
+      break;
+  }
+  MAGI_ASSERT(false, "no kernel type for dtype ", c10::toString(t));
+  return "";
+}
+
+std::string literal(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  std::string s(buf);
+  if (s == "inf") return "magi_inf<A>()";
+  if (s == "-inf") return "-magi_inf<A>()";
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return "A(" + s + ")";
+}
+
+// Names: per-row values r<i>, per-element values e<i>.
+// Constants are printed inline wherever they are used.
+std::string name(const KernelSpec& s, int i) {
+  const KOp& op = s.ops[i];
+  if (op.kind == KOpKind::kConst) return op.fn == "cols" ? "A(cols)" : literal(op.value);
+  return (op.per_row ? "r" : "e") + std::to_string(i);
+}
+
+std::string expr(const KernelSpec& s, int i, const std::function<std::string(int)>& load) {
+  const KOp& op = s.ops[i];
+  auto a = [&](int k) { return name(s, op.args[k]); };
+  switch (op.kind) {
+    case KOpKind::kLoad:
+      return load(op.input);
+    case KOpKind::kConst:
+      return op.fn == "cols" ? "A(cols)" : literal(op.value);
+    case KOpKind::kRound:
+      if (op.round_to == c10::ScalarType::Float) return "A(static_cast<float>(" + a(0) + "))";
+      return std::string(op.round_to == c10::ScalarType::BFloat16 ? "magi_round_bf16("
+                                                                  : "magi_round_f16(") +
+             a(0) + ")";
+    case KOpKind::kWhere:
+      return "(" + a(0) + " != A(0) ? " + a(1) + " : " + a(2) + ")";
+    case KOpKind::kUnary: {
+      const std::string& f = op.fn;
+      if (f == "neg") return "(-" + a(0) + ")";
+      if (f == "reciprocal") return "(A(1) / " + a(0) + ")";
+      if (f == "abs") return "fabs(" + a(0) + ")";
+      if (f == "rsqrt" || f == "sigmoid" || f == "relu" || f == "silu" || f == "gelu" ||
+          f == "gelu_tanh") {
+        return "magi_" + f + "(" + a(0) + ")";
+      }
+      return f + "(" + a(0) + ")";  // exp, log, sqrt, sin, cos, tanh, erf, log1p, expm1
+    }
+    case KOpKind::kBinary: {
+      const std::string& f = op.fn;
+      if (f == "add") return "(" + a(0) + " + " + a(1) + ")";
+      if (f == "sub") return "(" + a(0) + " - " + a(1) + ")";
+      if (f == "mul") return "(" + a(0) + " * " + a(1) + ")";
+      if (f == "div") return "(" + a(0) + " / " + a(1) + ")";
+      if (f == "max" || f == "min") return "magi_" + f + "(" + a(0) + ", " + a(1) + ")";
+      if (f == "pow") {
+        const KOp& e = s.ops[op.args[1]];
+        if (e.kind == KOpKind::kConst && e.fn.empty()) {
+          if (e.value == 2.0) return "(" + a(0) + " * " + a(0) + ")";
+          if (e.value == 1.0) return a(0);
+          if (e.value == 0.5) return "sqrt(" + a(0) + ")";
+          if (e.value == -1.0) return "(A(1) / " + a(0) + ")";
+          if (e.value == -0.5) return "magi_rsqrt(" + a(0) + ")";
+          if (e.value == 3.0) return "(" + a(0) + " * " + a(0) + " * " + a(0) + ")";
+        }
+        return "pow(" + a(0) + ", " + a(1) + ")";
+      }
+      break;
+    }
+    case KOpKind::kReduce:
+      break;
+  }
+  MAGI_ASSERT(false, "cannot print op ", i, " (", op.fn, ")");
+  return "";
+}
+
+std::string combine(ReduceKind r, const std::string& x, const std::string& y) {
+  switch (r) {
+    case ReduceKind::kSum:
+      return x + " + " + y;
+    case ReduceKind::kMax:
+      return "magi_max(" + x + ", " + y + ")";
+    case ReduceKind::kMin:
+      return "magi_min(" + x + ", " + y + ")";
+  }
+  return "";
+}
+
+std::string init(ReduceKind r) {
+  switch (r) {
+    case ReduceKind::kSum:
+      return "A(0)";
+    case ReduceKind::kMax:
+      return "-magi_inf<A>()";
+    case ReduceKind::kMin:
+      return "magi_inf<A>()";
+  }
+  return "";
+}
+
+// The per-element ops (in SSA order) that `roots` need.
+std::vector<int> element_closure(const KernelSpec& s, const std::vector<int>& roots) {
+  std::set<int> seen;
+  std::function<void(int)> visit = [&](int i) {
+    if (s.ops[i].per_row || s.ops[i].kind == KOpKind::kConst || seen.count(i)) return;
+    seen.insert(i);
+    for (int a : s.ops[i].args) visit(a);
+  };
+  for (int r : roots) visit(r);
+  return {seen.begin(), seen.end()};
+}
+
+std::vector<int> element_inputs(const KernelSpec& s, const std::vector<int>& ops) {
+  std::set<int> inputs;
+  for (int i : ops) {
+    if (s.ops[i].kind == KOpKind::kLoad) inputs.insert(s.ops[i].input);
+  }
+  return {inputs.begin(), inputs.end()};
+}
+
+std::string comment(const KOp& op) { return op.comment.empty() ? "" : "  // " + op.comment; }
+
+// Statements computing `ops` for lane j, loads reading `load(input)`.
+void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
+              const std::function<std::string(int)>& load, const std::string& indent) {
+  for (int i : ops) {
+    os << indent << "const A " << name(s, i) << " = " << expr(s, i, load) << ";"
+       << comment(s.ops[i]) << "\n";
+  }
+}
+
+std::vector<int> full_output_roots(const KernelSpec& s) {
+  std::vector<int> roots;
+  for (const auto& o : s.outputs) {
+    if (!o.per_row) roots.push_back(o.op);
+  }
+  return roots;
+}
+
+void emit_header_comment(std::ostream& os, const KernelVariant& v) {
+  const KernelSpec& s = *v.spec;
+  os << "// " << v.symbol() << ": " << (s.schedule == Schedule::kRow ? "row" : "pointwise")
+     << " kernel fusing";
+  for (const auto& op : s.fused_ops) os << " " << op;
+  os << "\n";
+  std::set<std::string> sources(s.sources.begin(), s.sources.end());
+  for (const auto& src : sources) os << "//   from " << src << "\n";
+  os << "// input access:";
+  for (size_t i = 0; i < v.access.size(); ++i)
+    os << " in" << i << "=" << static_cast<char>(v.access[i]);
+  os << ", vector width " << v.vector_width << "\n";
+}
+
+void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& args) {
+  size_t n = s.inputs.size();
+  for (size_t i = 0; i < n; ++i) {
+    os << "  const " << ctype(s.inputs[i].dtype) << "* __restrict__ in" << i
+       << " = static_cast<const " << ctype(s.inputs[i].dtype) << "*>(" << args << "ptr[" << i
+       << "]);\n";
+  }
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    os << "  " << ctype(s.outputs[k].dtype) << "* __restrict__ out" << k << " = static_cast<"
+       << ctype(s.outputs[k].dtype) << "*>(" << args << "ptr[" << n + k << "]);\n";
+  }
+  os << "  const long long cols = " << args << "cols;\n";
+  os << "  (void)cols;\n";
+}
+
+// ---- shared structure of a row kernel ------------------------------------------------------
+
+// Fills t<i>[V] for the chunk starting at column `col0` of row `row`.
+std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::string& args) {
+  const KernelSpec& s = *v.spec;
+  std::string T = ctype(s.inputs[i].dtype), ti = "t" + std::to_string(i),
+              in = "in" + std::to_string(i);
+  std::string V = std::to_string(v.vector_width);
+  std::string vec_load = gpu ? "magi_load<A, " + T + ", " + V + ">(" : "";
+  switch (v.access[i]) {
+    case AccessClass::kContiguous:
+      if (gpu) return vec_load + in + " + row * cols + col0, " + ti + ");";
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[row * cols + col0 + j]);";
+    case AccessClass::kColumn:
+      if (gpu) return vec_load + in + " + col0, " + ti + ");";
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[col0 + j]);";
+    case AccessClass::kRow:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[row]);";
+    case AccessClass::kScalar:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
+    case AccessClass::kStrided:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[magi_offset(" +
+             args + ", " + std::to_string(i) + ", row * cols + col0 + j)]);";
+  }
+  return "";
+}
+
+// Per-row load of a per-row input.
+std::string load_row_value(const KernelVariant& v, int i, const std::string& args) {
+  std::string in = "in" + std::to_string(i);
+  switch (v.access[i]) {
+    case AccessClass::kScalar:
+      return "magi_to_acc<A>(" + in + "[0])";
+    case AccessClass::kStrided:
+      return "magi_to_acc<A>(" + in + "[magi_offset(" + args + ", " + std::to_string(i) +
+             ", row * cols)])";
+    default:
+      return "magi_to_acc<A>(" + in + "[row])";
+  }
+}
+
+// Emits the body of one row (shared by both targets). `column_loop(os, body)` wraps a body in
+// the target's loop over this thread's chunks; `reduce(os, kind, acc, result)` finishes a
+// reduction; `store_row(os, k, value)` stores a per-row output.
+struct RowTarget {
+  bool gpu;
+  std::string args;  // "a." or "a->"
+  std::function<void(std::ostream&, const std::string& indent,
+                     const std::function<void(std::ostream&, const std::string&)>& body)>
+      column_loop;
+  std::function<void(std::ostream&, const std::string& indent, ReduceKind, const std::string& acc,
+                     const std::string& result)>
+      reduce;
+  std::function<void(std::ostream&, const std::string& indent, int k, const std::string& value)>
+      store_row;
+  // load of element input i inside a chunk, lane j
+  std::function<std::string(int)> element_load;
+  // statements making the element inputs available inside a chunk (streaming: load them)
+  std::function<void(std::ostream&, const std::string& indent, const std::vector<int>& inputs)>
+      prepare_chunk;
+};
+
+void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
+                   const std::string& ind) {
+  const KernelSpec& s = *v.spec;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const KOp& op = s.ops[i];
+    if (!op.per_row || op.kind == KOpKind::kConst) continue;
+    if (op.kind == KOpKind::kLoad) {
+      os << ind << "const A r" << i << " = " << load_row_value(v, op.input, t.args) << ";"
+         << comment(op) << "\n";
+    } else if (op.kind == KOpKind::kReduce) {
+      std::vector<int> ops = element_closure(s, {op.args[0]});
+      std::string acc = "acc" + std::to_string(i);
+      os << ind << "A " << acc << " = " << init(op.reduce) << ";" << comment(op) << "\n";
+      t.column_loop(os, ind, [&](std::ostream& o, const std::string& in2) {
+        t.prepare_chunk(o, in2, element_inputs(s, ops));
+        o << in2 << "for (int j = 0; j < V; ++j) {\n";
+        emit_ops(o, s, ops, t.element_load, in2 + "  ");
+        o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
+        o << in2 << "}\n";
+      });
+      t.reduce(os, ind, op.reduce, acc, "r" + std::to_string(i));
+    } else {
+      os << ind << "const A r" << i << " = " << expr(s, static_cast<int>(i), nullptr) << ";"
+         << comment(op) << "\n";
+    }
+  }
+  std::vector<int> roots = full_output_roots(s);
+  if (!roots.empty()) {
+    std::vector<int> ops = element_closure(s, roots);
+    t.column_loop(os, ind, [&](std::ostream& o, const std::string& in2) {
+      t.prepare_chunk(o, in2, element_inputs(s, ops));
+      for (size_t k = 0; k < s.outputs.size(); ++k) {
+        if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
+      }
+      o << in2 << "for (int j = 0; j < V; ++j) {\n";
+      emit_ops(o, s, ops, t.element_load, in2 + "  ");
+      for (size_t k = 0; k < s.outputs.size(); ++k) {
+        if (!s.outputs[k].per_row)
+          o << in2 << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+      }
+      o << in2 << "}\n";
+      for (size_t k = 0; k < s.outputs.size(); ++k) {
+        if (s.outputs[k].per_row) continue;
+        std::string T = ctype(s.outputs[k].dtype);
+        if (t.gpu) {
+          o << in2 << "magi_store<A, " << T << ", V>(out" << k << " + row * cols + col0, o" << k
+            << ");\n";
+        } else {
+          o << in2 << "for (int j = 0; j < V; ++j) out" << k
+            << "[row * cols + col0 + j] = MagiStore<" << T << ">::from(o" << k << "[j]);\n";
+        }
+      }
+    });
+  }
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    if (s.outputs[k].per_row) t.store_row(os, ind, static_cast<int>(k), name(s, s.outputs[k].op));
+  }
+}
+
+// ---- pointwise body --------------------------------------------------------------------------
+
+std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args) {
+  const KernelSpec& s = *v.spec;
+  std::string T = ctype(s.inputs[i].dtype), ti = "t" + std::to_string(i),
+              in = "in" + std::to_string(i);
+  std::string V = std::to_string(v.vector_width);
+  switch (v.access[i]) {
+    case AccessClass::kContiguous:
+      if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base, " + ti + ");";
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[base + j]);";
+    case AccessClass::kColumn:
+      if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base % cols, " + ti + ");";
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[(base + j) % cols]);";
+    case AccessClass::kRow:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[(base + j) / cols]);";
+    case AccessClass::kScalar:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
+    case AccessClass::kStrided:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[magi_offset(" +
+             args + ", " + std::to_string(i) + ", base + j)]);";
+  }
+  return "";
+}
+
+void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
+                         const std::string& args, const std::string& ind) {
+  const KernelSpec& s = *v.spec;
+  std::vector<int> ops = element_closure(s, full_output_roots(s));
+  for (int i : element_inputs(s, ops)) {
+    os << ind << "A t" << i << "[V];\n" << ind << load_pointwise(v, i, gpu, args) << "\n";
+  }
+  for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
+  os << ind << "for (int j = 0; j < V; ++j) {\n";
+  emit_ops(
+      os, s, ops, [](int i) { return "t" + std::to_string(i) + "[j]"; }, ind + "  ");
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+  }
+  os << ind << "}\n";
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    std::string T = ctype(s.outputs[k].dtype);
+    if (gpu) {
+      os << ind << "magi_store<A, " << T << ", V>(out" << k << " + base, o" << k << ");\n";
+    } else {
+      os << ind << "for (int j = 0; j < V; ++j) out" << k << "[base + j] = MagiStore<" << T
+         << ">::from(o" << k << "[j]);\n";
+    }
+  }
+}
+
+void check_variant(const KernelVariant& v) {
+  MAGI_ASSERT(v.spec != nullptr, "variant without a spec");
+  MAGI_ASSERT(v.access.size() == v.spec->inputs.size(), "variant has ", v.access.size(),
+              " access classes for ", v.spec->inputs.size(), " inputs");
+  MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= 16,
+              "kernel with more than 16 inputs and outputs");
+}
+
+}  // namespace
+
+std::string print_cuda(const KernelVariant& v) {
+  check_variant(v);
+  const KernelSpec& s = *v.spec;
+  std::ostringstream os;
+  emit_header_comment(os, v);
+  os << "extern \"C\" __global__ void __launch_bounds__(1024) " << v.symbol()
+     << "(const MagiArgs a) {\n";
+  os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
+  os << "  constexpr int V = " << v.vector_width << ";\n";
+  emit_pointers(os, s, "a.");
+  if (s.schedule == Schedule::kPointwise) {
+    os << "  const long long vectors = a.numel / V;\n";
+    os << "  for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < vectors;\n"
+          "       vi += (long long)gridDim.x * blockDim.x) {\n";
+    os << "    const long long base = vi * V;\n";
+    emit_pointwise_body(os, v, true, "a", "    ");
+    os << "  }\n}\n";
+    return os.str();
+  }
+  os << "  constexpr int K = " << kRowChunksPerThread << ";\n";
+  os << "  __shared__ A scratch[32];\n";
+  // Inputs read per element, for the register cache.
+  std::vector<int> elem_inputs;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    if (!s.inputs[i].per_row) elem_inputs.push_back(static_cast<int>(i));
+  }
+  auto make_target = [&](bool cached) {
+    RowTarget t;
+    t.gpu = true;
+    t.args = "a";
+    t.column_loop = [cached](std::ostream& o, const std::string& ind,
+                             const std::function<void(std::ostream&, const std::string&)>& body) {
+      if (cached) {
+        o << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < K; ++k) {\n";
+        o << ind << "  const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
+        o << ind << "  if (col0 < cols) {\n";
+        body(o, ind + "    ");
+        o << ind << "  }\n" << ind << "}\n";
+      } else {
+        o << ind
+          << "for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long "
+             "long)blockDim.x * V) {\n";
+        body(o, ind + "  ");
+        o << ind << "}\n";
+      }
+    };
+    t.reduce = [](std::ostream& o, const std::string& ind, ReduceKind r, const std::string& acc,
+                  const std::string& result) {
+      std::string fn = r == ReduceKind::kSum   ? "[](A x, A y) { return x + y; }"
+                       : r == ReduceKind::kMax ? "[](A x, A y) { return magi_max(x, y); }"
+                                               : "[](A x, A y) { return magi_min(x, y); }";
+      o << ind << "const A " << result << " = magi_block_reduce<A>(" << acc << ", " << fn
+        << ", scratch);\n";
+    };
+    t.store_row = [&s](std::ostream& o, const std::string& ind, int k, const std::string& value) {
+      o << ind << "if (threadIdx.x == 0) out" << k << "[row] = MagiStore<"
+        << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
+    };
+    t.element_load = [cached](int i) {
+      return cached ? "c" + std::to_string(i) + "[k][j]" : "t" + std::to_string(i) + "[j]";
+    };
+    t.prepare_chunk = [&v, cached](std::ostream& o, const std::string& ind,
+                                   const std::vector<int>& inputs) {
+      if (cached) return;
+      for (int i : inputs)
+        o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, true, "a") << "\n";
+    };
+    return t;
+  };
+  os << "  for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
+  os << "    if (cols <= (long long)blockDim.x * V * K) {  // the row fits in registers: read it "
+        "once\n";
+  for (int i : elem_inputs) os << "      A c" << i << "[K][V];\n";
+  os << "      #pragma unroll\n      for (int k = 0; k < K; ++k) {\n";
+  os << "        const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
+  os << "        if (col0 < cols) {\n";
+  for (int i : elem_inputs) {
+    std::string l = load_chunk(v, i, true, "a");
+    // load_chunk writes t<i>; point it at the cache slot instead.
+    std::string target = "c" + std::to_string(i) + "[k]";
+    std::string from = "t" + std::to_string(i);
+    for (size_t p = l.find(from); p != std::string::npos; p = l.find(from, p + target.size())) {
+      l.replace(p, from.size(), target);
+    }
+    os << "          " << l << "\n";
+  }
+  os << "        }\n      }\n";
+  emit_row_body(os, v, make_target(true), "      ");
+  os << "    } else {  // long rows: stream them once per pass\n";
+  emit_row_body(os, v, make_target(false), "      ");
+  os << "    }\n  }\n}\n";
+  return os.str();
+}
+
+std::string print_cpp(const KernelVariant& v) {
+  check_variant(v);
+  const KernelSpec& s = *v.spec;
+  std::ostringstream os;
+  emit_header_comment(os, v);
+  os << "extern \"C\" void " << v.symbol() << "(const MagiArgs* a) {\n";
+  os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
+  os << "  constexpr int V = " << v.vector_width << ";\n";
+  emit_pointers(os, s, "a->");
+  if (s.schedule == Schedule::kPointwise) {
+    os << "  const long long vectors = a->numel / V;\n";
+    os << "#pragma omp parallel for schedule(static) if (a->numel > 32768)\n";
+    os << "  for (long long vi = 0; vi < vectors; ++vi) {\n";
+    os << "    const long long base = vi * V;\n";
+    emit_pointwise_body(os, v, false, "(*a)", "    ");
+    os << "  }\n}\n";
+    return os.str();
+  }
+  RowTarget t;
+  t.gpu = false;
+  t.args = "(*a)";
+  t.column_loop = [](std::ostream& o, const std::string& ind,
+                     const std::function<void(std::ostream&, const std::string&)>& body) {
+    o << ind << "for (long long col0 = 0; col0 < cols; col0 += V) {\n";
+    body(o, ind + "  ");
+    o << ind << "}\n";
+  };
+  t.reduce = [](std::ostream& o, const std::string& ind, ReduceKind, const std::string& acc,
+                const std::string& result) {
+    o << ind << "const A " << result << " = " << acc << ";\n";
+  };
+  t.store_row = [&s](std::ostream& o, const std::string& ind, int k, const std::string& value) {
+    o << ind << "out" << k << "[row] = MagiStore<" << ctype(s.outputs[k].dtype) << ">::from("
+      << value << ");\n";
+  };
+  t.element_load = [](int i) { return "t" + std::to_string(i) + "[j]"; };
+  t.prepare_chunk = [&v](std::ostream& o, const std::string& ind, const std::vector<int>& inputs) {
+    for (int i : inputs)
+      o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, false, "(*a)") << "\n";
+  };
+  os << "#pragma omp parallel for schedule(static) if (a->rows * cols > 32768)\n";
+  os << "  for (long long row = 0; row < a->rows; ++row) {\n";
+  emit_row_body(os, v, t, "    ");
+  os << "  }\n}\n";
+  return os.str();
+}
+
+}  // namespace magi::codegen

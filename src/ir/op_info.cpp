@@ -1,0 +1,175 @@
+// The operator table behind op_info(). Entries are keyed by "aten::name.overload".
+#include "magi/ir/op_info.h"
+
+#include <unordered_map>
+
+#include "magi/ir/node.h"
+
+namespace magi::ir {
+namespace {
+
+const std::unordered_map<std::string, OpInfo>& table() {
+  static const std::unordered_map<std::string, OpInfo> kTable = {
+      {"aten::neg", {OpClass::kUnary, "neg"}},
+      {"aten::exp", {OpClass::kUnary, "exp"}},
+      {"aten::log", {OpClass::kUnary, "log"}},
+      {"aten::sqrt", {OpClass::kUnary, "sqrt"}},
+      {"aten::rsqrt", {OpClass::kUnary, "rsqrt"}},
+      {"aten::reciprocal", {OpClass::kUnary, "reciprocal"}},
+      {"aten::abs", {OpClass::kUnary, "abs"}},
+      {"aten::sin", {OpClass::kUnary, "sin"}},
+      {"aten::cos", {OpClass::kUnary, "cos"}},
+      {"aten::tanh", {OpClass::kUnary, "tanh"}},
+      {"aten::sigmoid", {OpClass::kUnary, "sigmoid"}},
+      {"aten::relu", {OpClass::kUnary, "relu"}},
+      {"aten::silu", {OpClass::kUnary, "silu"}},
+      {"aten::erf", {OpClass::kUnary, "erf"}},
+      {"aten::log1p", {OpClass::kUnary, "log1p"}},
+      {"aten::expm1", {OpClass::kUnary, "expm1"}},
+      {"aten::gelu", {OpClass::kUnary, "gelu"}},
+      {"aten::pow.Tensor_Scalar", {OpClass::kBinary, "pow"}},
+      {"aten::add.Tensor", {OpClass::kBinary, "add"}},
+      {"aten::sub.Tensor", {OpClass::kBinary, "sub"}},
+      {"aten::mul.Tensor", {OpClass::kBinary, "mul"}},
+      {"aten::div.Tensor", {OpClass::kBinary, "div"}},
+      {"aten::maximum", {OpClass::kBinary, "max"}},
+      {"aten::minimum", {OpClass::kBinary, "min"}},
+      {"aten::where.self", {OpClass::kWhere, ""}},
+      {"aten::_to_copy", {OpClass::kCast, ""}},
+      {"aten::clone", {OpClass::kCast, ""}},
+      {"aten::sum.dim_IntList", {OpClass::kReduction, "sum"}},
+      {"aten::mean.dim", {OpClass::kReduction, "mean"}},
+      {"aten::amax", {OpClass::kReduction, "max"}},
+      {"aten::amin", {OpClass::kReduction, "min"}},
+      {"aten::_softmax", {OpClass::kSoftmax, "softmax"}},
+      {"aten::_log_softmax", {OpClass::kSoftmax, "log_softmax"}},
+      {"aten::native_layer_norm", {OpClass::kLayerNorm, "layer_norm"}},
+  };
+  return kTable;
+}
+
+const c10::IValue* constant_input(const Node& node, size_t i) {
+  const Node* p = node.input(i)->producer();
+  return p->kind() == NodeKind::kConstant ? &p->constant() : nullptr;
+}
+
+OpInfo reject(std::string* reason, std::string why) {
+  if (reason) *reason = std::move(why);
+  return {};
+}
+
+// Is the reduction argument exactly the last dim of `input`?
+bool reduces_last_dim(const Node& node, size_t dim_arg) {
+  const c10::IValue* dims = constant_input(node, dim_arg);
+  const auto& type = node.input(0)->tensor_type();
+  if (!dims || !type || !dims->isIntList()) return false;
+  auto list = dims->toIntList();
+  if (list.size() != 1) return false;
+  int64_t d = list.get(0);
+  return d == -1 || d == type->rank() - 1;
+}
+
+}  // namespace
+
+bool is_fusible_float_tensor(const Value& value) {
+  if (value.kind() != ValueKind::kTensor || !value.tensor_type()) return false;
+  switch (value.tensor_type()->dtype) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::BFloat16:
+    case c10::ScalarType::Half:
+      return value.tensor_type()->rank() >= 1;
+    default:
+      return false;
+  }
+}
+
+OpInfo op_info(const Node& node, std::string* reason) {
+  if (node.kind() != NodeKind::kAtenOp) return reject(reason, "not an ATen operator");
+  auto it = table().find(node.op_name());
+  if (it == table().end()) return reject(reason, node.op_name() + " has no generated form");
+  OpInfo info = it->second;
+  for (const Value* out : node.outputs()) {
+    if (out->users().empty() && out->index() > 0) continue;  // unused extra outputs
+    if (!is_fusible_float_tensor(*out)) {
+      return reject(reason, "its result is not a floating-point tensor of known type");
+    }
+  }
+  for (const Value* in : node.inputs()) {
+    // Scalar constants are lowered as numbers; tensors are loaded, and kernels load only
+    // floating-point and bool elements.
+    if (in->kind() != ValueKind::kTensor || !in->tensor_type() ||
+        in->producer()->kind() == NodeKind::kConstant) {
+      continue;
+    }
+    c10::ScalarType t = in->tensor_type()->dtype;
+    if (t != c10::ScalarType::Float && t != c10::ScalarType::Double &&
+        t != c10::ScalarType::BFloat16 && t != c10::ScalarType::Half &&
+        t != c10::ScalarType::Bool) {
+      return reject(reason, std::string("an operand of dtype ") + c10::toString(t));
+    }
+  }
+  switch (info.op_class) {
+    case OpClass::kUnary:
+      if (info.fn == "gelu") {
+        const c10::IValue* approx = constant_input(node, 1);
+        if (!approx || !approx->isString())
+          return reject(reason, "gelu approximation not constant");
+        const std::string& a = approx->toStringRef();
+        if (a == "tanh") {
+          info.fn = "gelu_tanh";
+        } else if (a != "none") {
+          return reject(reason, "gelu approximation '" + a + "'");
+        }
+      }
+      break;
+    case OpClass::kBinary:
+      if (info.fn == "pow" && !constant_input(node, 1)) {
+        return reject(reason, "pow with a non-constant exponent");
+      }
+      break;
+    case OpClass::kCast: {
+      // _to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format)
+      // clone(self, memory_format)
+      if (node.op_name() == "aten::_to_copy") {
+        for (size_t i : {2u, 3u, 4u}) {
+          const c10::IValue* v = constant_input(node, i);
+          if (!v || !(v->isNone() || (i == 4 && v->isBool() && !v->toBool()))) {
+            return reject(reason, "a copy that changes layout or device");
+          }
+        }
+      }
+      break;
+    }
+    case OpClass::kReduction:
+      if (!reduces_last_dim(node, 1)) return reject(reason, "reduces a dim other than the last");
+      if (node.op_name() != "aten::amax" && node.op_name() != "aten::amin") {
+        const c10::IValue* dtype = constant_input(node, 3);
+        if (!dtype || !dtype->isNone()) return reject(reason, "reduction with an explicit dtype");
+      }
+      break;
+    case OpClass::kSoftmax: {
+      const c10::IValue* dim = constant_input(node, 1);
+      const c10::IValue* half_to_float = constant_input(node, 2);
+      const auto& type = node.input(0)->tensor_type();
+      if (!dim || !dim->isInt() || !type ||
+          !(dim->toInt() == -1 || dim->toInt() == type->rank() - 1)) {
+        return reject(reason, "softmax over a dim other than the last");
+      }
+      if (!half_to_float || half_to_float->toBool()) return reject(reason, "half_to_float softmax");
+      break;
+    }
+    case OpClass::kLayerNorm: {
+      const c10::IValue* shape = constant_input(node, 1);
+      if (!shape || !shape->isIntList() || shape->toIntList().size() != 1) {
+        return reject(reason, "layer_norm over more than the last dim");
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return info;
+}
+
+}  // namespace magi::ir

@@ -1,0 +1,292 @@
+// fuse_groups: groups chains of fusible ops (ir/op_info.h) into Fusion nodes, each running
+// one generated kernel.
+//
+// Requires: a verified graph. Guarantees: a verified graph computing the same values, in
+// which every group has one index space (all its per-element values share the group's full
+// shape; reductions over the last dim give per-row values of the row shape), creates no cycle,
+// and contains at least two operators (a single op is already one ATen kernel).
+//
+// Grouping is greedy in execution order: a fusible node joins the most recent group one of
+// its inputs comes from when its shape fits that group and none of its other inputs depends
+// on the group (which would make a cycle); otherwise it starts a group. The Fusion node is
+// placed where the group's last member was; nodes between the members that read group values
+// move after it. A group never spans an operator that writes its arguments (such a write
+// orders the reads around it). Pieces (from split_at_boundaries) are fused recursively.
+#include <algorithm>
+#include <functional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "magi/common/log.h"
+#include "magi/ir/op_info.h"
+#include "magi/passes/passes.h"
+
+namespace magi::passes {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::SymExpr;
+using ir::Value;
+
+bool same_shape(const std::vector<SymExpr>& a, const std::vector<SymExpr>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+struct Group {
+  std::vector<Node*> members;
+  std::unordered_set<const Node*> member_set;
+  std::vector<SymExpr> full;  // the index space
+  bool has_reduction = false;
+  size_t first_position = 0;
+};
+
+class Fuser {
+ public:
+  explicit Fuser(Graph& graph) : graph_(graph) {}
+
+  bool run() {
+    std::vector<Node*> nodes = graph_.nodes();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      position_[nodes[i]] = i;
+      // Calls that write their arguments order reads around them: a group never spans one.
+      if (nodes[i]->is_operator() && nodes[i]->schema().is_mutable()) barriers_.push_back(i);
+    }
+    for (Node* node : nodes) consider(node);
+    bool changed = false;
+    for (Group& g : groups_) {
+      if (g.members.size() >= 2) {
+        rewrite(g);
+        changed = true;
+      }
+    }
+    return changed;
+  }
+
+ private:
+  static bool is_reducing(const Node& n) {
+    ir::OpClass c = ir::op_info(n).op_class;
+    return c == ir::OpClass::kReduction || c == ir::OpClass::kSoftmax ||
+           c == ir::OpClass::kLayerNorm;
+  }
+
+  // Every non-tensor operand must be a constant: runtime scalars stay out of kernels.
+  static bool operands_ok(const Node& n) {
+    for (const Value* in : n.inputs()) {
+      if (in->kind() == ir::ValueKind::kTensor) {
+        if (in->producer()->kind() == ir::NodeKind::kConstant) {
+          const c10::IValue& c = in->producer()->constant();
+          if (!c.isTensor() || c.toTensor().numel() != 1) return false;
+          continue;
+        }
+        if (!in->tensor_type()) return false;
+        continue;
+      }
+      if (in->producer()->kind() != ir::NodeKind::kConstant) return false;
+    }
+    return true;
+  }
+
+  // The index space a node iterates: its input's shape for reductions, else its output's.
+  static std::vector<SymExpr> space_of(const Node& n) {
+    if (is_reducing(n)) return n.input(0)->tensor_type()->sizes;
+    return n.output()->tensor_type()->sizes;
+  }
+
+  // Does a value of `shape` fit group `g` (full shape, or per-row shape after a reduction)?
+  static bool fits(const Group& g, const std::vector<SymExpr>& shape) {
+    if (same_shape(shape, g.full)) return true;
+    if (!g.has_reduction || g.full.empty()) return false;
+    std::vector<SymExpr> row(g.full.begin(), g.full.end() - 1);
+    if (same_shape(shape, row)) return true;
+    row.push_back(SymExpr(1));
+    return same_shape(shape, row);
+  }
+
+  // Does `node` (outside g) depend on a member of g?
+  bool depends_on(const Node* node, const Group& g) {
+    std::unordered_set<const Node*> seen;
+    std::function<bool(const Node*)> visit = [&](const Node* n) -> bool {
+      if (g.member_set.count(n)) return true;
+      if (position_[n] < g.first_position || !seen.insert(n).second) return false;
+      for (const Value* in : n->inputs()) {
+        if (visit(in->producer())) return true;
+      }
+      return false;
+    };
+    return visit(node);
+  }
+
+  bool can_join(const Group& g, const Node& node) {
+    for (size_t b : barriers_) {
+      if (b > g.first_position && b < position_[&node]) return false;
+    }
+    bool reducing = is_reducing(node);
+    if (reducing) {
+      if (!same_shape(space_of(node), g.full)) return false;
+    } else {
+      for (const Value* out : node.outputs()) {
+        if (!out->users().empty() && !fits(g, out->tensor_type()->sizes)) return false;
+      }
+      // A per-row value must not be widened by a full-size operand in a pointwise-only group.
+      if (!g.has_reduction && !same_shape(space_of(node), g.full)) return false;
+    }
+    if (reducing && g.has_reduction) {
+      // A second reduction must not read per-row values only (its row would be 1 long).
+      if (!same_shape(node.input(0)->tensor_type()->sizes, g.full)) return false;
+    }
+    // Per-row values without the reduced dim ([..., rows] of an index space [..., rows, cols])
+    // are addressed by row, but an operand from outside would be read by element of the index
+    // space: only 0-dim operands may join them.
+    const bool per_row_without_dim =
+        !reducing && node.output()->tensor_type()->rank() < static_cast<int64_t>(g.full.size());
+    for (const Value* in : node.inputs()) {
+      const Node* p = in->producer();
+      if (g.member_set.count(p) || p->kind() == ir::NodeKind::kConstant) continue;
+      if (in->kind() == ir::ValueKind::kTensor && in->tensor_type() &&
+          in->tensor_type()->rank() >
+              (per_row_without_dim ? 0 : static_cast<int64_t>(g.full.size()))) {
+        return false;  // an operand larger than the index space, or not addressable by row
+      }
+      if (depends_on(p, g)) return false;
+    }
+    return true;
+  }
+
+  void consider(Node* node) {
+    if (node->kind() != ir::NodeKind::kAtenOp) return;
+    std::string reason;
+    if (ir::op_info(*node, &reason).op_class == ir::OpClass::kOther || !operands_ok(*node)) {
+      return;
+    }
+    // Candidate groups: those of the producers, most recent first.
+    std::vector<size_t> candidates;
+    for (const Value* in : node->inputs()) {
+      auto it = group_of_.find(in->producer());
+      if (it != group_of_.end()) candidates.push_back(it->second);
+    }
+    std::sort(candidates.rbegin(), candidates.rend());
+    for (size_t gi : candidates) {
+      Group& g = groups_[gi];
+      if (can_join(g, *node)) {
+        add(gi, node);
+        return;
+      }
+    }
+    Group g;
+    g.full = space_of(*node);
+    g.first_position = position_[node];
+    groups_.push_back(std::move(g));
+    add(groups_.size() - 1, node);
+  }
+
+  void add(size_t gi, Node* node) {
+    Group& g = groups_[gi];
+    g.members.push_back(node);
+    g.member_set.insert(node);
+    g.has_reduction |= is_reducing(*node);
+    group_of_[node] = gi;
+  }
+
+  void rewrite(Group& g) {
+    // Inputs: tensors from outside, in first-use order. Outputs: member values read outside.
+    std::vector<Value*> inputs;
+    std::unordered_map<const Value*, Value*> inner;
+    auto group = std::make_unique<Graph>();
+    for (Node* m : g.members) {
+      for (Value* in : m->inputs()) {
+        if (g.member_set.count(in->producer()) || inner.count(in)) continue;
+        if (in->producer()->kind() == ir::NodeKind::kConstant) {
+          inner[in] = group->clone_node(*in->producer(), {})->output();
+        } else {
+          inputs.push_back(in);
+          inner[in] = group->add_tensor_input(in->name(), *in->tensor_type());
+        }
+      }
+      std::vector<Value*> mapped;
+      for (Value* in : m->inputs()) mapped.push_back(inner.at(in));
+      Node* copy = group->clone_node(*m, mapped);
+      for (size_t i = 0; i < m->outputs().size(); ++i) inner[m->output(i)] = copy->output(i);
+    }
+    std::vector<Value*> outputs;
+    for (Node* m : g.members) {
+      for (Value* out : m->outputs()) {
+        bool outside = std::any_of(out->users().begin(), out->users().end(),
+                                   [&](const Node* u) { return !g.member_set.count(u); });
+        if (outside) outputs.push_back(out);
+      }
+    }
+    std::vector<Value*> inner_outputs;
+    for (Value* out : outputs) inner_outputs.push_back(inner.at(out));
+    group->set_outputs(inner_outputs);
+
+    // Place the Fusion node after the last member; move readers in between after it.
+    Node* last = g.members.back();
+    std::vector<Node*> nodes = graph_.nodes();
+    auto last_it = std::find(nodes.begin(), nodes.end(), last);
+    Node* after_last = (last_it + 1 != nodes.end()) ? *(last_it + 1) : nullptr;
+    graph_.set_insert_point(after_last);
+    Graph* piece = graph_.add_piece(std::move(group));
+    Node* fusion = graph_.add_fusion(piece, inputs);
+    graph_.set_insert_point(nullptr);
+    fusion->provenance() = last->provenance();
+    for (size_t i = 0; i < outputs.size(); ++i) fusion->output(i)->set_name(outputs[i]->name());
+
+    std::vector<Node*> delayed;
+    for (auto it = std::find(nodes.begin(), nodes.end(), g.members.front()); it != last_it; ++it) {
+      if (!g.member_set.count(*it) && depends_on(*it, g)) delayed.push_back(*it);
+    }
+    Node* insert_before = after_last;
+    for (Node* d : delayed) graph_.move_before(d, insert_before);
+
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      std::vector<Node*> users = outputs[i]->users();
+      for (Node* u : users) {
+        if (g.member_set.count(u)) continue;
+        for (size_t k = 0; k < u->inputs().size(); ++k) {
+          if (u->input(k) == outputs[i]) u->set_input(k, fusion->output(i));
+        }
+      }
+    }
+    std::unordered_set<Node*> constants;
+    for (Node* m : g.members) {
+      for (Value* in : m->inputs()) {
+        if (in->producer()->kind() == ir::NodeKind::kConstant) constants.insert(in->producer());
+      }
+    }
+    for (auto it = g.members.rbegin(); it != g.members.rend(); ++it) {
+      // Members may still read each other; erase consumers first (reverse order).
+      graph_.erase(*it);
+    }
+    for (Node* c : constants) {
+      if (c->output()->users().empty()) graph_.erase(c);  // copied into the group
+    }
+    MAGI_LOG_DEBUG("fused ", g.members.size(), " ops into ", fusion->op_name());
+  }
+
+  Graph& graph_;
+  std::unordered_map<const Node*, size_t> position_;
+  std::unordered_map<const Node*, size_t> group_of_;
+  std::vector<Group> groups_;
+  std::vector<size_t> barriers_;
+};
+
+}  // namespace
+
+bool fuse_groups(ir::Graph& graph) {
+  bool changed = false;
+  std::unordered_set<ir::Graph*> pieces;  // identical pieces are shared: fuse each once
+  for (ir::Node* node : graph.nodes()) {
+    if (node->kind() == ir::NodeKind::kCallPiece && pieces.insert(node->piece()).second) {
+      changed |= fuse_groups(*node->piece());
+    }
+  }
+  changed |= Fuser(graph).run();
+  return changed;
+}
+
+}  // namespace magi::passes

@@ -1,0 +1,215 @@
+// CudaGraphRunner: see cuda_graph.h for the rules.
+#include "magi/runtime/cuda_graph.h"
+
+#include <map>
+#include <sstream>
+
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+#include "magi/runtime/executor.h"
+
+#ifdef MAGI_HAVE_CUDA_GRAPHS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace magi::runtime {
+
+#ifdef MAGI_HAVE_CUDA_GRAPHS
+namespace {
+
+// The signature of one call: shapes, strides and dtypes of tensors, values of ints.
+std::string signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda) {
+  std::ostringstream os;
+  *all_cuda = true;
+  bool any_tensor = false;
+  for (const auto& v : inputs) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      any_tensor = true;
+      *all_cuda &= t.is_cuda();
+      os << "T" << static_cast<int>(t.scalar_type()) << "@" << t.device().index() << t.sizes()
+         << t.strides() << (t.requires_grad() ? "g" : "") << ";";
+    } else if (v.isInt()) {
+      os << "i" << v.toInt() << ";";
+    } else if (v.isDouble()) {
+      os << "f" << v.toDouble() << ";";
+    } else if (v.isBool()) {
+      os << "b" << v.toBool() << ";";
+    } else if (v.isNone()) {
+      os << "n;";
+    } else {
+      os << "?" << v.tagKind() << ";";
+      *all_cuda = false;  // lists and others: not worth capturing
+    }
+  }
+  *all_cuda &= any_tensor;
+  return os.str();
+}
+
+}  // namespace
+
+struct CudaGraphRunner::Impl {
+  struct Entry {
+    int calls = 0;
+    std::vector<const void*> warmup_ptrs;    // input addresses at the warm-up call
+    std::vector<bool> in_place;              // input used at its own address
+    std::vector<c10::IValue> static_inputs;  // what the graph reads
+    std::vector<c10::IValue> static_outputs;
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+  };
+
+  const Executable& exe;
+  size_t max_graphs;
+  std::map<std::string, Entry> entries;
+  size_t captures = 0, replays = 0;
+  bool warned_full = false;
+  // The memory pool all graphs of this runner share. The allocator forgets a pool once no
+  // graph uses it, so a new handle is taken whenever no captured graph is alive.
+  c10::cuda::MempoolId_t pool{0, 0};
+
+  c10::cuda::MempoolId_t shared_pool() {
+    bool alive = false;
+    for (const auto& [key, e] : entries) alive |= e.graph != nullptr;
+    if (!alive) pool = at::cuda::graph_pool_handle();
+    return pool;
+  }
+
+  static const void* ptr_of(const c10::IValue& v) {
+    return v.isTensor() ? v.toTensor().data_ptr() : nullptr;
+  }
+
+  std::vector<c10::IValue> capture(Entry& e, std::vector<c10::IValue> inputs) {
+    const size_t n = inputs.size();
+    e.in_place.assign(n, false);
+    e.static_inputs.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& v = inputs[i];
+      if (v.isTensor() && ptr_of(v) == e.warmup_ptrs[i]) {
+        e.in_place[i] = true;  // a parameter or buffer: the graph reads it where it is
+        e.static_inputs.push_back(v);
+      } else if (v.isTensor()) {
+        e.static_inputs.push_back(v.toTensor().clone());
+      } else {
+        e.static_inputs.push_back(v);
+      }
+    }
+    const c10::Device device = [&] {
+      for (const auto& v : inputs) {
+        if (v.isTensor()) return v.toTensor().device();
+      }
+      return c10::Device(c10::DeviceType::CUDA, 0);
+    }();
+    c10::cuda::CUDAGuard device_guard(device);
+    auto current = c10::cuda::getCurrentCUDAStream(device.index());
+    auto side = c10::cuda::getStreamFromPool(false, device.index());
+    C10_CUDA_CHECK(cudaStreamSynchronize(current.stream()));
+    c10::cuda::MempoolId_t graph_pool = shared_pool();
+    e.graph = std::make_unique<at::cuda::CUDAGraph>();
+    {
+      c10::cuda::CUDAStreamGuard stream_guard(side);
+      e.graph->capture_begin(graph_pool);
+      try {
+        e.static_outputs = exe.run(e.static_inputs);
+      } catch (...) {
+        try {
+          e.graph->capture_end();
+        } catch (...) {
+        }
+        e.graph.reset();
+        throw;
+      }
+      e.graph->capture_end();
+    }
+    ++captures;
+    MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures)");
+    return replay(e, std::move(inputs));
+  }
+
+  std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].isTensor() || e.in_place[i]) continue;
+      e.static_inputs[i].toTensor().copy_(inputs[i].toTensor(), /*non_blocking=*/true);
+    }
+    e.graph->replay();
+    ++replays;
+    std::vector<c10::IValue> out;
+    out.reserve(e.static_outputs.size());
+    for (const auto& v : e.static_outputs) {
+      out.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+    }
+    return out;
+  }
+
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
+    bool all_cuda = false;
+    std::string key = signature_of(inputs, &all_cuda);
+    if (!all_cuda) return exe.run(std::move(inputs));
+    auto it = entries.find(key);
+    if (it == entries.end()) {
+      if (entries.size() >= max_graphs) {
+        if (!warned_full) {
+          warned_full = true;
+          MAGI_LOG_WARN("CUDA graphs: ", max_graphs,
+                        " input signatures captured; further ones run without graphs");
+        }
+        return exe.run(std::move(inputs));
+      }
+      Entry& e = entries[key];
+      e.calls = 1;
+      for (const auto& v : inputs) e.warmup_ptrs.push_back(ptr_of(v));
+      return exe.run(std::move(inputs));  // warm-up
+    }
+    Entry& e = it->second;
+    ++e.calls;
+    if (!e.graph) return capture(e, std::move(inputs));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (e.in_place[i] && ptr_of(inputs[i]) != ptr_of(e.static_inputs[i])) {
+        // A parameter or buffer was replaced: this graph reads stale memory. Capture again.
+        MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
+        e.graph.reset();
+        e.warmup_ptrs.clear();
+        for (const auto& v : inputs) e.warmup_ptrs.push_back(ptr_of(v));
+        return exe.run(std::move(inputs));
+      }
+    }
+    return replay(e, std::move(inputs));
+  }
+};
+
+CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t max_graphs)
+    : impl_(std::make_unique<Impl>(Impl{executable, max_graphs})) {}
+CudaGraphRunner::~CudaGraphRunner() = default;
+std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs) {
+  return impl_->run(std::move(inputs));
+}
+size_t CudaGraphRunner::num_graphs() const {
+  size_t n = 0;
+  for (const auto& [k, e] : impl_->entries) n += e.graph != nullptr;
+  return n;
+}
+size_t CudaGraphRunner::num_captures() const { return impl_->captures; }
+size_t CudaGraphRunner::num_replays() const { return impl_->replays; }
+bool CudaGraphRunner::available() { return true; }
+
+#else  // no CUDA graph support in this build
+
+struct CudaGraphRunner::Impl {
+  const Executable& exe;
+};
+CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t)
+    : impl_(std::make_unique<Impl>(Impl{executable})) {}
+CudaGraphRunner::~CudaGraphRunner() = default;
+std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs) {
+  return impl_->exe.run(std::move(inputs));
+}
+size_t CudaGraphRunner::num_graphs() const { return 0; }
+size_t CudaGraphRunner::num_captures() const { return 0; }
+size_t CudaGraphRunner::num_replays() const { return 0; }
+bool CudaGraphRunner::available() { return false; }
+
+#endif
+
+}  // namespace magi::runtime

@@ -1,0 +1,292 @@
+// FusedKernel: variant selection, compilation through the codegen drivers, and launch.
+#include "magi/runtime/fused_kernel.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "magi/codegen/compiler.h"
+#include "magi/codegen/lower_group.h"
+#include "magi/codegen/printers.h"
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+#include "magi/runtime/executor.h"
+
+namespace magi::runtime {
+namespace {
+
+// Must match MagiArgs in kernels/magi_cuda_preamble.cuh and kernels/magi_cpu_preamble.h.
+constexpr int kMaxIO = 16;
+struct MagiArgs {
+  void* ptr[kMaxIO];
+  long long numel, rows, cols;
+  long long rank;
+  long long sizes[codegen::kMaxRank];
+  long long strides[kMaxIO][codegen::kMaxRank];
+};
+
+using codegen::AccessClass;
+
+AccessClass classify(const at::Tensor& t, const std::vector<int64_t>& space,
+                     std::vector<int64_t>& expanded) {
+  const int64_t rank = static_cast<int64_t>(space.size());
+  expanded.assign(rank, 0);
+  const int64_t offset = rank - t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    expanded[offset + d] = (t.size(d) == 1 && space[offset + d] != 1) ? 0 : t.stride(d);
+  }
+  // Contiguous strides of the space (size-1 dims may carry any stride).
+  std::vector<int64_t> contiguous(rank);
+  int64_t running = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    contiguous[d] = running;
+    running *= space[d];
+  }
+  auto matches = [&](int64_t from, int64_t to) {
+    for (int64_t d = from; d < to; ++d) {
+      if (space[d] != 1 && expanded[d] != contiguous[d]) return false;
+    }
+    return true;
+  };
+  auto all_zero = [&](int64_t from, int64_t to) {
+    for (int64_t d = from; d < to; ++d) {
+      if (space[d] != 1 && expanded[d] != 0) return false;
+    }
+    return true;
+  };
+  if (matches(0, rank)) return AccessClass::kContiguous;
+  if (all_zero(0, rank)) return AccessClass::kScalar;
+  if (rank >= 1 && all_zero(0, rank - 1) && (space[rank - 1] == 1 || expanded[rank - 1] == 1)) {
+    return AccessClass::kColumn;
+  }
+  if (rank >= 1 && all_zero(rank - 1, rank)) {
+    // Per-row: leading dims contiguous with the row index (stride of dim d = product of the
+    // leading sizes after it, i.e. contiguous[d] / cols).
+    const int64_t cols = space[rank - 1];
+    bool ok = cols > 0;
+    for (int64_t d = 0; d + 1 < rank && ok; ++d) {
+      if (space[d] != 1 && expanded[d] * cols != contiguous[d]) ok = false;
+    }
+    if (ok) return AccessClass::kRow;
+  }
+  return AccessClass::kStrided;
+}
+
+bool verify_cuda_codegen() {
+  const char* env = std::getenv("MAGI_VERIFY_CUDA_CODEGEN");
+  return env != nullptr && std::string(env) == "1";
+}
+
+int64_t pow2_ceil(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+struct FusedKernel::Variant {
+  codegen::KernelVariant variant;
+  std::string source;
+  const codegen::CudaKernel* cuda = nullptr;
+  void (*cpu)(const MagiArgs*) = nullptr;
+  bool failed = false;
+};
+
+FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
+    : spec_(codegen::lower_group(group, name)) {
+  const int64_t rank = group.inputs().empty() ? 0 : [&] {
+    int64_t r = 0;
+    for (const ir::Value* in : group.inputs()) r = std::max(r, in->tensor_type()->rank());
+    return r;
+  }();
+  for (size_t k = 0; k < spec_.outputs.size(); ++k) {
+    const ir::Value* out = group.outputs()[k];
+    bool per_row = spec_.outputs[k].per_row;
+    bool keepdim = !per_row || out->tensor_type()->rank() >= rank;
+    outputs_.push_back({spec_.outputs[k].dtype, per_row, keepdim});
+  }
+  fallback_ = std::make_unique<Executable>(group);
+}
+
+FusedKernel::~FusedKernel() = default;
+
+size_t FusedKernel::num_variants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return variants_.size();
+}
+
+std::vector<GeneratedKernel> FusedKernel::generated() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<GeneratedKernel> out;
+  for (const auto& [key, v] : variants_) {
+    if (v->source.empty()) continue;
+    out.push_back({v->variant.symbol(), v->cuda ? "cuda" : "cpu", v->source, spec_.fused_ops});
+  }
+  return out;
+}
+
+const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
+                                                     const codegen::KernelVariant& kv,
+                                                     const c10::Device& device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = variants_.find(key);
+  if (it != variants_.end()) return *it->second;
+  auto v = std::make_unique<Variant>();
+  v->variant = kv;
+  v->variant.spec = &spec_;
+  try {
+    if (device.is_cuda()) {
+      v->source = codegen::print_cuda(v->variant);
+      v->cuda = &codegen::get_cuda_kernel(std::string(codegen::kCudaPreamble) + "\n" + v->source,
+                                          v->variant.symbol(), device.index());
+    } else {
+      v->source = codegen::print_cpp(v->variant);
+      v->cpu = reinterpret_cast<void (*)(const MagiArgs*)>(codegen::get_cpu_function(
+          std::string(codegen::kCpuPreamble) + "\n" + v->source, v->variant.symbol()));
+      if (verify_cuda_codegen()) {
+        // Also prove the CUDA form of this variant compiles (CPU-only test runs).
+        codegen::KernelVariant gpu = v->variant;
+        std::string cuda = codegen::print_cuda(gpu);
+        codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + cuda,
+                                       gpu.symbol(), 90);
+      }
+    }
+  } catch (const std::exception& e) {
+    v->failed = true;
+    MAGI_LOG_WARN("fused kernel ", v->variant.symbol(),
+                  " could not be compiled; running its ops through ATen instead: ", e.what());
+  }
+  auto& ref = *v;
+  variants_.emplace(key, std::move(v));
+  return ref;
+}
+
+std::vector<at::Tensor> FusedKernel::run_fallback(const std::vector<at::Tensor>& inputs) const {
+  std::vector<c10::IValue> in(inputs.begin(), inputs.end());
+  std::vector<c10::IValue> out = fallback_->run(std::move(in));
+  std::vector<at::Tensor> result;
+  for (auto& v : out) result.push_back(v.toTensor());
+  return result;
+}
+
+std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) const {
+  MAGI_ASSERT(inputs.size() == spec_.inputs.size(), spec_.name, " takes ", spec_.inputs.size(),
+              " inputs, got ", inputs.size());
+  std::vector<int64_t> space;
+  for (const at::Tensor& t : inputs) space = at::infer_size(space, t.sizes());
+  if (space.empty()) space = {1};
+  const int64_t rank = static_cast<int64_t>(space.size());
+  int64_t numel = 1;
+  for (int64_t s : space) numel *= s;
+  const int64_t cols = space.back();
+  const int64_t rows = cols == 0 ? 0 : numel / cols;
+  const c10::Device device = inputs.front().device();
+
+  std::vector<at::Tensor> outputs;
+  for (const OutputInfo& o : outputs_) {
+    std::vector<int64_t> shape = space;
+    if (o.per_row) {
+      shape.pop_back();
+      if (o.keepdim) shape.push_back(1);
+    }
+    outputs.push_back(at::empty(shape, at::TensorOptions().dtype(o.dtype).device(device)));
+  }
+  if (numel == 0) return outputs;
+
+  MagiArgs args{};
+  codegen::KernelVariant kv;
+  kv.spec = &spec_;
+  bool any_strided = false;
+  std::vector<int64_t> expanded;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    MAGI_ASSERT(inputs[i].device() == device, spec_.name, ": inputs on different devices");
+    AccessClass a = classify(inputs[i], space, expanded);
+    kv.access.push_back(a);
+    any_strided |= a == AccessClass::kStrided;
+    for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.strides[i][d] = expanded[d];
+    args.ptr[i] = const_cast<void*>(inputs[i].data_ptr());
+  }
+  if (any_strided && rank > codegen::kMaxRank) return run_fallback(inputs);
+  for (size_t k = 0; k < outputs.size(); ++k) args.ptr[inputs.size() + k] = outputs[k].data_ptr();
+  args.numel = numel;
+  args.rows = rows;
+  args.cols = cols;
+  args.rank = rank;
+  for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.sizes[d] = space[d];
+
+  // Vector width: 16-byte accesses when every vectorised pointer and the row length allow it.
+  int width = 1;
+  if (device.is_cuda()) {
+    int64_t min_bytes = 16;
+    std::vector<const void*> vector_ptrs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if ((kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kColumn) &&
+          !spec_.inputs[i].per_row) {
+        min_bytes = std::min(min_bytes, inputs[i].element_size());
+        vector_ptrs.push_back(inputs[i].data_ptr());
+      }
+    }
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (!outputs_[k].per_row) {
+        min_bytes = std::min(min_bytes, outputs[k].element_size());
+        vector_ptrs.push_back(outputs[k].data_ptr());
+      }
+    }
+    width = static_cast<int>(16 / min_bytes);
+    auto ok = [&](int w) {
+      if (cols % w != 0 || numel % w != 0) return false;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if ((kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kColumn) &&
+            reinterpret_cast<uintptr_t>(inputs[i].data_ptr()) % (w * inputs[i].element_size()) !=
+                0) {
+          return false;
+        }
+      }
+      return true;
+    };
+    while (width > 1 && !ok(width)) width /= 2;
+  }
+  kv.vector_width = width;
+
+  // Per-call key: access classes, vector width and device type (the spec is fixed per
+  // FusedKernel, so its fingerprint need not be part of it).
+  std::string key(kv.access.size() + 4, ' ');
+  for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
+  key[kv.access.size()] = '|';
+  key[kv.access.size() + 1] = static_cast<char>('0' + width);
+  key[kv.access.size() + 2] = device.is_cuda() ? 'g' : 'c';
+  key[kv.access.size() + 3] = static_cast<char>('0' + (device.is_cuda() ? device.index() : 0));
+  const Variant& v = variant_for(key, kv, device);
+  if (v.failed) return run_fallback(inputs);
+
+  if (device.is_cuda()) {
+    const auto info = codegen::device_info(device.index());
+    unsigned threads, blocks;
+    if (spec_.schedule == codegen::Schedule::kPointwise) {
+      threads = 256;
+      int64_t vectors = numel / width;
+      blocks = static_cast<unsigned>(
+          std::min<int64_t>((vectors + threads - 1) / threads, int64_t(info.sm_count) * 16));
+    } else {
+      int64_t per_thread = int64_t(width) * codegen::kRowChunksPerThread;
+      threads = static_cast<unsigned>(
+          std::clamp<int64_t>(pow2_ceil((cols + per_thread - 1) / per_thread), 32, 1024));
+      int64_t resident = int64_t(info.sm_count) * std::max<int64_t>(1, 2048 / threads);
+      blocks = static_cast<unsigned>(std::min<int64_t>(rows, resident * 2));
+    }
+    blocks = std::max(blocks, 1u);
+    void* stream =
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+    void* kernel_args[] = {&args};
+    codegen::launch_cuda_kernel(*v.cuda, blocks, 1, 1, threads, 1, 1, 0, stream, kernel_args);
+  } else {
+    v.cpu(&args);
+  }
+  return outputs;
+}
+
+}  // namespace magi::runtime
