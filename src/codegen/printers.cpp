@@ -385,6 +385,18 @@ void check_variant(const KernelVariant& v) {
 
 }  // namespace
 
+// Lane loops index the per-thread register arrays (c<i>[k][j], t<i>[j], o<k>[j]); unless they
+// are fully unrolled those arrays live in local memory, which costs most of the bandwidth.
+static std::string unroll_lane_loops(std::string code) {
+  const std::string loop = "for (int j = 0; j < V; ++j)";
+  const std::string pragma = "_Pragma(\"unroll\") ";
+  for (size_t p = code.find(loop); p != std::string::npos;
+       p = code.find(loop, p + pragma.size() + loop.size())) {
+    code.insert(p, pragma);
+  }
+  return code;
+}
+
 std::string print_cuda(const KernelVariant& v) {
   check_variant(v);
   const KernelSpec& s = *v.spec;
@@ -402,14 +414,20 @@ std::string print_cuda(const KernelVariant& v) {
     os << "    const long long base = vi * V;\n";
     emit_pointwise_body(os, v, true, "a", "    ");
     os << "  }\n}\n";
-    return os.str();
+    return unroll_lane_loops(os.str());
   }
   os << "  constexpr int K = " << kRowChunksPerThread << ";\n";
   os << "  __shared__ A scratch[32];\n";
-  // Inputs read per element, for the register cache.
+  // Inputs cached in registers: those with one value per element. Broadcast inputs (a
+  // LayerNorm weight, a scalar) are small and stay in L1; caching them would cost registers.
+  auto cached_input = [&v](int i) {
+    return v.access[i] == AccessClass::kContiguous || v.access[i] == AccessClass::kStrided;
+  };
   std::vector<int> elem_inputs;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
-    if (!s.inputs[i].per_row) elem_inputs.push_back(static_cast<int>(i));
+    if (!s.inputs[i].per_row && cached_input(static_cast<int>(i))) {
+      elem_inputs.push_back(static_cast<int>(i));
+    }
   }
   auto make_target = [&](bool cached) {
     RowTarget t;
@@ -443,14 +461,16 @@ std::string print_cuda(const KernelVariant& v) {
       o << ind << "if (threadIdx.x == 0) out" << k << "[row] = MagiStore<"
         << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
-    t.element_load = [cached](int i) {
-      return cached ? "c" + std::to_string(i) + "[k][j]" : "t" + std::to_string(i) + "[j]";
+    t.element_load = [cached, cached_input](int i) {
+      return cached && cached_input(i) ? "c" + std::to_string(i) + "[k][j]"
+                                       : "t" + std::to_string(i) + "[j]";
     };
-    t.prepare_chunk = [&v, cached](std::ostream& o, const std::string& ind,
-                                   const std::vector<int>& inputs) {
-      if (cached) return;
-      for (int i : inputs)
+    t.prepare_chunk = [&v, cached, cached_input](std::ostream& o, const std::string& ind,
+                                                 const std::vector<int>& inputs) {
+      for (int i : inputs) {
+        if (cached && cached_input(i)) continue;
         o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, true, "a") << "\n";
+      }
     };
     return t;
   };
@@ -476,7 +496,7 @@ std::string print_cuda(const KernelVariant& v) {
   os << "    } else {  // long rows: stream them once per pass\n";
   emit_row_body(os, v, make_target(false), "      ");
   os << "    }\n  }\n}\n";
-  return os.str();
+  return unroll_lane_loops(os.str());
 }
 
 std::string print_cpp(const KernelVariant& v) {

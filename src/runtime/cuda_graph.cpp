@@ -54,7 +54,10 @@ std::string signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda)
 struct CudaGraphRunner::Impl {
   struct Entry {
     int calls = 0;
-    std::vector<const void*> warmup_ptrs;    // input addresses at the warm-up call
+    // The tensors of the warm-up call, held weakly: a weak reference keeps the TensorImpl's
+    // memory from being reused, so "the same TensorImpl at capture" means the same tensor
+    // object (a parameter or buffer), never a new activation that happens to land there.
+    std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> warmup_tensors;
     std::vector<bool> in_place;              // input used at its own address
     std::vector<c10::IValue> static_inputs;  // what the graph reads
     std::vector<c10::IValue> static_outputs;
@@ -81,13 +84,30 @@ struct CudaGraphRunner::Impl {
     return v.isTensor() ? v.toTensor().data_ptr() : nullptr;
   }
 
+  static c10::weak_intrusive_ptr<c10::TensorImpl> weak_of(const c10::IValue& v) {
+    if (!v.isTensor()) {
+      return c10::weak_intrusive_ptr<c10::TensorImpl>(c10::intrusive_ptr<c10::TensorImpl>());
+    }
+    return c10::weak_intrusive_ptr<c10::TensorImpl>(v.toTensor().getIntrusivePtr());
+  }
+
+  static bool same_tensor(const c10::weak_intrusive_ptr<c10::TensorImpl>& w, const c10::IValue& v) {
+    return v.isTensor() && !w.expired() &&
+           w._unsafe_get_target() == v.toTensor().unsafeGetTensorImpl();
+  }
+
+  static void remember(Entry& e, const std::vector<c10::IValue>& inputs) {
+    e.warmup_tensors.clear();
+    for (const auto& v : inputs) e.warmup_tensors.push_back(weak_of(v));
+  }
+
   std::vector<c10::IValue> capture(Entry& e, std::vector<c10::IValue> inputs) {
     const size_t n = inputs.size();
     e.in_place.assign(n, false);
     e.static_inputs.clear();
     for (size_t i = 0; i < n; ++i) {
       const c10::IValue& v = inputs[i];
-      if (v.isTensor() && ptr_of(v) == e.warmup_ptrs[i]) {
+      if (v.isTensor() && same_tensor(e.warmup_tensors[i], v)) {
         e.in_place[i] = true;  // a parameter or buffer: the graph reads it where it is
         e.static_inputs.push_back(v);
       } else if (v.isTensor()) {
@@ -159,19 +179,20 @@ struct CudaGraphRunner::Impl {
       }
       Entry& e = entries[key];
       e.calls = 1;
-      for (const auto& v : inputs) e.warmup_ptrs.push_back(ptr_of(v));
+      remember(e, inputs);
       return exe.run(std::move(inputs));  // warm-up
     }
     Entry& e = it->second;
     ++e.calls;
     if (!e.graph) return capture(e, std::move(inputs));
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (e.in_place[i] && ptr_of(inputs[i]) != ptr_of(e.static_inputs[i])) {
-        // A parameter or buffer was replaced: this graph reads stale memory. Capture again.
+      if (e.in_place[i] && (!same_tensor(weak_of(e.static_inputs[i]), inputs[i]) ||
+                            ptr_of(inputs[i]) != ptr_of(e.static_inputs[i]))) {
+        // A parameter or buffer was replaced (another tensor, or new storage): this graph
+        // reads stale memory. Capture again.
         MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
         e.graph.reset();
-        e.warmup_ptrs.clear();
-        for (const auto& v : inputs) e.warmup_ptrs.push_back(ptr_of(v));
+        remember(e, inputs);
         return exe.run(std::move(inputs));
       }
     }
