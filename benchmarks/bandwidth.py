@@ -1,0 +1,401 @@
+#!/usr/bin/env python
+"""Memory-bound kernels against the device's copy bandwidth, and kernel compile latency.
+
+Usage::
+
+    python benchmarks/bandwidth.py --device cuda --out bandwidth.json   # the GPU run
+    python benchmarks/bandwidth.py --device cpu --quick                 # a CPU smoke check
+
+**Bandwidth.** In one process and side by side: eager, ``torch.compile`` (default mode) and
+``magi_compile`` on large bfloat16 pointwise chains (SiLU·mul, x*y+z), RMSNorm, add+RMSNorm,
+LayerNorm and softmax (16384 x 8192 on the GPU), and the device's copy bandwidth
+(``dst.copy_(src)`` of a buffer of the same size). Effective bandwidth is
+(bytes read + bytes written) / time, counting each input and output once, as a perfect fused
+kernel would move them; intermediates and re-reads are the implementation's cost. Each variant
+is checked against eager first, then timed: warm-up calls, then per-call CUDA events (the host
+clock on the CPU) over inputs rotating through two sets (each tensor is 256 MiB on the GPU, so
+the L2 cache holds nothing useful); the median counts.
+
+**Compile latency.** All kernels of one LlamaBlock (``examples/blocks.py``, hidden 2048,
+bfloat16 on the GPU) compiled cold, in a fresh process with an empty kernel cache directory,
+then warm from that disk cache in another fresh process. Reported per process: the first call
+in total, the part in magi's lowering and first execution (import, passes, kernel compile or
+disk load, one run) minus one steady-state run, and the compiler counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (str(ROOT / "examples"), str(ROOT)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+VARIANTS = ("eager", "torch.compile", "magi_compile")
+TOLERANCE = 2e-2  # max |compiled - eager| / max |eager| in bfloat16
+
+
+# ---- workloads --------------------------------------------------------------------------------
+
+
+def silu_mul(x, u):
+    return F.silu(x) * u
+
+
+def fma(x, y, z):
+    return x * y + z
+
+
+def rmsnorm(x, w):
+    xf = x.float()
+    variance = xf.pow(2).mean(-1, keepdim=True)
+    return (xf * torch.rsqrt(variance + 1e-6) * w.float()).to(x.dtype)
+
+
+def add_rmsnorm(x, r, w):
+    h = x + r
+    return rmsnorm(h, w), h
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def softmax(x):
+    return F.softmax(x, dim=-1)
+
+
+@dataclass
+class Workload:
+    name: str
+    fn: Callable
+    full: int  # inputs of the full [rows, cols] shape
+    vectors: int  # inputs of shape [cols] (weights, biases)
+    outputs: int  # full-size outputs
+
+    def inputs(self, rows: int, cols: int, dtype: torch.dtype, device: str) -> tuple:
+        full = [torch.randn(rows, cols, dtype=dtype, device=device) for _ in range(self.full)]
+        vec = [torch.randn(cols, dtype=dtype, device=device) for _ in range(self.vectors)]
+        return (*full, *vec)
+
+    def bytes_moved(self, rows: int, cols: int, element_size: int) -> int:
+        return ((self.full + self.outputs) * rows * cols + self.vectors * cols) * element_size
+
+
+WORKLOADS = [
+    Workload("silu_mul", silu_mul, full=2, vectors=0, outputs=1),
+    Workload("x*y+z", fma, full=3, vectors=0, outputs=1),
+    Workload("rmsnorm", rmsnorm, full=1, vectors=1, outputs=1),
+    Workload("add_rmsnorm", add_rmsnorm, full=2, vectors=1, outputs=2),
+    Workload("layer_norm", layer_norm, full=1, vectors=2, outputs=1),
+    Workload("softmax", softmax, full=1, vectors=0, outputs=1),
+]
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_calls(fn: Callable, input_sets: list[tuple], device: str, warmup: int, iters: int):
+    """Median seconds per call of fn over rotating input sets (after warm-up calls)."""
+    for i in range(warmup):
+        fn(*input_sets[i % len(input_sets)])
+    _sync(device)
+    times = []
+    if device == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(iters)
+        ]
+        for i, (start, end) in enumerate(events):
+            inputs = input_sets[i % len(input_sets)]
+            start.record()
+            fn(*inputs)
+            end.record()
+        torch.cuda.synchronize()
+        times = [start.elapsed_time(end) / 1e3 for start, end in events]
+    else:
+        for i in range(iters):
+            inputs = input_sets[i % len(input_sets)]
+            t0 = time.perf_counter()
+            fn(*inputs)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def relative_error(actual, expected) -> float:
+    if isinstance(expected, (tuple, list)):
+        return max(relative_error(a, e) for a, e in zip(actual, expected, strict=True))
+    a, e = actual.detach().double(), expected.detach().double()
+    return ((a - e).abs().max() / e.abs().max().clamp_min(1e-30)).item()
+
+
+def make_variant(name: str, wl: Workload) -> Callable:
+    if name == "eager":
+        return wl.fn
+    if name == "torch.compile":
+        return torch.compile(wl.fn)
+    from magi_compiler import magi_compile
+
+    # The rows of every full-size input are dynamic (the weights' sizes are static).
+    params = list(inspect.signature(wl.fn).parameters)[: wl.full]
+    return magi_compile(wl.fn, dynamic_arg_dims={p: 0 for p in params})
+
+
+def copy_bandwidth(rows: int, cols: int, dtype, device: str, warmup: int, iters: int) -> dict:
+    src = [torch.randn(rows, cols, dtype=dtype, device=device) for _ in range(2)]
+    dst = torch.empty_like(src[0])
+    seconds = time_calls(lambda s: dst.copy_(s), [(s,) for s in src], device, warmup, iters)
+    nbytes = 2 * src[0].numel() * src[0].element_size()
+    return {"seconds": seconds, "bytes": nbytes, "gbps": nbytes / seconds / 1e9}
+
+
+def measure_bandwidth(args) -> dict:
+    device, dtype = args.device, torch.bfloat16
+    rows, cols = args.rows, args.cols
+    copy = copy_bandwidth(rows, cols, dtype, device, args.warmup, args.iters)
+    print(f"copy: {copy['gbps']:.0f} GB/s ({rows}x{cols} {str(dtype)[6:]}, read + write)")
+    print_header(args.variants)
+    results = []
+    for wl in WORKLOADS:
+        if args.only and wl.name not in args.only:
+            continue
+        input_sets = [wl.inputs(rows, cols, dtype, device) for _ in range(2)]
+        nbytes = wl.bytes_moved(rows, cols, torch.finfo(dtype).bits // 8)
+        with torch.no_grad():
+            expected = wl.fn(*input_sets[0])
+            row = {"workload": wl.name, "bytes": nbytes, "variants": {}}
+            for v in args.variants:
+                torch._dynamo.reset()
+                r: dict[str, Any] = {}
+                try:
+                    fn = make_variant(v, wl)
+                    t0 = time.perf_counter()
+                    out = fn(*input_sets[0])
+                    _sync(device)
+                    r["first_call_s"] = time.perf_counter() - t0
+                    r["rel_error"] = relative_error(out, expected)
+                    r["correct"] = r["rel_error"] <= TOLERANCE
+                    del out
+                    r["seconds"] = time_calls(fn, input_sets, device, args.warmup, args.iters)
+                    r["gbps"] = nbytes / r["seconds"] / 1e9
+                    r["pct_of_copy"] = 100.0 * r["gbps"] / copy["gbps"]
+                    r["status"] = "ok"
+                except Exception as e:  # noqa: BLE001 - recorded, the table goes on
+                    r = {"status": "error", "error": f"{type(e).__name__}: {e}"[:2000]}
+                row["variants"][v] = r
+        results.append(row)
+        print_row(row, args.variants)
+        del input_sets, expected
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {"copy": copy, "rows": rows, "cols": cols, "dtype": "bfloat16", "workloads": results}
+
+
+def print_header(variants) -> None:
+    print(f"{'workload':<14}" + "".join(f"{v:>28}" for v in variants))
+    print(f"{'':<14}" + "".join(f"{'GB/s  % of copy':>28}" for _ in variants))
+
+
+def print_row(row: dict, variants) -> None:
+    cells = []
+    for v in variants:
+        r = row["variants"][v]
+        if r["status"] != "ok":
+            cells.append(f"{'error':>28}")
+        else:
+            flag = "" if r["correct"] else " WRONG"
+            cells.append(f"{r['gbps']:>14.1f} {r['pct_of_copy']:>8.1f}%{flag:>6}")
+    print(f"{row['workload']:<14}" + "".join(f"{c:>28}" for c in cells), flush=True)
+
+
+# ---- compile latency --------------------------------------------------------------------------
+
+
+def compile_worker(args) -> dict:
+    """In a fresh process: first call of a compiled LlamaBlock, split into capture and magi's
+    lowering + first execution (where kernels compile or load from disk)."""
+    from blocks import LlamaBlock, init_weights_
+    from magi_compiler import _C, _backend, magi_compile
+
+    _C.set_cache_dir(args.cache_dir)
+    _C.reset_compiler_stats()
+    device, dtype = args.device, torch.bfloat16 if args.device == "cuda" else torch.float32
+    hidden = args.hidden
+    block = LlamaBlock(hidden=hidden, n_heads=hidden // 128 or 2, n_kv_heads=hidden // 256 or 1,
+                       intermediate=hidden * 8 // 3 // 64 * 64)  # fmt: skip
+    block = init_weights_(block, seed=0).to(device=device, dtype=dtype)
+    x = torch.randn(2, args.seq, hidden, device=device, dtype=dtype)
+    with torch.no_grad():
+        block(x)  # library start-up (cuBLAS handles, SDPA) is nobody's compile time
+    _sync(device)
+
+    lowering: list[float] = []
+    runs: list[float] = []
+    original = _backend.lower_graph
+
+    def spy(gm, kind, config):
+        t0 = time.perf_counter()
+        run = original(gm, kind, config)
+        lowering.append(time.perf_counter() - t0)
+
+        def timed(boxed_args):
+            t0 = time.perf_counter()
+            out = run(boxed_args)
+            _sync(device)
+            runs.append(time.perf_counter() - t0)
+            return out
+
+        for attr in ("_boxed_call", "magi_graph", "magi_executable"):
+            setattr(timed, attr, getattr(run, attr))
+        return timed
+
+    _backend.lower_graph = spy
+    compiled = magi_compile(block)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        compiled(x)
+        _sync(device)
+        first_call = time.perf_counter() - t0
+        for _ in range(5):
+            compiled(x)
+    stats = _C.compiler_stats()
+    steady = statistics.median(runs[1:])
+    return {
+        "first_call_s": first_call,
+        "lowering_and_kernels_s": sum(lowering) + runs[0] - steady,
+        "capture_s": first_call - sum(lowering) - runs[0],
+        "steady_run_s": steady,
+        "stats": stats,
+        "hidden": hidden,
+    }
+
+
+def run_compile_worker(args, cache_dir: str, extra_env: dict | None = None) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--compile-worker",
+           "--device", args.device, "--hidden", str(args.hidden), "--seq", str(args.seq),
+           "--cache-dir", cache_dir]  # fmt: skip
+    env = dict(os.environ, **(extra_env or {}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        return {"status": "error", "error": proc.stderr[-3000:]}
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
+    return {"status": "ok", **json.loads(line)}
+
+
+def measure_compile_latency(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="magi_kernels_") as cache_dir:
+        cold = run_compile_worker(args, cache_dir)
+        warm = run_compile_worker(args, cache_dir)
+    out = {"hidden": args.hidden, "seq": args.seq, "cold": cold, "warm": warm}
+    for label, r in (("cold", cold), ("warm", warm)):
+        if r["status"] != "ok":
+            print(f"compile latency ({label}): error\n{r['error']}")
+            continue
+        s = r["stats"]
+        print(f"compile latency ({label}, LlamaBlock hidden {args.hidden}): lowering + kernels "
+              f"{r['lowering_and_kernels_s']:.3f} s, capture {r['capture_s']:.2f} s, first call "
+              f"{r['first_call_s']:.2f} s; compiles cuda {s['cuda_compiles']} cpu "
+              f"{s['cpu_compiles']}, disk hits {s['disk_hits']}")  # fmt: skip
+    return out
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    p.add_argument("--quick", action="store_true", help="small shapes, few iterations")
+    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(VARIANTS)} "
+                   "(default: all on CUDA; eager and magi_compile on the CPU)")  # fmt: skip
+    p.add_argument("--only", help="comma-separated workload names")
+    p.add_argument("--no-compile-latency", action="store_true")
+    p.add_argument("--no-bandwidth", action="store_true")
+    p.add_argument("--out", help="JSON path")
+    p.add_argument("--rows", type=int)
+    p.add_argument("--cols", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--compile-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    gpu = args.device == "cuda"
+    big = gpu and not args.quick
+    args.rows = args.rows or (16384 if big else 256)
+    args.cols = args.cols or (8192 if big else 1024)
+    args.hidden = args.hidden or (2048 if gpu else 256)
+    args.seq = args.seq or (512 if gpu else 16)
+    args.warmup = 5 if big else 2
+    args.iters = 100 if big else 5
+    variants = args.variants.split(",") if args.variants else (
+        list(VARIANTS) if gpu else ["eager", "magi_compile"])  # fmt: skip
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        p.error(f"--variants: unknown {bad}; known: {', '.join(VARIANTS)}")
+    args.variants = variants
+    args.only = args.only.split(",") if args.only else None
+    return args
+
+
+def environment(device: str) -> dict:
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": device,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    if device == "cuda":
+        meta["device_name"] = torch.cuda.get_device_name()
+    else:
+        meta["device_name"] = platform.processor() or platform.machine()
+        meta["cpu_threads"] = torch.get_num_threads()
+    return meta
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.compile_worker:
+        print(json.dumps(compile_worker(args), default=str))
+        return {}
+    doc: dict[str, Any] = {"meta": environment(args.device)}
+    print(f"{doc['meta']['device_name']}, torch {torch.__version__}")
+    if not args.no_bandwidth:
+        doc["bandwidth"] = measure_bandwidth(args)
+    if not args.no_compile_latency:
+        doc["compile_latency"] = measure_compile_latency(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print(f"wrote {args.out}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

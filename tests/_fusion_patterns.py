@@ -1,0 +1,532 @@
+"""Fusible patterns shared by the CPU (tests/python/test_fusion.py) and CUDA
+(tests/gpu/test_fusion_cuda.py) fusion tests.
+
+Each :class:`Pattern` is a small function the way a model writes it, a maker of fresh random
+inputs for a batch size, the dims that are dynamic, and the ATen ops that must end up together
+in one generated kernel. :func:`run_pattern` compiles it with ``magi_compile``, runs it at two
+batch sizes against eager and returns the lowered graphs (``_backend.lower_graph``'s results)
+so a test can look at what was fused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from blocks import apply_rotary
+
+F32, BF16, F16, F64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
+DTYPES = (F32, BF16, F16)
+DTYPE_IDS = {F32: "f32", BF16: "bf16", F16: "f16", F64: "f64"}
+RTOL = {F32: 1e-5, F64: 1e-5, BF16: 1e-2, F16: 1e-2}
+BATCHES = (3, 5)  # dim 0 is dynamic: the second batch size reuses the first one's kernels
+
+
+@dataclass
+class Pattern:
+    name: str
+    fn: Callable
+    make: Callable[[int, torch.dtype, str], tuple]  # (batch, dtype, device) -> inputs
+    ops: tuple[str, ...]  # ATen ops ("aten::mean") that must share one kernel
+    dynamic: dict[str, int] = field(default_factory=lambda: {"x": 0})
+    dtypes: tuple[torch.dtype, ...] = DTYPES
+    batches: tuple[int, ...] = BATCHES
+    casts: bool = False  # expects aten::_to_copy in the kernel unless the dtype is float32
+
+
+def _rand(*shape, dtype, device):
+    return torch.randn(*shape, dtype=dtype, device=device)
+
+
+def _inputs(*shapes):
+    """A maker of random inputs of `shapes`; a shape entry "B" is the batch size."""
+
+    def make(batch, dtype, device):
+        return tuple(
+            _rand(*[batch if d == "B" else d for d in s], dtype=dtype, device=device)
+            for s in shapes
+        )
+
+    return make
+
+
+# ---- the patterns ------------------------------------------------------------------------
+
+
+def rmsnorm(x, w):
+    xf = x.float()
+    variance = xf.pow(2).mean(-1, keepdim=True)
+    return (xf * torch.rsqrt(variance + 1e-6) * w.float()).to(x.dtype)
+
+
+def add_rmsnorm(x, r, w):
+    h = x + r
+    return rmsnorm(h, w), h
+
+
+def layer_norm_affine(x, r, w, b):
+    return F.layer_norm(x + r, (x.shape[-1],), w, b, 1e-5)
+
+
+def layer_norm_plain(x, y):
+    return F.layer_norm(x, (x.shape[-1],)) * y
+
+
+def softmax(x):
+    return F.softmax(x * 0.125, dim=-1)
+
+
+def softmax_causal(x, mask):
+    return F.softmax(x + mask, dim=-1)
+
+
+def log_softmax(x):
+    return F.log_softmax(x / 0.7, dim=-1)
+
+
+def rotary(x, cos, sin):
+    return apply_rotary(x, cos, sin)
+
+
+def silu_mul(x, u):
+    return F.silu(x) * u
+
+
+def swiglu_chunk(x):
+    gate, up = x.chunk(2, dim=-1)  # strided halves of one tensor
+    return F.silu(gate) * up
+
+
+def gelu(x, b):
+    return F.gelu(x + b)
+
+
+def gelu_tanh(x, b):
+    return F.gelu(x + b, approximate="tanh")
+
+
+def residual_chain(x, y, z):
+    h = x + y
+    h = h * 0.5 + z
+    return torch.relu(h) - x
+
+
+def cast_roundtrip(x, y):
+    return (x.float() * y.float() + 1.0).to(x.dtype)
+
+
+def bias_relu(x, b):
+    return torch.relu(x + b) * 2.0
+
+
+def row_scale(x, s, y):
+    return x * s + y  # s is [..., 1]: one value per row
+
+
+def row_and_column(x, s, b):
+    return torch.sigmoid(x * s + b)
+
+
+def transposed(x, y):
+    return x.transpose(0, 1) * y + 1.0
+
+
+def permuted(x, y):
+    return torch.sigmoid(x.permute(0, 2, 1) + y)
+
+
+def sliced(x, y):
+    return x[:, :, ::2] * y + y
+
+
+def transposed_rmsnorm(x, w):
+    return rmsnorm(x.transpose(1, 2), w)
+
+
+def odd_pointwise(x, y):
+    return torch.sigmoid(x * y) + x
+
+
+def broadcast_leading_one(x, y):
+    return torch.tanh(x + y) * y  # y is [1, S, C]
+
+
+def size_one_sum(x):
+    return (x * 2.0).sum(-1)  # rows of length 1
+
+
+def where_mask(m, x, y):
+    return torch.where(m, x * 2.0, y)
+
+
+def where_compare(x):
+    return torch.where(x > 0, x, x * 0.1)
+
+
+def amax_keepdim(x):
+    return x - x.amax(-1, keepdim=True)
+
+
+def amax_nokeep(x, y):
+    return (x * y).amax(-1)
+
+
+def amin_keepdim(x):
+    h = x * 3.0
+    return h - h.amin(-1, keepdim=True)
+
+
+def amin_nokeep(x, y):
+    return (x - y).amin(-1)
+
+
+def sum_keepdim(x):
+    return x / (x.abs().sum(-1, keepdim=True) + 1.0)
+
+
+def sum_nokeep(x, y):
+    return (x * y).sum(-1)
+
+
+def mean_keepdim(x):
+    return x - x.mean(-1, keepdim=True)
+
+
+def mean_nokeep(x, y):
+    return (x - y).pow(2).mean(-1)
+
+
+def scalar_constants(x):
+    return (x * 0.125 - 3.5) / 7.0 + 2
+
+
+def unary_zoo(x):
+    return torch.sigmoid(torch.tanh(torch.log1p(torch.exp(-x.abs())))) * x
+
+
+def roots(x):
+    return torch.rsqrt(torch.sqrt(x * x + 1.0).reciprocal() + 1.0)
+
+
+def max_min(x, y):
+    return torch.minimum(torch.maximum(x, y) * 0.5, y) - x
+
+
+def powers(x):
+    return x.pow(3) + x.abs().pow(0.5) + (x.abs() + 1.0).pow(1.7)
+
+
+def erf_expm1_trig(x, y):
+    return torch.sin(torch.cos(torch.expm1(torch.erf(x) * 0.5)) * y)
+
+
+def _causal_mask(batch, dtype, device):
+    s = 8
+    x = _rand(batch, 2, s, s, dtype=dtype, device=device)
+    mask = torch.full((s, s), -math.inf, dtype=dtype, device=device).triu(1)
+    return x, mask
+
+
+def _rotary_inputs(batch, dtype, device):
+    seq, heads, dim = 6, 2, 16
+    pos = torch.arange(seq, dtype=torch.float32, device=device)[:, None]
+    freq = torch.arange(dim // 2, dtype=torch.float32, device=device)[None, :]
+    emb = (pos * 10000.0 ** (-2.0 * freq / dim)).repeat(1, 2)
+    x = _rand(batch, seq, heads, dim, dtype=dtype, device=device)
+    return x, emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _where_inputs(batch, dtype, device):
+    x, y = (_rand(batch, 4, 24, dtype=dtype, device=device) for _ in range(2))
+    return torch.rand(batch, 4, 24, device=device) > 0.5, x, y
+
+
+C = 32
+ROWS = ("B", 4, C)
+
+PATTERNS = [
+    Pattern("rmsnorm", rmsnorm, _inputs(ROWS, (C,)), ("aten::pow", "aten::mean", "aten::rsqrt"),
+            casts=True),
+    Pattern("add_rmsnorm", add_rmsnorm, _inputs(ROWS, ROWS, (C,)),
+            ("aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"),
+            dynamic={"x": 0, "r": 0}, casts=True),
+    Pattern("layer_norm_affine", layer_norm_affine, _inputs(ROWS, ROWS, (C,), (C,)),
+            ("aten::add", "aten::native_layer_norm"), dynamic={"x": 0, "r": 0}),
+    Pattern("layer_norm_plain", layer_norm_plain, _inputs(ROWS, ROWS),
+            ("aten::native_layer_norm", "aten::mul"), dynamic={"x": 0, "y": 0}),
+    Pattern("softmax", softmax, _inputs(ROWS), ("aten::mul", "aten::_softmax")),
+    Pattern("softmax_causal", softmax_causal, _causal_mask, ("aten::add", "aten::_softmax")),
+    Pattern("log_softmax", log_softmax, _inputs(ROWS), ("aten::div", "aten::_log_softmax")),
+    Pattern("rotary", rotary, _rotary_inputs, ("aten::mul", "aten::add")),
+    Pattern("silu_mul", silu_mul, _inputs(ROWS, ROWS), ("aten::silu", "aten::mul"),
+            dynamic={"x": 0, "u": 0}),
+    Pattern("swiglu_chunk", swiglu_chunk, _inputs(("B", 4, 2 * C)), ("aten::silu", "aten::mul")),
+    Pattern("gelu", gelu, _inputs(ROWS, (C,)), ("aten::add", "aten::gelu")),
+    Pattern("gelu_tanh", gelu_tanh, _inputs(ROWS, (C,)), ("aten::add", "aten::gelu")),
+    Pattern("residual_chain", residual_chain, _inputs(ROWS, ROWS, ROWS),
+            ("aten::add", "aten::mul", "aten::relu", "aten::sub"),
+            dynamic={"x": 0, "y": 0, "z": 0}),
+    Pattern("cast_roundtrip", cast_roundtrip, _inputs(ROWS, ROWS), ("aten::mul", "aten::add"),
+            dynamic={"x": 0, "y": 0}, casts=True),
+    Pattern("bias_relu", bias_relu, _inputs(ROWS, (C,)), ("aten::add", "aten::relu")),
+    Pattern("row_scale", row_scale, _inputs(ROWS, ("B", 4, 1), ROWS), ("aten::mul", "aten::add"),
+            dynamic={"x": 0, "s": 0, "y": 0}),
+    Pattern("row_and_column", row_and_column, _inputs(ROWS, ("B", 4, 1), (C,)),
+            ("aten::mul", "aten::add", "aten::sigmoid"), dynamic={"x": 0, "s": 0}),
+    Pattern("transposed", transposed, _inputs((4, "B", C), ROWS), ("aten::mul", "aten::add"),
+            dynamic={"x": 1, "y": 0}),
+    Pattern("permuted", permuted, _inputs(("B", C, 4), ROWS), ("aten::add", "aten::sigmoid"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("sliced", sliced, _inputs(("B", 4, 2 * C), ROWS), ("aten::mul", "aten::add"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("transposed_rmsnorm", transposed_rmsnorm, _inputs(("B", C, 4), (C,)),
+            ("aten::pow", "aten::mean", "aten::rsqrt"), casts=True),
+    Pattern("odd_7x13", odd_pointwise, _inputs(("B", 13), ("B", 13)),
+            ("aten::mul", "aten::sigmoid", "aten::add"), dynamic={"x": 0, "y": 0}, batches=(7, 11)),
+    Pattern("rmsnorm_cols_1023", rmsnorm, _inputs(("B", 1023), (1023,)),
+            ("aten::pow", "aten::mean", "aten::rsqrt"), casts=True),
+    Pattern("softmax_cols_4097", softmax, _inputs(("B", 4097)), ("aten::mul", "aten::_softmax"),
+            batches=(2, 3)),
+    Pattern("layer_norm_prime", layer_norm_plain, _inputs(("B", 3, 97), ("B", 3, 97)),
+            ("aten::native_layer_norm", "aten::mul"), dynamic={"x": 0, "y": 0}),
+    Pattern("size_one_rows", add_rmsnorm, _inputs(("B", 1, C), ("B", 1, C), (C,)),
+            ("aten::add", "aten::pow", "aten::mean", "aten::rsqrt"), dynamic={"x": 0, "r": 0},
+            casts=True),
+    Pattern("size_one_broadcast", broadcast_leading_one, _inputs(ROWS, (1, 4, C)),
+            ("aten::add", "aten::tanh", "aten::mul")),
+    Pattern("size_one_last_dim", size_one_sum, _inputs(("B", 6, 1)), ("aten::mul", "aten::sum")),
+    Pattern("where_mask", where_mask, _where_inputs, ("aten::where", "aten::mul"),
+            dynamic={"m": 0, "x": 0, "y": 0}),
+    Pattern("where_compare", where_compare, _inputs(ROWS), ("aten::where", "aten::mul")),
+    Pattern("amax_keepdim", amax_keepdim, _inputs(ROWS), ("aten::amax", "aten::sub")),
+    Pattern("amax_nokeep", amax_nokeep, _inputs(ROWS, ROWS), ("aten::mul", "aten::amax"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("amin_keepdim", amin_keepdim, _inputs(ROWS), ("aten::mul", "aten::amin", "aten::sub")),
+    Pattern("amin_nokeep", amin_nokeep, _inputs(ROWS, ROWS), ("aten::sub", "aten::amin"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("sum_keepdim", sum_keepdim, _inputs(ROWS), ("aten::abs", "aten::sum", "aten::div")),
+    Pattern("sum_nokeep", sum_nokeep, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("mean_keepdim", mean_keepdim, _inputs(ROWS), ("aten::mean", "aten::sub")),
+    Pattern("mean_nokeep", mean_nokeep, _inputs(ROWS, ROWS), ("aten::pow", "aten::mean"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("scalar_constants", scalar_constants, _inputs(ROWS),
+            ("aten::mul", "aten::sub", "aten::div", "aten::add")),
+    Pattern("unary_zoo", unary_zoo, _inputs(ROWS),
+            ("aten::abs", "aten::neg", "aten::exp", "aten::log1p", "aten::tanh", "aten::sigmoid")),
+    Pattern("roots", roots, _inputs(ROWS), ("aten::mul", "aten::sqrt", "aten::reciprocal", "aten::rsqrt")),
+    Pattern("max_min", max_min, _inputs(ROWS, ROWS), ("aten::maximum", "aten::minimum"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("powers", powers, _inputs(ROWS), ("aten::pow", "aten::abs", "aten::add")),
+    Pattern("erf_expm1_trig", erf_expm1_trig, _inputs(ROWS, ROWS),
+            ("aten::erf", "aten::expm1", "aten::cos", "aten::sin"), dynamic={"x": 0, "y": 0}),
+]  # fmt: skip
+
+
+# ---- regressions: each once wrong before a fix (see the comments) -------------------------
+
+
+def int_operand(x, p):
+    return (x * p).exp() + 1.0  # p is int64: kernels load only float and bool elements
+
+
+def row_sum_times_rows(x, z):
+    return (x * 2.0).sum(-1) * z  # z [B, 4] is per row; it was read as per element
+
+
+def row_sum_times_scalar(x, t):
+    return (x * 2.0).sum(-1) * t, (x * 2.0).amax(-1, keepdim=True) * t  # t is 0-dim
+
+
+def row_means_added(x, y):
+    return (x * 2.0).mean(-1) + y.mean(-1)
+
+
+def f32_cast_in_f64(x):
+    return (x.float() - x) * 1e6  # the float32 rounding error, computed in float64
+
+
+def nan_inf_max(x):
+    return torch.maximum(x * 2.0, x).amax(-1), F.softmax(x, -1)
+
+
+def _nan_inf_inputs(batch, dtype, device):
+    x = _rand(batch, 4, 8, dtype=dtype, device=device)
+    x[0, 0, 3], x[0, 1, 5], x[-1, 2, 0] = math.nan, math.inf, -math.inf
+    return (x,)
+
+
+def _int_operand_inputs(batch, dtype, device):
+    return _rand(batch, 4, 8, dtype=dtype, device=device), torch.arange(8, device=device)
+
+
+def _scalar_tensor_inputs(batch, dtype, device):
+    return _rand(batch, 4, 8, dtype=dtype, device=device), torch.tensor(3.0, device=device)
+
+
+REGRESSIONS = [
+    Pattern("int_operand", int_operand, _int_operand_inputs, ("aten::exp", "aten::add"),
+            dtypes=(F32,)),
+    # batch 4 = cols: the [B, 4] operand broadcast against [B, 4, 4] and gave wrong values.
+    Pattern("row_sum_times_rows", row_sum_times_rows, _inputs(("B", 4, 4), ("B", 4)),
+            ("aten::mul", "aten::sum"), dynamic={"x": 0, "z": 0}, dtypes=(F32,), batches=(3, 4)),
+    Pattern("row_sum_times_scalar", row_sum_times_scalar, _scalar_tensor_inputs,
+            ("aten::mul", "aten::sum"), dtypes=(F32, BF16)),
+    Pattern("row_means_added", row_means_added, _inputs(ROWS, ROWS), ("aten::mul", "aten::mean"),
+            dynamic={"x": 0, "y": 0}, dtypes=(F32,)),
+    Pattern("f32_cast_in_f64", f32_cast_in_f64, _inputs(ROWS), ("aten::_to_copy", "aten::sub"),
+            dtypes=(F64,)),
+    Pattern("nan_inf", nan_inf_max, _nan_inf_inputs, ("aten::maximum", "aten::amax"),
+            dtypes=(F32, BF16)),
+]  # fmt: skip
+
+# ---- not fused yet: each is an xfail(strict=True) test ------------------------------------
+
+
+def sibling_chains(x, y):
+    return torch.exp(x) * torch.sin(y)
+
+
+def reduction_and_independent_chain(x):
+    return x.amin(-1, keepdim=True) + x * 3.0
+
+
+def var_mean_rows(x):
+    var, mean = torch.var_mean(x * 2.0, -1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + 1e-5)
+
+
+def column_sum(x, y):
+    return (x * y).sum(0)
+
+
+def masked_softmax(m, x):
+    return F.softmax(x.masked_fill(m, -math.inf), -1)
+
+
+NOT_FUSED_YET = [
+    (Pattern("sibling_chains", sibling_chains, _inputs(ROWS, ROWS),
+             ("aten::exp", "aten::sin", "aten::mul"), dynamic={"x": 0, "y": 0}),
+     "groups are never merged: exp(x) and sin(y) start separate groups and the mul joins one"),
+    (Pattern("reduction_and_independent_chain", reduction_and_independent_chain, _inputs(ROWS),
+             ("aten::amin", "aten::mul", "aten::add")),
+     "the add joins the later group (x * 3); amin is left alone"),
+    (Pattern("rotary_with_slices", rotary, _rotary_inputs,
+             ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
+     "views, slices and cat are not fusible yet"),
+    (Pattern("var_mean", var_mean_rows, _inputs(ROWS), ("aten::var_mean", "aten::rsqrt")),
+     "var / var_mean (Welford) has no generated form yet"),
+    (Pattern("column_sum", column_sum, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
+             dynamic={"x": 0, "y": 0}),
+     "column reductions (over leading dims, e.g. bias gradients) are not fused yet"),
+    (Pattern("masked_softmax", masked_softmax, lambda b, d, dev: _where_inputs(b, d, dev)[:2], ("aten::masked_fill", "aten::_softmax"),
+             dynamic={"m": 0, "x": 0}),
+     "masked_fill has no generated form (where.self has)"),
+]  # fmt: skip
+
+BY_NAME = {p.name: p for p in PATTERNS + REGRESSIONS}
+
+# Patterns also checked in float64 (kernels compute in double there).
+FLOAT64 = ("rmsnorm", "add_rmsnorm", "layer_norm_affine", "softmax", "silu_mul", "sum_nokeep")
+
+
+def cases(dtypes=DTYPES, float64=True):
+    """(pattern, dtype) pairs for pytest.mark.parametrize, with readable ids."""
+    import pytest
+
+    out = [
+        pytest.param(p, d, id=f"{p.name}-{DTYPE_IDS[d]}")
+        for p in PATTERNS
+        for d in dtypes
+        if d in p.dtypes
+    ]
+    if float64:
+        out += [pytest.param(BY_NAME[n], F64, id=f"{n}-f64") for n in FLOAT64]
+    out += [
+        pytest.param(p, d, id=f"{p.name}-{DTYPE_IDS[d]}")
+        for p in REGRESSIONS
+        for d in p.dtypes
+        if d in dtypes or (float64 and d == F64)
+    ]
+    return out
+
+
+def not_fused_yet_cases():
+    """The NOT_FUSED_YET patterns in float32, each an xfail(strict=True) with its reason."""
+    import pytest
+
+    return [
+        pytest.param(
+            p, F32, id=p.name, marks=pytest.mark.xfail(strict=True, raises=NotFused, reason=why)
+        )
+        for p, why in NOT_FUSED_YET
+    ]
+
+
+def expected_ops(pattern: Pattern, dtype: torch.dtype) -> tuple[str, ...]:
+    if pattern.casts and dtype != F32:
+        return (*pattern.ops, "aten::_to_copy")
+    return pattern.ops
+
+
+@contextlib.contextmanager
+def lowered_graphs():
+    """Collects what ``_backend.lower_graph`` returns while active (the run callables, with
+    ``magi_graph`` and ``magi_executable``)."""
+    from magi_compiler import _backend
+
+    runs: list = []
+    original = _backend.lower_graph
+
+    def spy(gm, kind, config):
+        run = original(gm, kind, config)
+        runs.append(run)
+        return run
+
+    _backend.lower_graph = spy
+    try:
+        yield runs
+    finally:
+        _backend.lower_graph = original
+
+
+def run_pattern(pattern: Pattern, dtype: torch.dtype, device: str, assert_close_rel) -> list:
+    """Compiles `pattern`, checks it against eager at each of its batch sizes on fresh random
+    inputs, and returns the lowered graphs of the capture."""
+    from magi_compiler import magi_compile
+
+    torch._dynamo.reset()
+    with lowered_graphs() as runs, torch.no_grad():
+        compiled = magi_compile(pattern.fn, dynamic_arg_dims=dict(pattern.dynamic))
+        for batch in pattern.batches:
+            inputs = pattern.make(batch, dtype, device)
+            assert_close_rel(compiled(*inputs), pattern.fn(*inputs), RTOL[dtype])
+    torch._dynamo.reset()
+    assert len(runs) == 1, f"{len(runs)} graphs lowered for {len(pattern.batches)} batch sizes"
+    return runs
+
+
+class NotFused(AssertionError):
+    """The expected ops do not share one generated kernel (numerics errors stay plain
+    AssertionErrors, so an xfail for a missing fusion cannot hide a wrong result)."""
+
+
+def assert_fused(run, pattern: Pattern, dtype: torch.dtype) -> list[dict]:
+    """The expected ops share one generated kernel; returns the generated kernels."""
+    exe = run.magi_executable
+    kernels = exe.generated_kernels()
+    want = expected_ops(pattern, dtype)
+
+    def covers(k):
+        return all(any(op == w or op.startswith(w + ".") for op in k["fused_ops"]) for w in want)
+
+    if not any(covers(k) for k in kernels):
+        raise NotFused(
+            f"{exe.num_fusions} fusions; no kernel fuses all of {want}; kernels fuse "
+            f"{[k['fused_ops'] for k in kernels]}\n{run.magi_graph}"
+        )
+    return kernels

@@ -1,0 +1,174 @@
+"""Fusion and code generation on CUDA (issue 5): the CPU tier's patterns
+(``tests/_fusion_patterns.py``) as NVRTC kernels, in float32 (TF32 off), bfloat16 and float16,
+against eager on fresh random inputs; plus the vector widths the launcher picks (16-byte
+accesses when the row length allows, scalar ones for odd rows) and rows too long for the
+register-cached row schedule (65536 columns: two passes over global memory).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from _fusion_patterns import (
+    BF16,
+    BY_NAME,
+    F16,
+    F32,
+    RTOL,
+    Pattern,
+    _inputs,
+    assert_fused,
+    cases,
+    layer_norm_plain,
+    lowered_graphs,
+    not_fused_yet_cases,
+    rmsnorm,
+    run_pattern,
+    silu_mul,
+    softmax,
+)
+from magi_compiler import _C, magi_compile
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+FALLBACK_WARNING = "could not be compiled"
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture
+def no_fallback(capfd):
+    """Fails the test if a kernel variant fell back to ATen (its compile or load failed)."""
+    yield
+    err = capfd.readouterr().err
+    assert FALLBACK_WARNING not in err, err
+
+
+def vector_widths(kernels) -> set[int]:
+    return {int(re.search(r"_v(\d+)$", k["symbol"]).group(1)) for k in kernels}
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize(("pattern", "dtype"), cases())
+def test_pattern_matches_eager_and_is_fused(pattern, dtype, assert_close_rel):
+    (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
+    kernels = assert_fused(run, pattern, dtype)
+    assert all(k["target"] == "cuda" for k in kernels)
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize(("pattern", "dtype"), not_fused_yet_cases())
+def test_not_fused_yet(pattern, dtype, assert_close_rel):
+    (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
+    assert_fused(run, pattern, dtype)
+
+
+# ---- vector widths and long rows ------------------------------------------------------------
+
+# 16-byte accesses: 8 bf16/f16 or 4 f32 elements per thread access when the row length allows.
+FULL_WIDTH = {F32: 4, BF16: 8, F16: 8}
+DTYPES = pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["f32", "bf16", "f16"])
+WIDTH_PATTERNS = {
+    "silu_mul": (silu_mul, ("aten::silu", "aten::mul"), {"x": 0, "u": 0}, 2),
+    "rmsnorm": (rmsnorm, ("aten::pow", "aten::mean", "aten::rsqrt"), {"x": 0}, 1),
+    "softmax": (softmax, ("aten::mul", "aten::_softmax"), {"x": 0}, 1),
+    "layer_norm": (layer_norm_plain, ("aten::native_layer_norm",), {"x": 0, "y": 0}, 2),
+}
+
+
+def width_pattern(name: str, cols: int, rows: int = 3) -> Pattern:
+    fn, ops, dynamic, full_inputs = WIDTH_PATTERNS[name]
+    shapes = [("B", rows, cols)] * full_inputs
+    if name == "rmsnorm":
+        shapes.append((cols,))
+    return Pattern(f"{name}_{cols}", fn, _inputs(*shapes), ops, dynamic=dynamic, casts=False)
+
+
+@pytest.mark.usefixtures("no_fallback")
+@DTYPES
+@pytest.mark.parametrize("name", sorted(WIDTH_PATTERNS))
+@pytest.mark.parametrize(
+    ("cols", "widths"),
+    [(1024, "full"), (1000, "full"), (1001, "one"), (7, "one")],
+    ids=["cols1024", "cols1000", "cols1001", "cols7"],
+)
+def test_vector_width(name, cols, widths, dtype, assert_close_rel):
+    """Rows divisible by the full width get 16-byte accesses (1000 = 8 * 125 too); odd rows
+    scalar ones; the numbers are right either way."""
+    pattern = width_pattern(name, cols)
+    (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
+    kernels = assert_fused(run, pattern, dtype)
+    want = FULL_WIDTH[dtype] if widths == "full" else 1
+    assert vector_widths(kernels) == {want}, [k["symbol"] for k in kernels]
+
+
+@pytest.mark.usefixtures("no_fallback")
+@DTYPES
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layer_norm"])
+@pytest.mark.parametrize("cols", [65536, 65535], ids=["cols65536", "cols65535"])
+def test_long_rows(name, cols, dtype, assert_close_rel):
+    """Beyond the register-cached row (1024 threads x 8 x 4 = 32768 elements): every pass
+    streams the row from memory."""
+    pattern = width_pattern(name, cols, rows=2)
+    pattern.batches = (2, 3)
+    (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
+    assert_fused(run, pattern, dtype)
+
+
+def test_unaligned_views_fall_back_to_narrow_accesses(assert_close_rel):
+    """A view starting one element into its storage is not 16-byte aligned: the kernel must
+    use scalar accesses for it, not misaligned vector loads."""
+    pattern = BY_NAME["silu_mul"]
+    compiled = magi_compile(pattern.fn, dynamic_arg_dims=dict(pattern.dynamic))
+    with lowered_graphs() as runs, torch.no_grad():
+        for batch in (3, 5):
+            base = torch.randn(batch * 4 * 32 + 1, dtype=BF16, device="cuda")
+            x = base[1:].view(batch, 4, 32)
+            u = torch.randn(batch, 4, 32, dtype=BF16, device="cuda")
+            assert_close_rel(compiled(x, u), pattern.fn(x, u), RTOL[BF16])
+    (run,) = runs
+    assert 1 in vector_widths(run.magi_executable.generated_kernels())
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_cpu_scalar_tensor_operand(assert_close_rel):
+    """Eager takes a CPU 0-dim tensor beside CUDA tensors; the op reading it stays an ATen
+    call (a kernel cannot load it) and the rest still fuses."""
+
+    def fn(x, t):
+        return torch.sigmoid(torch.exp(x * t) * 0.5 + x)
+
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        for batch in (3, 5):
+            x, t = torch.randn(batch, 4, 32, device="cuda"), torch.tensor(0.25)
+            assert_close_rel(compiled(x, t), fn(x, t), RTOL[F32])
+    (run,) = runs
+    assert run.magi_executable.num_fusions >= 1
+
+
+def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
+    pattern = BY_NAME["add_rmsnorm"]
+    compiled = magi_compile(pattern.fn, dynamic_arg_dims=dict(pattern.dynamic))
+    with lowered_graphs() as runs, torch.no_grad():
+        stats = []
+        for batch in (2, 3, 5):
+            inputs = pattern.make(batch, BF16, "cuda")
+            assert_close_rel(compiled(*inputs), pattern.fn(*inputs), RTOL[BF16])
+            stats.append(_C.compiler_stats())
+    (run,) = runs
+    assert stats[0] == stats[1] == stats[2], stats
+    assert len(run.magi_executable.generated_kernels()) == 1
+    assert counters().compiles == 1

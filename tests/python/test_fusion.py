@@ -1,0 +1,147 @@
+"""Fusion and code generation on the CPU (issue 5), end to end through ``magi_compile``.
+
+Every pattern of ``tests/_fusion_patterns.py`` (norms, softmax, rotary, SiLU·mul, GELU, casts,
+broadcasts, strided inputs, odd sizes, size-1 dims, where, row reductions, float64) runs in
+float32, bfloat16 and float16 against eager on fresh random inputs, and must really be fused:
+its ops in one generated kernel. ``MAGI_VERIFY_CUDA_CODEGEN=1`` is set for the whole module, so
+every CPU kernel variant is also printed as CUDA and NVRTC-compiled for sm_90; a variant that
+fails to compile falls back to ATen with a warning on stderr, which fails the test.
+
+Kernels go to the configured disk cache (``MAGI_CACHE_DIR`` or the default), shared by all
+tests: a warm cache makes a re-run much faster. The test that proves NVRTC really runs uses a
+fresh cache directory of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _fusion_patterns import (
+    BY_NAME,
+    RTOL,
+    assert_fused,
+    cases,
+    lowered_graphs,
+    not_fused_yet_cases,
+    run_pattern,
+)
+from blocks import RMSNorm, init_weights_
+from magi_compiler import _C, magi_compile
+
+FALLBACK_WARNING = "could not be compiled"
+
+
+@pytest.fixture(autouse=True)
+def _verify_cuda_codegen(monkeypatch):
+    monkeypatch.setenv("MAGI_VERIFY_CUDA_CODEGEN", "1")
+
+
+@pytest.fixture
+def no_fallback(capfd):
+    """Fails the test if a kernel variant fell back to ATen (its compile failed)."""
+    yield
+    err = capfd.readouterr().err
+    assert FALLBACK_WARNING not in err, err
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize(("pattern", "dtype"), cases())
+def test_pattern_matches_eager_and_is_fused(pattern, dtype, assert_close_rel):
+    (run,) = run_pattern(pattern, dtype, "cpu", assert_close_rel)
+    kernels = assert_fused(run, pattern, dtype)
+    assert all(k["target"] == "cpu" for k in kernels)
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize(("pattern", "dtype"), not_fused_yet_cases())
+def test_not_fused_yet(pattern, dtype, assert_close_rel):
+    """Right numbers today; the fusion each names is missing (strict xfail: fusing it passes
+    the test and the xfail must go)."""
+    (run,) = run_pattern(pattern, dtype, "cpu", assert_close_rel)
+    assert_fused(run, pattern, dtype)
+
+
+def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
+    """Three batch sizes: one capture, and the kernels of the first serve the other two."""
+    pattern = BY_NAME["add_rmsnorm"]
+    compiled = magi_compile(pattern.fn, dynamic_arg_dims=dict(pattern.dynamic))
+    with lowered_graphs() as runs, torch.no_grad():
+        stats = []
+        for batch in (2, 3, 5):
+            inputs = pattern.make(batch, torch.bfloat16, "cpu")
+            assert_close_rel(compiled(*inputs), pattern.fn(*inputs), RTOL[torch.bfloat16])
+            stats.append(_C.compiler_stats())
+    (run,) = runs
+    assert stats[0] == stats[1] == stats[2], stats
+    assert len(run.magi_executable.generated_kernels()) == 1
+    assert counters().compiles == 1
+
+
+def test_cuda_form_of_every_variant_is_nvrtc_compiled(tmp_path, monkeypatch, assert_close_rel):
+    """With an empty cache, a CPU run compiles each variant twice: host compiler and NVRTC."""
+    if not _C.nvrtc_available():
+        pytest.skip("NVRTC is not available")
+    saved = _C.cache_dir()
+    _C.set_cache_dir(str(tmp_path))
+    _C._clear_kernel_memory_cache()
+    try:
+        for verify, expected_cuda in (("0", 0), ("1", 1)):
+            monkeypatch.setenv("MAGI_VERIFY_CUDA_CODEGEN", verify)
+            _C.reset_compiler_stats()
+            (run,) = run_pattern(BY_NAME["softmax"], torch.float32, "cpu", assert_close_rel)
+            stats = _C.compiler_stats()
+            assert stats["cpu_compiles"] + stats["memory_hits"] >= 1, stats
+            assert stats["cuda_compiles"] == expected_cuda, stats
+    finally:
+        _C.set_cache_dir(saved)
+        _C._clear_kernel_memory_cache()
+
+
+# ---- training: fused forward, column reductions in the backward --------------------------
+
+
+class NormBlock(torch.nn.Module):
+    """Linear → LayerNorm → SiLU → Linear → RMSNorm, plus a residual."""
+
+    def __init__(self, hidden: int = 32) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(hidden, hidden)
+        self.ln = torch.nn.LayerNorm(hidden)
+        self.fc2 = torch.nn.Linear(hidden, hidden)
+        self.rms = RMSNorm(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.silu(self.ln(self.fc1(x)))
+        return self.rms(self.fc2(h) + x)
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_training_gradients_match_eager(dtype, assert_close_rel, counters):
+    """Gradients of a Linear+LayerNorm+RMSNorm block. The weight and bias gradients are column
+    reductions (sums over the leading dims): the fusion pass leaves them to ATen, and they must
+    still be right."""
+    eager = init_weights_(NormBlock(), seed=0).to(dtype)
+    compiled = magi_compile(copy.deepcopy(eager))
+    rtol = RTOL[dtype]
+    with lowered_graphs() as runs:
+        for batch in (3, 5):
+            x = torch.randn(batch, 6, 32, dtype=dtype)
+            x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
+            g = torch.randn(batch, 6, 32, dtype=dtype)
+            out_eager, out_compiled = eager(x_eager), compiled(x_compiled)
+            assert_close_rel(out_compiled, out_eager, RTOL[dtype])
+            out_eager.backward(g)
+            out_compiled.backward(g)
+            assert_close_rel(x_compiled.grad, x_eager.grad, rtol)
+            for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
+                assert_close_rel(p.grad, q.grad, rtol)
+                p.grad = q.grad = None
+    assert len(runs) == 2, "one forward and one backward graph for both batch sizes"
+    forward, backward = runs
+    assert forward.magi_executable.num_fusions >= 1
+    assert backward.magi_executable.num_fusions >= 1
+    # Column reductions (bias and weight gradients) stay ATen calls outside the fusions.
+    assert "aten::sum.dim_IntList" in backward.magi_graph.op_names(), backward.magi_graph
