@@ -97,10 +97,14 @@ OpInfo op_info(const Node& node, std::string* reason) {
   }
   for (const Value* in : node.inputs()) {
     // Scalar constants are lowered as numbers; tensors are loaded, and kernels load only
-    // floating-point and bool elements.
+    // floating-point and bool elements, from the device they run on (eager also takes a CPU
+    // scalar tensor with CUDA tensors).
     if (in->kind() != ValueKind::kTensor || !in->tensor_type() ||
         in->producer()->kind() == NodeKind::kConstant) {
       continue;
+    }
+    if (in->tensor_type()->device != node.output()->tensor_type()->device) {
+      return reject(reason, "an operand on another device");
     }
     c10::ScalarType t = in->tensor_type()->dtype;
     if (t != c10::ScalarType::Float && t != c10::ScalarType::Double &&
