@@ -11,8 +11,10 @@ MAGI_TORCH="${MAGI_TORCH:-torch==2.11.0}"
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-# 1. Debian packages: compiler, build tools, spdlog/fmt headers, GoogleTest, ccache.
-apt_packages=(g++ cmake ninja-build ccache libspdlog-dev libfmt-dev libgtest-dev python3-venv)
+# 1. Debian packages: compiler, build tools, spdlog/fmt headers, GoogleTest, ccache; Graphviz
+#    (dumps render graphs to SVG) and Chromium (the dump index page's screenshot test).
+apt_packages=(g++ cmake ninja-build ccache libspdlog-dev libfmt-dev libgtest-dev python3-venv
+  graphviz chromium)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -41,7 +43,8 @@ if [[ "$have_torch" != "$want_torch" ]]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "$MAGI_TORCH"
 fi
-python -m pip install -q numpy pytest "scikit-build-core>=0.10" ninja ruff
+# pillow: the index page test reads its screenshot.
+python -m pip install -q numpy pytest "scikit-build-core>=0.10" ninja ruff pillow
 say "python $(python --version 2>&1 | cut -d' ' -f2), torch $(python -c 'import torch; print(torch.__version__)')"
 
 # 3. ccache: keep its cache across clones and let it cache precompiled-header builds.

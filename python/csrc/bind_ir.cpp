@@ -4,6 +4,8 @@
 
 #include <pybind11/stl.h>
 
+#include "magi/ir/dot_printer.h"
+#include "magi/ir/fallbacks.h"
 #include "magi/ir/graph.h"
 #include "magi/ir/op_registry.h"
 #include "magi/ir/printer.h"
@@ -106,10 +108,15 @@ void bind_ir(py::module_& m) {
       .def(
           "run_pipeline",
           [](ir::Graph& g, const std::vector<std::string>& disabled,
-             const std::vector<std::string>& splitting_ops) {
+             const std::vector<std::string>& splitting_ops, py::object after_pass) {
             passes::PipelineOptions options;
             options.disabled.insert(disabled.begin(), disabled.end());
             options.splitting_ops = splitting_ops;
+            if (!after_pass.is_none()) {
+              options.after_pass = [&after_pass](const std::string& pass, const ir::Graph&) {
+                after_pass(pass);
+              };
+            }
             py::list records;
             for (const auto& r : passes::run_pipeline(g, options)) {
               py::dict d;
@@ -123,8 +130,39 @@ void bind_ir(py::module_& m) {
           },
           py::arg("disabled") = std::vector<std::string>{},
           py::arg("splitting_ops") = std::vector<std::string>{},
+          py::arg("after_pass") = py::none(),
           "Runs the pass pipeline in place; returns one record per pass. `splitting_ops` names "
-          "operators to split at besides those registered as subgraph boundaries.");
+          "operators to split at besides those registered as subgraph boundaries; "
+          "`after_pass(name)` is called after each pass that changed the graph (dumps).")
+      .def(
+          "to_dot",
+          [](const ir::Graph& g, const std::string& detail,
+             const std::vector<std::string>& splitting_ops) {
+            ir::DotOptions options;
+            options.detail = ir::parse_dot_detail(detail);
+            options.is_boundary = [&splitting_ops](const ir::Node& n) {
+              return passes::is_boundary_call(n, splitting_ops);
+            };
+            return ir::to_dot(g, options);
+          },
+          py::arg("detail") = "shape", py::arg("splitting_ops") = std::vector<std::string>{},
+          "Graphviz DOT of the graph; `detail` is op, shape or source (how much labels show).")
+      .def(
+          "aten_fallbacks",
+          [](const ir::Graph& g) {
+            py::list out;
+            for (const auto& f : ir::aten_fallbacks(g)) {
+              py::dict d;
+              d["op"] = f.op;
+              d["name"] = f.name;
+              d["source"] = f.source;
+              d["where"] = f.where;
+              d["reason"] = f.reason;
+              out.append(d);
+            }
+            return out;
+          },
+          "ATen calls outside fusion groups (pieces included), each with why it was not fused.");
 
   m.def("pipeline_pass_names", &passes::pipeline_pass_names);
 }

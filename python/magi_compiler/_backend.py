@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from magi_compiler import _C, _counters, inspection
+from magi_compiler import _C, _counters, _dump, inspection
 from magi_compiler._decompositions import decomposition_table
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
@@ -22,13 +22,21 @@ from magi_compiler.config import CompileConfig
 def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> Callable:
     """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable."""
     start = time.perf_counter()
+    lowering = _dump.lowering(kind, gm, config)  # timeline, summary and (if enabled) dumps
     graph = _C.import_fx_graph(gm)
+    lowering.imported(graph)
     # Custom-op boundaries are read from the C++ op registry now, at compile time, so operators
     # registered after the model was decorated count too.
-    graph.run_pipeline(list(config.pass_config.disabled_passes), list(config.splitting_ops))
+    records = graph.run_pipeline(
+        list(config.pass_config.disabled_passes),
+        list(config.splitting_ops),
+        after_pass=lowering.after_pass,
+    )
+    lowering.passes_done(records)
     executable = _C.Executable(graph)
+    lowering.built(executable)
     _counters.bump("compiles")
-    logger.info(
+    logger.debug(
         "compiled %s graph: %d nodes, %d operator calls, %d piece calls of %d pieces, %.1f ms",
         kind,
         graph.num_nodes,
@@ -39,7 +47,7 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     )
 
     runner = _cuda_graph_runner(gm, kind, config, executable)
-    call = runner.run if runner is not None else executable.run
+    call = lowering.first_call_hook(runner.run if runner is not None else executable.run)
 
     def run(args: list[Any]) -> list[Any]:
         outputs = call(args)
@@ -120,6 +128,7 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         _counters.bump("captures")
         logger.debug("captured a Dynamo graph with %d nodes", len(gm.graph.nodes))
-        return aot(gm, example_inputs)
+        with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
+            return aot(gm, example_inputs)
 
     return backend

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from magi_compiler import _C, _counters, _dynamic_dims
+from magi_compiler import _C, _counters, _dump, _dynamic_dims
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
@@ -207,7 +207,7 @@ class _CompiledCallable:
             # (8 by default) must not refuse it and turn the whole entry eager.
             dynamo = torch._dynamo.config
             limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
-            with dynamo.patch(recompile_limit=limit):
+            with dynamo.patch(recompile_limit=limit), _dump.capture(self.model_tag):
                 result = self._run(args, kwargs)
         except Exception as e:  # noqa: BLE001 - filtered just below
             reason = _unsupported_reason(e)
