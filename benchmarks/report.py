@@ -440,8 +440,56 @@ def main(argv: list[str] | None = None) -> None:
     for doc, f in docs:
         source = os.path.relpath(f.resolve(), HERE.parent)
         body.append(section(doc, source, Path(args.plots), Path(args.out).resolve().parent))
+    extra = sorted((HERE / "results" / "extra").glob("*.json")) if not args.files else []
+    for f in extra:
+        body.append(extra_section(json.loads(f.read_text()), os.path.relpath(f, HERE.parent)))
     Path(args.out).write_text("\n".join(body).rstrip() + "\n")
-    print(f"wrote {args.out} from {len(docs)} result file(s)")
+    print(f"wrote {args.out} from {len(docs) + len(extra)} result file(s)")
+
+
+def extra_section(doc: dict, source: str) -> str:
+    """Sections for benchmarks/host_overhead.py and benchmarks/bandwidth.py results."""
+    if doc.get("benchmark") == "host_overhead":
+        m = doc["model"]
+        lines = [
+            f"## Host time per call: {doc['device']}",
+            "",
+            f"`benchmarks/host_overhead.py` · torch {doc['torch']} · CUDA {doc['cuda']} · "
+            f"{doc['dtype']} · date {doc['date']} · source `{source}`",
+            "",
+            f"{m['class']} ({m['n_layers']} layers, hidden {m['hidden']}, {m['n_heads']}/"
+            f"{m['n_kv_heads']} heads, intermediate {m['intermediate']}) at batch {doc['batch']} x "
+            f"{doc['tokens']} tokens, {doc['iters']} calls per measurement. *Host* is the wall time "
+            "of the Python call (the GPU kept from being the bottleneck), *device* the CUDA-event "
+            "time of one call, *back-to-back* the mean time of calls issued without syncs.",
+            "",
+            "| variant | host µs (median) | host µs (p90) | device µs | back-to-back µs | first call s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in doc["results"]:
+            if r.get("error"):
+                lines.append(f"| {r['label']} | failed: {r['error']} | | | | |")
+                continue
+            lines.append(
+                f"| {r['label']} | {r['host_us_median']:.1f} | {r['host_us_p90']:.1f} | "
+                f"{r['device_us_median']:.1f} | {r['back_to_back_us']:.1f} | {r['first_call_s']:.2f} |"
+            )
+        return "\n".join(lines) + "\n"
+    if "compile_latency" in doc:
+        meta = doc["meta"]
+        lines = [
+            f"## Kernel compile latency: {meta.get('device_name', meta['device'])}",
+            "",
+            f"`benchmarks/bandwidth.py` · torch {meta['torch']} · date {meta['date']} · source "
+            f"`{source}`",
+            "",
+            "| case | value |",
+            "|---|---|",
+        ]
+        for key, value in doc["compile_latency"].items():
+            lines.append(f"| {key} | `{json.dumps(value)[:300]}` |")
+        return "\n".join(lines) + "\n"
+    return ""
 
 
 if __name__ == "__main__":
