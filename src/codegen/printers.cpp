@@ -402,8 +402,8 @@ std::string print_cuda(const KernelVariant& v) {
   const KernelSpec& s = *v.spec;
   std::ostringstream os;
   emit_header_comment(os, v);
-  os << "extern \"C\" __global__ void __launch_bounds__(1024) " << v.symbol()
-     << "(const MagiArgs a) {\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(" << kMaxThreadsPerBlock << ") "
+     << v.symbol() << "(const MagiArgs a) {\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
   emit_pointers(os, s, "a.");

@@ -11,6 +11,10 @@ namespace magi::codegen {
 
 /// Registers cached per thread per input in row kernels (chunks of vector_width elements).
 constexpr int kRowChunksPerThread = 4;
+/// Threads per block of every generated CUDA kernel, at most. Kept at 256 so the compiler may
+/// give each thread up to 255 registers: a row kernel holds its row chunks in registers, and a
+/// bound of 1024 threads (64 registers) made them spill to local memory.
+constexpr int kMaxThreadsPerBlock = 256;
 
 std::string print_cuda(const KernelVariant& variant);
 std::string print_cpp(const KernelVariant& variant);

@@ -2,7 +2,7 @@
 //   from model.py:20 in forward
 //   from model.py:21 in forward
 // input access: in0=c in1=l in2=g, vector width 8
-extern "C" __global__ void __launch_bounds__(1024) fused_pointwise_silu_mul_clg_v8(const MagiArgs a) {
+extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v8(const MagiArgs a) {
   typedef float A;
   constexpr int V = 8;
   const magi_bf16* __restrict__ in0 = static_cast<const magi_bf16*>(a.ptr[0]);
