@@ -447,6 +447,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {args.out} from {len(docs) + len(extra)} result file(s)")
 
 
+def _bw_variants(bw: dict) -> list[str]:
+    seen: list[str] = []
+    for w in bw["workloads"]:
+        for v in w["variants"]:
+            if v not in seen:
+                seen.append(v)
+    return seen
+
+
 def extra_section(doc: dict, source: str) -> str:
     """Sections for benchmarks/host_overhead.py and benchmarks/bandwidth.py results."""
     if doc.get("benchmark") == "host_overhead":
@@ -488,6 +497,25 @@ def extra_section(doc: dict, source: str) -> str:
         ]
         for key, value in doc["compile_latency"].items():
             lines.append(f"| {key} | `{json.dumps(value)[:300]}` |")
+        bw = doc.get("bandwidth")
+        if bw:
+            lines += [
+                "",
+                f"### Effective bandwidth, {bw['rows']} x {bw['cols']} {bw['dtype']} "
+                f"(device copy {bw['copy']['gbps']:,.0f} GB/s)",
+                "",
+                "| kernel | "
+                + " | ".join(f"{v} GB/s (% of copy)" for v in _bw_variants(bw))
+                + " |",
+                "|---|" + "---|" * len(_bw_variants(bw)),
+            ]
+            for w in bw["workloads"]:
+                cells = []
+                for v in _bw_variants(bw):
+                    r = w["variants"].get(v, {})
+                    ok = r.get("status") == "ok"
+                    cells.append(f"{r['gbps']:,.0f} ({r['pct_of_copy']:.0f}%)" if ok else "–")
+                lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
     return ""
 
