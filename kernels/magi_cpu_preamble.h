@@ -4,8 +4,12 @@
 #include <cstdint>
 #include <cstring>
 
-struct magi_bf16 { uint16_t x; };
-struct magi_f16 { uint16_t x; };
+struct magi_bf16 {
+  uint16_t x;
+};
+struct magi_f16 {
+  uint16_t x;
+};
 
 #define MAGI_MAX_IO 16
 #define MAGI_MAX_RANK 8
@@ -38,7 +42,10 @@ static inline float magi_f16_to_float(uint16_t h) {
       u = sign;
     } else {  // subnormal: normalise
       exp = 127 - 15 + 1;
-      while (!(mant & 0x400)) { mant <<= 1; --exp; }
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
       u = sign | (exp << 23) | ((mant & 0x3ff) << 13);
     }
   } else if (exp == 31) {
@@ -55,7 +62,7 @@ static inline uint16_t magi_float_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (abs < 0x38800000u) {  // subnormal or zero in half: round to nearest even
     float a;
@@ -71,20 +78,66 @@ static inline uint16_t magi_float_to_f16(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-template <typename A> static inline A magi_to_acc(float v) { return static_cast<A>(v); }
-template <typename A> static inline A magi_to_acc(double v) { return static_cast<A>(v); }
-template <typename A> static inline A magi_to_acc(bool v) { return v ? A(1) : A(0); }
-template <typename A> static inline A magi_to_acc(magi_bf16 v) { return static_cast<A>(magi_bf16_to_float(v.x)); }
-template <typename A> static inline A magi_to_acc(magi_f16 v) { return static_cast<A>(magi_f16_to_float(v.x)); }
+template <typename A>
+static inline A magi_to_acc(float v) {
+  return static_cast<A>(v);
+}
+template <typename A>
+static inline A magi_to_acc(double v) {
+  return static_cast<A>(v);
+}
+template <typename A>
+static inline A magi_to_acc(bool v) {
+  return v ? A(1) : A(0);
+}
+template <typename A>
+static inline A magi_to_acc(magi_bf16 v) {
+  return static_cast<A>(magi_bf16_to_float(v.x));
+}
+template <typename A>
+static inline A magi_to_acc(magi_f16 v) {
+  return static_cast<A>(magi_f16_to_float(v.x));
+}
 
-template <typename T> struct MagiStore;
-template <> struct MagiStore<float> { template <typename A> static float from(A v) { return static_cast<float>(v); } };
-template <> struct MagiStore<double> { template <typename A> static double from(A v) { return static_cast<double>(v); } };
-template <> struct MagiStore<magi_bf16> { template <typename A> static magi_bf16 from(A v) { return {magi_float_to_bf16(static_cast<float>(v))}; } };
-template <> struct MagiStore<magi_f16> { template <typename A> static magi_f16 from(A v) { return {magi_float_to_f16(static_cast<float>(v))}; } };
+template <typename T>
+struct MagiStore;
+template <>
+struct MagiStore<float> {
+  template <typename A>
+  static float from(A v) {
+    return static_cast<float>(v);
+  }
+};
+template <>
+struct MagiStore<double> {
+  template <typename A>
+  static double from(A v) {
+    return static_cast<double>(v);
+  }
+};
+template <>
+struct MagiStore<magi_bf16> {
+  template <typename A>
+  static magi_bf16 from(A v) {
+    return {magi_float_to_bf16(static_cast<float>(v))};
+  }
+};
+template <>
+struct MagiStore<magi_f16> {
+  template <typename A>
+  static magi_f16 from(A v) {
+    return {magi_float_to_f16(static_cast<float>(v))};
+  }
+};
 
-template <typename A> static inline A magi_round_bf16(A v) { return static_cast<A>(magi_bf16_to_float(magi_float_to_bf16(static_cast<float>(v)))); }
-template <typename A> static inline A magi_round_f16(A v) { return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v)))); }
+template <typename A>
+static inline A magi_round_bf16(A v) {
+  return static_cast<A>(magi_bf16_to_float(magi_float_to_bf16(static_cast<float>(v))));
+}
+template <typename A>
+static inline A magi_round_f16(A v) {
+  return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
+}
 
 static inline long long magi_offset(const MagiArgs& a, int k, long long i) {
   long long off = 0;
@@ -96,19 +149,52 @@ static inline long long magi_offset(const MagiArgs& a, int k, long long i) {
   return off;
 }
 
-template <typename A> static inline A magi_rsqrt(A x) { return A(1) / std::sqrt(x); }
-template <typename A> static inline A magi_sigmoid(A x) { return A(1) / (A(1) + std::exp(-x)); }
-template <typename A> static inline A magi_silu(A x) { return x / (A(1) + std::exp(-x)); }
-template <typename A> static inline A magi_relu(A x) { return x > A(0) ? x : A(0); }
-template <typename A> static inline A magi_gelu(A x) { return A(0.5) * x * (A(1) + std::erf(x * A(0.70710678118654752440))); }
-template <typename A> static inline A magi_gelu_tanh(A x) {
+template <typename A>
+static inline A magi_rsqrt(A x) {
+  return A(1) / std::sqrt(x);
+}
+template <typename A>
+static inline A magi_sigmoid(A x) {
+  return A(1) / (A(1) + std::exp(-x));
+}
+template <typename A>
+static inline A magi_silu(A x) {
+  return x / (A(1) + std::exp(-x));
+}
+template <typename A>
+static inline A magi_relu(A x) {
+  return x > A(0) ? x : A(0);
+}
+template <typename A>
+static inline A magi_gelu(A x) {
+  return A(0.5) * x * (A(1) + std::erf(x * A(0.70710678118654752440)));
+}
+template <typename A>
+static inline A magi_gelu_tanh(A x) {
   const A k = A(0.79788456080286535588);
   return A(0.5) * x * (A(1) + std::tanh(k * (x + A(0.044715) * x * x * x)));
 }
-template <typename A> static inline A magi_max(A a, A b) { return (a != a || a > b) ? a : b; }
-template <typename A> static inline A magi_min(A a, A b) { return (a != a || a < b) ? a : b; }
-using std::exp; using std::log; using std::sqrt; using std::abs; using std::sin; using std::cos;
-using std::tanh; using std::erf; using std::log1p; using std::expm1;
+template <typename A>
+static inline A magi_max(A a, A b) {
+  return (a != a || a > b) ? a : b;
+}
+template <typename A>
+static inline A magi_min(A a, A b) {
+  return (a != a || a < b) ? a : b;
+}
+using std::abs;
+using std::cos;
+using std::erf;
+using std::exp;
+using std::expm1;
+using std::log;
+using std::log1p;
+using std::sin;
+using std::sqrt;
+using std::tanh;
 #include <limits>
-template <typename A> static inline A magi_inf() { return std::numeric_limits<A>::infinity(); }
+template <typename A>
+static inline A magi_inf() {
+  return std::numeric_limits<A>::infinity();
+}
 using std::fabs;

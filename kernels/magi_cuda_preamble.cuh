@@ -3,8 +3,12 @@
 // cuda_bf16.h/cuda_fp16.h keep each compile small and fast.
 #pragma once
 
-struct magi_bf16 { unsigned short x; };
-struct magi_f16 { unsigned short x; };
+struct magi_bf16 {
+  unsigned short x;
+};
+struct magi_f16 {
+  unsigned short x;
+};
 
 #define MAGI_MAX_IO 16
 #define MAGI_MAX_RANK 8
@@ -24,7 +28,7 @@ __device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {
 __device__ __forceinline__ unsigned short magi_float_to_bf16(float f) {
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return static_cast<unsigned short>(u >> 16);
 }
 __device__ __forceinline__ float magi_f16_to_float(unsigned short h) {
@@ -39,20 +43,66 @@ __device__ __forceinline__ unsigned short magi_float_to_f16(float f) {
 }
 
 // Loads convert to the accumulation type, stores convert back.
-template <typename A> __device__ __forceinline__ A magi_to_acc(float v) { return static_cast<A>(v); }
-template <typename A> __device__ __forceinline__ A magi_to_acc(double v) { return static_cast<A>(v); }
-template <typename A> __device__ __forceinline__ A magi_to_acc(bool v) { return v ? A(1) : A(0); }
-template <typename A> __device__ __forceinline__ A magi_to_acc(magi_bf16 v) { return static_cast<A>(magi_bf16_to_float(v.x)); }
-template <typename A> __device__ __forceinline__ A magi_to_acc(magi_f16 v) { return static_cast<A>(magi_f16_to_float(v.x)); }
+template <typename A>
+__device__ __forceinline__ A magi_to_acc(float v) {
+  return static_cast<A>(v);
+}
+template <typename A>
+__device__ __forceinline__ A magi_to_acc(double v) {
+  return static_cast<A>(v);
+}
+template <typename A>
+__device__ __forceinline__ A magi_to_acc(bool v) {
+  return v ? A(1) : A(0);
+}
+template <typename A>
+__device__ __forceinline__ A magi_to_acc(magi_bf16 v) {
+  return static_cast<A>(magi_bf16_to_float(v.x));
+}
+template <typename A>
+__device__ __forceinline__ A magi_to_acc(magi_f16 v) {
+  return static_cast<A>(magi_f16_to_float(v.x));
+}
 
-template <typename T> struct MagiStore;
-template <> struct MagiStore<float> { template <typename A> __device__ static float from(A v) { return static_cast<float>(v); } };
-template <> struct MagiStore<double> { template <typename A> __device__ static double from(A v) { return static_cast<double>(v); } };
-template <> struct MagiStore<magi_bf16> { template <typename A> __device__ static magi_bf16 from(A v) { return {magi_float_to_bf16(static_cast<float>(v))}; } };
-template <> struct MagiStore<magi_f16> { template <typename A> __device__ static magi_f16 from(A v) { return {magi_float_to_f16(static_cast<float>(v))}; } };
+template <typename T>
+struct MagiStore;
+template <>
+struct MagiStore<float> {
+  template <typename A>
+  __device__ static float from(A v) {
+    return static_cast<float>(v);
+  }
+};
+template <>
+struct MagiStore<double> {
+  template <typename A>
+  __device__ static double from(A v) {
+    return static_cast<double>(v);
+  }
+};
+template <>
+struct MagiStore<magi_bf16> {
+  template <typename A>
+  __device__ static magi_bf16 from(A v) {
+    return {magi_float_to_bf16(static_cast<float>(v))};
+  }
+};
+template <>
+struct MagiStore<magi_f16> {
+  template <typename A>
+  __device__ static magi_f16 from(A v) {
+    return {magi_float_to_f16(static_cast<float>(v))};
+  }
+};
 
-template <typename A> __device__ __forceinline__ A magi_round_bf16(A v) { return static_cast<A>(magi_bf16_to_float(magi_float_to_bf16(static_cast<float>(v)))); }
-template <typename A> __device__ __forceinline__ A magi_round_f16(A v) { return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v)))); }
+template <typename A>
+__device__ __forceinline__ A magi_round_bf16(A v) {
+  return static_cast<A>(magi_bf16_to_float(magi_float_to_bf16(static_cast<float>(v))));
+}
+template <typename A>
+__device__ __forceinline__ A magi_round_f16(A v) {
+  return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
+}
 
 // Vector loads/stores of V elements: 16-byte transactions when the bytes allow it.
 template <typename A, typename T, int V>
@@ -104,17 +154,39 @@ __device__ __forceinline__ long long magi_offset(const MagiArgs& a, int k, long 
 }
 
 // Scalar math, overloaded for float and double.
-template <typename A> __device__ __forceinline__ A magi_rsqrt(A x) { return rsqrt(x); }
-template <typename A> __device__ __forceinline__ A magi_sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
-template <typename A> __device__ __forceinline__ A magi_silu(A x) { return x / (A(1) + exp(-x)); }
-template <typename A> __device__ __forceinline__ A magi_relu(A x) { return x > A(0) ? x : A(0); }
-template <typename A> __device__ __forceinline__ A magi_gelu(A x) { return A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440))); }
-template <typename A> __device__ __forceinline__ A magi_gelu_tanh(A x) {
+template <typename A>
+__device__ __forceinline__ A magi_rsqrt(A x) {
+  return rsqrt(x);
+}
+template <typename A>
+__device__ __forceinline__ A magi_sigmoid(A x) {
+  return A(1) / (A(1) + exp(-x));
+}
+template <typename A>
+__device__ __forceinline__ A magi_silu(A x) {
+  return x / (A(1) + exp(-x));
+}
+template <typename A>
+__device__ __forceinline__ A magi_relu(A x) {
+  return x > A(0) ? x : A(0);
+}
+template <typename A>
+__device__ __forceinline__ A magi_gelu(A x) {
+  return A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440)));
+}
+template <typename A>
+__device__ __forceinline__ A magi_gelu_tanh(A x) {
   const A k = A(0.79788456080286535588);  // sqrt(2/pi)
   return A(0.5) * x * (A(1) + tanh(k * (x + A(0.044715) * x * x * x)));
 }
-template <typename A> __device__ __forceinline__ A magi_max(A a, A b) { return (a != a || a > b) ? a : b; }  // NaN-propagating
-template <typename A> __device__ __forceinline__ A magi_min(A a, A b) { return (a != a || a < b) ? a : b; }
+template <typename A>
+__device__ __forceinline__ A magi_max(A a, A b) {
+  return (a != a || a > b) ? a : b;
+}  // NaN-propagating
+template <typename A>
+__device__ __forceinline__ A magi_min(A a, A b) {
+  return (a != a || a < b) ? a : b;
+}
 
 // Block-wide reductions; every thread gets the result. `scratch` holds 32 values.
 template <typename A, typename F>
@@ -130,6 +202,13 @@ __device__ __forceinline__ A magi_block_reduce(A v, F combine, A* scratch) {
   return v;
 }
 
-template <typename A> __device__ __forceinline__ A magi_inf();
-template <> __device__ __forceinline__ float magi_inf<float>() { return __int_as_float(0x7f800000); }
-template <> __device__ __forceinline__ double magi_inf<double>() { return __longlong_as_double(0x7ff0000000000000LL); }
+template <typename A>
+__device__ __forceinline__ A magi_inf();
+template <>
+__device__ __forceinline__ float magi_inf<float>() {
+  return __int_as_float(0x7f800000);
+}
+template <>
+__device__ __forceinline__ double magi_inf<double>() {
+  return __longlong_as_double(0x7ff0000000000000LL);
+}

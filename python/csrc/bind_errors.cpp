@@ -16,12 +16,6 @@ void bind_errors(py::module_& m) {
   m.def(
       "set_log_level", [](const std::string& level) { log::set_level(log::parse_level(level)); },
       py::arg("level"), "Sets the C++ log level (trace, debug, info, warning, error, off).");
-  m.def(
-      "log", [](const std::string& level, const std::string& message) {
-        log::Level l = log::parse_level(level);
-        if (log::enabled(l)) log::write(l, message);
-      },
-      py::arg("level"), py::arg("message"));
 }
 
 }  // namespace magi::bindings

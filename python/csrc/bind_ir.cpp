@@ -42,40 +42,37 @@ void bind_ir(py::module_& m) {
             return names;
           },
           "Operators and symbolic ops in execution order ('aten::mm', 'size', ...).")
-      .def(
-          "nodes",
-          [](const ir::Graph& g) {
-            // (kind, op name, output type strings, FX name, source) per node.
-            py::list out;
-            for (const ir::Node* n : g.nodes()) {
-              std::vector<std::string> types;
-              for (const ir::Value* v : n->outputs()) types.push_back(v->type_str());
-              out.append(py::make_tuple(ir::node_kind_name(n->kind()), n->op_name(), types,
-                                        n->provenance().fx_name, n->provenance().source));
-            }
-            return out;
-          })
-      .def(
-          "input_types",
-          [](const ir::Graph& g) {
-            std::vector<std::string> out;
-            for (const ir::Value* v : g.inputs()) {
-              out.push_back(v->kind() == ir::ValueKind::kInt && v->sym()
-                                ? "int(" + v->sym()->str() + ")"
-                                : v->type_str());
-            }
-            return out;
-          })
-      .def(
-          "output_types",
-          [](const ir::Graph& g) {
-            std::vector<std::string> out;
-            for (const ir::Value* v : g.outputs()) out.push_back(v->type_str());
-            return out;
-          })
-      .def_property_readonly(
-          "pieces", &ir::Graph::pieces, py::return_value_policy::reference_internal,
-          "The distinct pieces this graph calls (empty when it was not split).")
+      .def("nodes",
+           [](const ir::Graph& g) {
+             // (kind, op name, output type strings, FX name, source) per node.
+             py::list out;
+             for (const ir::Node* n : g.nodes()) {
+               std::vector<std::string> types;
+               for (const ir::Value* v : n->outputs()) types.push_back(v->type_str());
+               out.append(py::make_tuple(ir::node_kind_name(n->kind()), n->op_name(), types,
+                                         n->provenance().fx_name, n->provenance().source));
+             }
+             return out;
+           })
+      .def("input_types",
+           [](const ir::Graph& g) {
+             std::vector<std::string> out;
+             for (const ir::Value* v : g.inputs()) {
+               out.push_back(v->kind() == ir::ValueKind::kInt && v->sym()
+                                 ? "int(" + v->sym()->str() + ")"
+                                 : v->type_str());
+             }
+             return out;
+           })
+      .def("output_types",
+           [](const ir::Graph& g) {
+             std::vector<std::string> out;
+             for (const ir::Value* v : g.outputs()) out.push_back(v->type_str());
+             return out;
+           })
+      .def_property_readonly("pieces", &ir::Graph::pieces,
+                             py::return_value_policy::reference_internal,
+                             "The distinct pieces this graph calls (empty when it was not split).")
       .def_property_readonly(
           "num_piece_calls",
           [](const ir::Graph& g) {
@@ -129,8 +126,7 @@ void bind_ir(py::module_& m) {
             return records;
           },
           py::arg("disabled") = std::vector<std::string>{},
-          py::arg("splitting_ops") = std::vector<std::string>{},
-          py::arg("after_pass") = py::none(),
+          py::arg("splitting_ops") = std::vector<std::string>{}, py::arg("after_pass") = py::none(),
           "Runs the pass pipeline in place; returns one record per pass. `splitting_ops` names "
           "operators to split at besides those registered as subgraph boundaries; "
           "`after_pass(name)` is called after each pass that changed the graph (dumps).")

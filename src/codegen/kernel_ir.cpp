@@ -29,7 +29,7 @@ const char* reduce_name(ReduceKind r) {
   return "?";
 }
 
-void print_body(std::ostream& os, const KernelSpec& s, bool with_comments) {
+void print_body(std::ostream& os, const KernelSpec& s) {
   os << (s.schedule == Schedule::kRow ? "row" : "pointwise") << (s.use_double ? " f64" : " f32")
      << "\n";
   for (size_t i = 0; i < s.inputs.size(); ++i) {
@@ -61,7 +61,7 @@ void print_body(std::ostream& os, const KernelSpec& s, bool with_comments) {
         break;
     }
     for (int a : op.args) os << " v" << a;
-    if (with_comments && !op.comment.empty()) os << "  # " << op.comment;
+    if (!op.comment.empty()) os << "  # " << op.comment;
     os << "\n";
   }
   for (size_t i = 0; i < s.outputs.size(); ++i) {
@@ -75,20 +75,8 @@ void print_body(std::ostream& os, const KernelSpec& s, bool with_comments) {
 std::string KernelSpec::str() const {
   std::ostringstream os;
   os << "kernel " << name << "\n";
-  print_body(os, *this, true);
+  print_body(os, *this);
   return os.str();
-}
-
-std::string KernelSpec::fingerprint() const {
-  std::ostringstream os;
-  print_body(os, *this, false);
-  return os.str();
-}
-
-std::string KernelVariant::key() const {
-  std::string k = spec->fingerprint() + "|";
-  for (AccessClass a : access) k += static_cast<char>(a);
-  return k + "|v" + std::to_string(vector_width);
 }
 
 std::string KernelVariant::symbol() const {

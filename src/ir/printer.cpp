@@ -16,17 +16,28 @@ namespace {
 std::string python_dtype_name(c10::ScalarType t) {
   using c10::ScalarType;
   switch (t) {
-    case ScalarType::Float: return "torch.float32";
-    case ScalarType::Double: return "torch.float64";
-    case ScalarType::Half: return "torch.float16";
-    case ScalarType::BFloat16: return "torch.bfloat16";
-    case ScalarType::Long: return "torch.int64";
-    case ScalarType::Int: return "torch.int32";
-    case ScalarType::Short: return "torch.int16";
-    case ScalarType::Char: return "torch.int8";
-    case ScalarType::Byte: return "torch.uint8";
-    case ScalarType::Bool: return "torch.bool";
-    default: return std::string("torch.") + c10::toString(t);
+    case ScalarType::Float:
+      return "torch.float32";
+    case ScalarType::Double:
+      return "torch.float64";
+    case ScalarType::Half:
+      return "torch.float16";
+    case ScalarType::BFloat16:
+      return "torch.bfloat16";
+    case ScalarType::Long:
+      return "torch.int64";
+    case ScalarType::Int:
+      return "torch.int32";
+    case ScalarType::Short:
+      return "torch.int16";
+    case ScalarType::Char:
+      return "torch.int8";
+    case ScalarType::Byte:
+      return "torch.uint8";
+    case ScalarType::Bool:
+      return "torch.bool";
+    default:
+      return std::string("torch.") + c10::toString(t);
   }
 }
 

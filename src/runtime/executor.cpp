@@ -48,6 +48,41 @@ int64_t to_int(const c10::IValue& v) {
 
 double to_double(const c10::IValue& v) { return v.isDouble() ? v.toDouble() : double(to_int(v)); }
 
+// Arithmetic and comparisons shared by int and float operands, in the operands' type T;
+// nullopt for ops that are int-only or need special care.
+template <typename T>
+std::optional<c10::IValue> eval_common(ir::SymOp op, T x, T y) {
+  using ir::SymOp;
+  switch (op) {
+    case SymOp::kAdd:
+      return c10::IValue(x + y);
+    case SymOp::kSub:
+      return c10::IValue(x - y);
+    case SymOp::kMul:
+      return c10::IValue(x * y);
+    case SymOp::kTrueDiv:
+      return c10::IValue(double(x) / double(y));
+    case SymOp::kMax:
+      return c10::IValue(std::max(x, y));
+    case SymOp::kMin:
+      return c10::IValue(std::min(x, y));
+    case SymOp::kEq:
+      return c10::IValue(x == y);
+    case SymOp::kNe:
+      return c10::IValue(x != y);
+    case SymOp::kLt:
+      return c10::IValue(x < y);
+    case SymOp::kLe:
+      return c10::IValue(x <= y);
+    case SymOp::kGt:
+      return c10::IValue(x > y);
+    case SymOp::kGe:
+      return c10::IValue(x >= y);
+    default:
+      return std::nullopt;
+  }
+}
+
 c10::IValue eval_sym(ir::SymOp op, const c10::IValue& a, const c10::IValue* b) {
   using ir::SymOp;
   switch (op) {
@@ -63,64 +98,12 @@ c10::IValue eval_sym(ir::SymOp op, const c10::IValue& a, const c10::IValue* b) {
       break;
   }
   if (a.isDouble() || b->isDouble()) {
-    double x = to_double(a), y = to_double(*b);
-    switch (op) {
-      case SymOp::kAdd:
-        return x + y;
-      case SymOp::kSub:
-        return x - y;
-      case SymOp::kMul:
-        return x * y;
-      case SymOp::kTrueDiv:
-        return x / y;
-      case SymOp::kEq:
-        return x == y;
-      case SymOp::kNe:
-        return x != y;
-      case SymOp::kLt:
-        return x < y;
-      case SymOp::kLe:
-        return x <= y;
-      case SymOp::kGt:
-        return x > y;
-      case SymOp::kGe:
-        return x >= y;
-      default:
-        break;
-    }
-  }
-  int64_t x = to_int(a), y = to_int(*b);
-  switch (op) {
-    case SymOp::kAdd:
-      return x + y;
-    case SymOp::kSub:
-      return x - y;
-    case SymOp::kMul:
-      return x * y;
-    case SymOp::kFloorDiv:
-      return ir::py_floor_div(x, y);
-    case SymOp::kMod:
-      return ir::py_mod(x, y);
-    case SymOp::kTrueDiv:
-      return double(x) / double(y);
-    case SymOp::kMax:
-      return std::max(x, y);
-    case SymOp::kMin:
-      return std::min(x, y);
-    case SymOp::kEq:
-      return x == y;
-    case SymOp::kNe:
-      return x != y;
-    case SymOp::kLt:
-      return x < y;
-    case SymOp::kLe:
-      return x <= y;
-    case SymOp::kGt:
-      return x > y;
-    case SymOp::kGe:
-      return x >= y;
-    default:
-      break;
+    if (auto v = eval_common(op, to_double(a), to_double(*b))) return *v;
+  } else {
+    const int64_t x = to_int(a), y = to_int(*b);
+    if (op == SymOp::kFloorDiv) return ir::py_floor_div(x, y);
+    if (op == SymOp::kMod) return ir::py_mod(x, y);
+    if (auto v = eval_common(op, x, y)) return *v;
   }
   MAGI_ASSERT(false, "unhandled symbolic op ", ir::sym_op_name(op));
   return {};

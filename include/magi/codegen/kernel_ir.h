@@ -80,8 +80,6 @@ struct KernelSpec {
 
   /// Textual form for dumps and golden tests.
   std::string str() const;
-  /// Stable text identifying the computation (not the name); equal specs may share code.
-  std::string fingerprint() const;
 };
 
 /// How a kernel variant addresses one input (decided per call from strides, see
@@ -101,8 +99,6 @@ struct KernelVariant {
   const KernelSpec* spec = nullptr;
   std::vector<AccessClass> access;  ///< one per input
   int vector_width = 1;             ///< elements per thread access for contiguous inputs
-  /// "<fingerprint>|ccl|v8": the cache key of the printed source.
-  std::string key() const;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

@@ -52,7 +52,8 @@ class Value {
  private:
   friend class Graph;
   friend class Node;
-  Value(Graph* owner, Node* producer, size_t index) : owner_(owner), producer_(producer), index_(index) {}
+  Value(Graph* owner, Node* producer, size_t index)
+      : owner_(owner), producer_(producer), index_(index) {}
 
   Graph* owner_;
   Node* producer_;
@@ -89,8 +90,8 @@ class Node {
   /// "aten::add.Tensor" for operators, the kind's name otherwise.
   std::string op_name() const;
 
-  SymOp sym_op() const { return sym_op_; }         ///< SymArith only
-  int64_t item_index() const { return item_index_; }  ///< GetItem only
+  SymOp sym_op() const { return sym_op_; }                   ///< SymArith only
+  int64_t item_index() const { return item_index_; }         ///< GetItem only
   const c10::IValue& constant() const { return constant_; }  ///< Constant only
   /// CallPiece only: the piece it runs, owned by this node's graph (several calls may share it).
   Graph* piece() const { return piece_; }

@@ -13,7 +13,7 @@ namespace magi::passes {
 
 struct PassRecord {
   std::string name;
-  bool ran = false;      ///< false when disabled
+  bool ran = false;  ///< false when disabled
   bool changed = false;
   double milliseconds = 0.0;
 };
@@ -22,7 +22,7 @@ struct PipelineOptions {
   std::set<std::string> disabled;  ///< merged with MAGI_DISABLE_PASSES
   /// Operators to split at besides those registered as boundaries (CompileConfig.splitting_ops).
   std::vector<std::string> splitting_ops;
-  bool verify_each = true;         ///< run the verifier after every pass
+  bool verify_each = true;  ///< run the verifier after every pass
   /// Called after each pass that changed the graph (dumps hook in here).
   std::function<void(const std::string& pass, const ir::Graph&)> after_pass;
 };
