@@ -175,7 +175,9 @@ def copy_bandwidth(rows: int, cols: int, dtype, device: str, warmup: int, iters:
 def measure_bandwidth(args) -> dict:
     device, dtype = args.device, torch.bfloat16
     rows, cols = args.rows, args.cols
-    copy = copy_bandwidth(rows, cols, dtype, device, args.warmup, args.iters)
+    # A long warm-up: the first kernels of a process can meet an idle GPU at low clocks, and a
+    # low copy figure would inflate every percentage below.
+    copy = copy_bandwidth(rows, cols, dtype, device, 10 * args.warmup, args.iters)
     print(f"copy: {copy['gbps']:.0f} GB/s ({rows}x{cols} {str(dtype)[6:]}, read + write)")
     print_header(args.variants)
     results = []

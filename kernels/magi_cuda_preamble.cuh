@@ -26,10 +26,16 @@ __device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);
 }
 __device__ __forceinline__ unsigned short magi_float_to_bf16(float f) {
+#if __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));  // one instruction on sm_80+
+  return h;
+#else
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
   u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return static_cast<unsigned short>(u >> 16);
+#endif
 }
 __device__ __forceinline__ float magi_f16_to_float(unsigned short h) {
   float f;
@@ -142,6 +148,26 @@ __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
   }
 }
 
+// V elements kept in their storage type (a row cached in registers costs half the registers
+// in bf16/fp16 than converted to float); converted to the accumulation type where read.
+template <typename T, int V>
+struct MagiVec {
+  T v[V];
+};
+template <typename T, int V>
+__device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T, V>& out) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) {
+      reinterpret_cast<uint4*>(out.v)[c] = reinterpret_cast<const uint4*>(p)[c];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = p[j];
+  }
+}
+
 // Element offset of linear index `i` of the index space in input `k` (general strides).
 __device__ __forceinline__ long long magi_offset(const MagiArgs& a, int k, long long i) {
   long long off = 0;
@@ -179,6 +205,15 @@ __device__ __forceinline__ A magi_gelu_tanh(A x) {
   const A k = A(0.79788456080286535588);  // sqrt(2/pi)
   return A(0.5) * x * (A(1) + tanh(k * (x + A(0.044715) * x * x * x)));
 }
+// Fast forms, used when every output of a kernel is bf16/fp16: their error (a few float ulps)
+// is far below the output's rounding step.
+__device__ __forceinline__ float magi_fexp(float x) { return __expf(x); }
+__device__ __forceinline__ float magi_flog(float x) { return __logf(x); }
+__device__ __forceinline__ float magi_fdiv(float x, float y) { return __fdividef(x, y); }
+__device__ __forceinline__ float magi_fsigmoid(float x) {
+  return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+__device__ __forceinline__ float magi_fsilu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 template <typename A>
 __device__ __forceinline__ A magi_max(A a, A b) {
   return (a != a || a > b) ? a : b;

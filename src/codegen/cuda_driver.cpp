@@ -54,6 +54,7 @@ struct Driver {
   CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
+  CUresult (*occupancy)(int*, CUfunction, int, size_t) = nullptr;
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;
@@ -88,6 +89,7 @@ const Driver& driver() {
     resolve(d.module_load_data, "cuModuleLoadData");
     resolve(d.module_get_function, "cuModuleGetFunction");
     resolve(d.func_set_attribute, "cuFuncSetAttribute");
+    resolve(d.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     resolve(d.launch_kernel, "cuLaunchKernel");
     resolve(d.get_error_name, "cuGetErrorName");
     resolve(d.get_error_string, "cuGetErrorString");
@@ -258,6 +260,11 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
   kernel.function = function;
   kernel.device = device;
   kernel.name = kernel_name;
+  for (int i = 0, threads = 32; threads <= 1024; ++i, threads *= 2) {
+    int blocks = 0;
+    if (d.occupancy(&blocks, function, threads, 0) != 0) blocks = 0;  // beyond launch bounds
+    kernel.blocks_per_sm[i] = blocks;
+  }
   return table.kernels.emplace(kernel_key, std::move(kernel)).first->second;
 }
 

@@ -2,6 +2,7 @@
 // ops (softmax, layer norm, mean) are expanded into reductions and pointwise math here.
 #include "magi/codegen/lower_group.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "magi/common/error.h"
@@ -68,6 +69,11 @@ class Lowering {
       spec_.outputs.push_back(
           {it->second, out->tensor_type()->dtype, spec_.ops[it->second].per_row});
     }
+    spec_.fast_math =
+        !spec_.use_double && !spec_.outputs.empty() &&
+        std::all_of(spec_.outputs.begin(), spec_.outputs.end(), [](const KOutput& o) {
+          return o.dtype == c10::ScalarType::BFloat16 || o.dtype == c10::ScalarType::Half;
+        });
     return std::move(spec_);
   }
 

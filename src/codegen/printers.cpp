@@ -4,9 +4,10 @@
 // Row kernels run, per row: the per-row ops in SSA order, and for each reduction a pass over
 // the row that evaluates the per-element ops it needs and combines them; then a final pass
 // that stores the full-size outputs. On the GPU a row belongs to one thread block; when the
-// row fits (cols <= threads * vector_width * kRowChunksPerThread) it is read from memory once
+// row fits (cols <= threads * vector_width * row_chunks_per_thread()) it is read from memory once
 // into registers and every pass reads the registers, else each pass streams the row again.
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -54,7 +55,9 @@ std::string name(const KernelSpec& s, int i) {
   return (op.per_row ? "r" : "e") + std::to_string(i);
 }
 
-std::string expr(const KernelSpec& s, int i, const std::function<std::string(int)>& load) {
+// `fast`: print the GPU's fast forms of exp, log, division and sigmoid (KernelSpec::fast_math).
+std::string expr(const KernelSpec& s, int i, const std::function<std::string(int)>& load,
+                 bool fast) {
   const KOp& op = s.ops[i];
   auto a = [&](int k) { return name(s, op.args[k]); };
   switch (op.kind) {
@@ -74,6 +77,9 @@ std::string expr(const KernelSpec& s, int i, const std::function<std::string(int
       if (f == "neg") return "(-" + a(0) + ")";
       if (f == "reciprocal") return "(A(1) / " + a(0) + ")";
       if (f == "abs") return "fabs(" + a(0) + ")";
+      if (fast && (f == "exp" || f == "log" || f == "sigmoid" || f == "silu")) {
+        return "magi_f" + f + "(" + a(0) + ")";
+      }
       if (f == "rsqrt" || f == "sigmoid" || f == "relu" || f == "silu" || f == "gelu" ||
           f == "gelu_tanh") {
         return "magi_" + f + "(" + a(0) + ")";
@@ -85,6 +91,7 @@ std::string expr(const KernelSpec& s, int i, const std::function<std::string(int
       if (f == "add") return "(" + a(0) + " + " + a(1) + ")";
       if (f == "sub") return "(" + a(0) + " - " + a(1) + ")";
       if (f == "mul") return "(" + a(0) + " * " + a(1) + ")";
+      if (f == "div" && fast) return "magi_fdiv(" + a(0) + ", " + a(1) + ")";
       if (f == "div") return "(" + a(0) + " / " + a(1) + ")";
       if (f == "max" || f == "min") return "magi_" + f + "(" + a(0) + ", " + a(1) + ")";
       if (f == "pow") {
@@ -156,9 +163,9 @@ std::string comment(const KOp& op) { return op.comment.empty() ? "" : "  // " + 
 
 // Statements computing `ops` for lane j, loads reading `load(input)`.
 void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
-              const std::function<std::string(int)>& load, const std::string& indent) {
+              const std::function<std::string(int)>& load, const std::string& indent, bool fast) {
   for (int i : ops) {
-    os << indent << "const A " << name(s, i) << " = " << expr(s, i, load) << ";"
+    os << indent << "const A " << name(s, i) << " = " << expr(s, i, load, fast) << ";"
        << comment(s.ops[i]) << "\n";
   }
 }
@@ -279,14 +286,15 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       t.column_loop(os, ind, [&](std::ostream& o, const std::string& in2) {
         t.prepare_chunk(o, in2, element_inputs(s, ops));
         o << in2 << "for (int j = 0; j < V; ++j) {\n";
-        emit_ops(o, s, ops, t.element_load, in2 + "  ");
+        emit_ops(o, s, ops, t.element_load, in2 + "  ", t.gpu && s.fast_math);
         o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
         o << in2 << "}\n";
       });
       t.reduce(os, ind, op.reduce, acc, "r" + std::to_string(i));
     } else {
-      os << ind << "const A r" << i << " = " << expr(s, static_cast<int>(i), nullptr) << ";"
-         << comment(op) << "\n";
+      os << ind << "const A r" << i << " = "
+         << expr(s, static_cast<int>(i), nullptr, t.gpu && s.fast_math) << ";" << comment(op)
+         << "\n";
     }
   }
   std::vector<int> roots = full_output_roots(s);
@@ -298,7 +306,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
       }
       o << in2 << "for (int j = 0; j < V; ++j) {\n";
-      emit_ops(o, s, ops, t.element_load, in2 + "  ");
+      emit_ops(o, s, ops, t.element_load, in2 + "  ", t.gpu && s.fast_math);
       for (size_t k = 0; k < s.outputs.size(); ++k) {
         if (!s.outputs[k].per_row)
           o << in2 << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
@@ -359,7 +367,8 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
   os << ind << "for (int j = 0; j < V; ++j) {\n";
   emit_ops(
-      os, s, ops, [](int i) { return "t" + std::to_string(i) + "[j]"; }, ind + "  ");
+      os, s, ops, [](int i) { return "t" + std::to_string(i) + "[j]"; }, ind + "  ",
+      gpu && s.fast_math);
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
   }
@@ -397,38 +406,118 @@ static std::string unroll_lane_loops(std::string code) {
   return code;
 }
 
+namespace {
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  MAGI_CHECK(*end == '\0' && v >= lo && v <= hi, name, "=", text, " is not an integer in [", lo,
+             ", ", hi, "]");
+  return static_cast<int>(v);
+}
+}  // namespace
+
+int row_chunks_per_thread() {
+  static const int chunks = env_int("MAGI_ROW_CHUNKS", 4, 1, 16);
+  return chunks;
+}
+
+int pointwise_unroll() {
+  static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 1, 1, 8);
+  return unroll;
+}
+
+char row_column_loads() {
+  static const char mode = [] {
+    const char* text = std::getenv("MAGI_ROW_COLUMN_LOADS");
+    std::string m = text == nullptr || *text == '\0' ? "late" : text;
+    MAGI_CHECK(m == "block" || m == "row" || m == "late", "MAGI_ROW_COLUMN_LOADS=", m,
+               " is not one of block, row, late");
+    return m[0];
+  }();
+  return mode;
+}
+
+int max_threads_per_block() {
+  static const int threads = [] {
+    int t = env_int("MAGI_MAX_BLOCK_THREADS", 256, 32, 1024);
+    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_MAX_BLOCK_THREADS=", t, " is not a power of two");
+    return t;
+  }();
+  return threads;
+}
+
 std::string print_cuda(const KernelVariant& v) {
   check_variant(v);
   const KernelSpec& s = *v.spec;
   std::ostringstream os;
   emit_header_comment(os, v);
-  os << "extern \"C\" __global__ void __launch_bounds__(" << kMaxThreadsPerBlock << ") "
+  os << "extern \"C\" __global__ void __launch_bounds__(" << max_threads_per_block() << ") "
      << v.symbol() << "(const MagiArgs a) {\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
   emit_pointers(os, s, "a.");
   if (s.schedule == Schedule::kPointwise) {
     os << "  const long long vectors = a.numel / V;\n";
-    os << "  for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < vectors;\n"
-          "       vi += (long long)gridDim.x * blockDim.x) {\n";
-    os << "    const long long base = vi * V;\n";
-    emit_pointwise_body(os, v, true, "a", "    ");
-    os << "  }\n}\n";
+    const int unroll = pointwise_unroll();
+    if (unroll == 1) {
+      os << "  for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < "
+            "vectors;\n       vi += (long long)gridDim.x * blockDim.x) {\n";
+      os << "    const long long base = vi * V;\n";
+      emit_pointwise_body(os, v, true, "a", "    ");
+      os << "  }\n}\n";
+      return unroll_lane_loops(os.str());
+    }
+    // U vectors per thread per step, a block's threads striding over them together.
+    os << "  constexpr int U = " << unroll << ";\n";
+    os << "  for (long long v0 = blockIdx.x * (long long)blockDim.x * U + threadIdx.x; v0 < "
+          "vectors;\n       v0 += (long long)gridDim.x * blockDim.x * U) {\n";
+    os << "    #pragma unroll\n    for (int u = 0; u < U; ++u) {\n";
+    os << "      const long long vi = v0 + (long long)u * blockDim.x;\n";
+    os << "      if (vi < vectors) {\n        const long long base = vi * V;\n";
+    emit_pointwise_body(os, v, true, "a", "        ");
+    os << "      }\n    }\n  }\n}\n";
     return unroll_lane_loops(os.str());
   }
-  os << "  constexpr int K = " << kRowChunksPerThread << ";\n";
+  os << "  constexpr int K = " << row_chunks_per_thread() << ";\n";
   os << "  __shared__ A scratch[32];\n";
-  // Inputs cached in registers: those with one value per element. Broadcast inputs (a
-  // LayerNorm weight, a scalar) are small and stay in L1; caching them would cost registers.
+  // When a row fits (cols <= threads * V * K), each thread owns the same K chunks of V columns
+  // in every row: inputs with one value per element are read once per row into registers, in
+  // their storage type (c<i>), and inputs with one value per column (a norm's weight) once per
+  // block (w<i>), since they are the same for every row the block handles.
   auto cached_input = [&v](int i) {
     return v.access[i] == AccessClass::kContiguous || v.access[i] == AccessClass::kStrided;
   };
-  std::vector<int> elem_inputs;
+  const char column_mode = row_column_loads();
+  std::vector<int> row_inputs, column_inputs;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
-    if (!s.inputs[i].per_row && cached_input(static_cast<int>(i))) {
-      elem_inputs.push_back(static_cast<int>(i));
+    if (s.inputs[i].per_row) continue;
+    if (cached_input(static_cast<int>(i))) row_inputs.push_back(static_cast<int>(i));
+    if (v.access[i] == AccessClass::kColumn && column_mode != 'l') {
+      column_inputs.push_back(static_cast<int>(i));
     }
   }
+  auto raw_type = [&](int i) {
+    return "MagiVec<" + std::string(ctype(s.inputs[i].dtype)) + ", V>";
+  };
+  auto raw_load = [&](int i, const std::string& slot) {
+    std::string in = "in" + std::to_string(i);
+    switch (v.access[i]) {
+      case AccessClass::kContiguous:
+        return "magi_load_raw(" + in + " + row * cols + col0, " + slot + ");";
+      case AccessClass::kColumn:
+        return "magi_load_raw(" + in + " + col0, " + slot + ");";
+      default:  // strided
+        return "for (int j = 0; j < V; ++j) " + slot + ".v[j] = " + in + "[magi_offset(a, " +
+               std::to_string(i) + ", row * cols + col0 + j)];";
+    }
+  };
+  auto chunk_loop = [](std::ostream& o, const std::string& ind, const std::string& body) {
+    o << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < K; ++k) {\n";
+    o << ind << "  const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
+    o << ind << "  if (col0 < cols) {\n" << body << ind << "  }\n" << ind << "}\n";
+  };
   auto make_target = [&](bool cached) {
     RowTarget t;
     t.gpu = true;
@@ -461,39 +550,47 @@ std::string print_cuda(const KernelVariant& v) {
       o << ind << "if (threadIdx.x == 0) out" << k << "[row] = MagiStore<"
         << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
-    t.element_load = [cached, cached_input](int i) {
-      return cached && cached_input(i) ? "c" + std::to_string(i) + "[k][j]"
-                                       : "t" + std::to_string(i) + "[j]";
+    t.element_load = [&v, cached, cached_input, column_mode](int i) {
+      if (cached && cached_input(i)) return "magi_to_acc<A>(c" + std::to_string(i) + "[k].v[j])";
+      if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l')
+        return "magi_to_acc<A>(w" + std::to_string(i) + "[k].v[j])";
+      return "t" + std::to_string(i) + "[j]";
     };
-    t.prepare_chunk = [&v, cached, cached_input](std::ostream& o, const std::string& ind,
-                                                 const std::vector<int>& inputs) {
+    t.prepare_chunk = [&v, cached, cached_input, column_mode](
+                          std::ostream& o, const std::string& ind, const std::vector<int>& inputs) {
       for (int i : inputs) {
         if (cached && cached_input(i)) continue;
+        if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l') continue;
         o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, true, "a") << "\n";
       }
     };
     return t;
   };
-  os << "  for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
-  os << "    if (cols <= (long long)blockDim.x * V * K) {  // the row fits in registers: read it "
-        "once\n";
-  for (int i : elem_inputs) os << "      A c" << i << "[K][V];\n";
-  os << "      #pragma unroll\n      for (int k = 0; k < K; ++k) {\n";
-  os << "        const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
-  os << "        if (col0 < cols) {\n";
-  for (int i : elem_inputs) {
-    std::string l = load_chunk(v, i, true, "a");
-    // load_chunk writes t<i>; point it at the cache slot instead.
-    std::string target = "c" + std::to_string(i) + "[k]";
-    std::string from = "t" + std::to_string(i);
-    for (size_t p = l.find(from); p != std::string::npos; p = l.find(from, p + target.size())) {
-      l.replace(p, from.size(), target);
+  os << "  if (cols <= (long long)blockDim.x * V * K) {  // rows fit in registers: read once\n";
+  std::ostringstream column_loads;
+  if (column_mode == 'b') {
+    for (int i : column_inputs) {
+      os << "    " << raw_type(i) << " w" << i << "[K];\n";
+      column_loads << "        " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
     }
-    os << "          " << l << "\n";
+    if (!column_inputs.empty()) chunk_loop(os, "    ", column_loads.str());
   }
-  os << "        }\n      }\n";
+  os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
+  std::ostringstream row_loads;
+  if (column_mode == 'r') {
+    for (int i : column_inputs) {
+      os << "      " << raw_type(i) << " w" << i << "[K];\n";
+      row_loads << "          " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
+    }
+  }
+  for (int i : row_inputs) {
+    os << "      " << raw_type(i) << " c" << i << "[K];\n";
+    row_loads << "          " << raw_load(i, "c" + std::to_string(i) + "[k]") << "\n";
+  }
+  if (!row_inputs.empty()) chunk_loop(os, "      ", row_loads.str());
   emit_row_body(os, v, make_target(true), "      ");
-  os << "    } else {  // long rows: stream them once per pass\n";
+  os << "    }\n  } else {  // long rows: stream them once per pass\n";
+  os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
   emit_row_body(os, v, make_target(false), "      ");
   os << "    }\n  }\n}\n";
   return unroll_lane_loops(os.str());

@@ -4,7 +4,8 @@
 // Requires: a verified graph. Guarantees: a verified graph computing the same values, in
 // which every group has one index space (all its per-element values share the group's full
 // shape; reductions over the last dim give per-row values of the row shape), creates no cycle,
-// and contains at least two operators (a single op is already one ATen kernel).
+// and contains at least two operators (a single op is already one ATen kernel), except a lone
+// softmax, log-softmax or layer norm: our row kernel reads the row once where ATen's may not.
 //
 // Grouping is greedy in execution order: a fusible node joins the most recent group one of
 // its inputs comes from when its shape fits that group and none of its other inputs depends
@@ -57,9 +58,10 @@ class Fuser {
       if (nodes[i]->is_operator() && nodes[i]->schema().is_mutable()) barriers_.push_back(i);
     }
     for (Node* node : nodes) consider(node);
+    adopt_lone_casts();
     bool changed = false;
     for (Group& g : groups_) {
-      if (g.members.size() >= 2) {
+      if (g.members.size() >= 2 || (g.members.size() == 1 && is_compound(*g.members[0]))) {
         rewrite(g);
         changed = true;
       }
@@ -72,6 +74,11 @@ class Fuser {
     ir::OpClass c = ir::op_info(n).op_class;
     return c == ir::OpClass::kReduction || c == ir::OpClass::kSoftmax ||
            c == ir::OpClass::kLayerNorm;
+  }
+
+  static bool is_compound(const Node& n) {
+    ir::OpClass c = ir::op_info(n).op_class;
+    return c == ir::OpClass::kSoftmax || c == ir::OpClass::kLayerNorm;
   }
 
   // Every non-tensor operand must be a constant: runtime scalars stay out of kernels.
@@ -266,6 +273,44 @@ class Fuser {
       if (c->output()->users().empty()) graph_.erase(c);  // copied into the group
     }
     MAGI_LOG_DEBUG("fused ", g.members.size(), " ops into ", fusion->op_name());
+  }
+
+  // A cast of an operand smaller than the index space (`w.float()` of a norm's weight) starts a
+  // group of its own, whose shape no later op fits. When every reader of it is in one group, it
+  // moves into that group: the kernel loads the narrow operand and casts it in registers,
+  // instead of an extra kernel writing the cast copy that the group then reads.
+  void adopt_lone_casts() {
+    for (size_t si = 0; si < groups_.size(); ++si) {
+      Group& lone = groups_[si];
+      if (lone.members.size() != 1) continue;
+      Node* cast = lone.members[0];
+      if (ir::op_info(*cast).op_class != ir::OpClass::kCast || cast->outputs().size() != 1) {
+        continue;
+      }
+      const std::vector<Node*>& users = cast->output()->users();
+      if (users.empty()) continue;
+      auto it = group_of_.find(users[0]);
+      if (it == group_of_.end() || it->second == si) continue;
+      const size_t gi = it->second;
+      Group& g = groups_[gi];
+      bool ok = cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
+      for (const Node* u : users) ok &= group_of_.count(u) && group_of_.at(u) == gi;
+      for (size_t b : barriers_) ok &= !(b > position_[cast] && b < g.first_position);
+      for (const Value* in : cast->inputs()) {
+        if (in->kind() == ir::ValueKind::kTensor &&
+            in->producer()->kind() != ir::NodeKind::kConstant)
+          ok &= !depends_on(in->producer(), g);
+      }
+      if (!ok) continue;
+      lone.members.clear();
+      lone.member_set.clear();
+      auto pos = std::find_if(g.members.begin(), g.members.end(),
+                              [&](const Node* m) { return position_[m] > position_[cast]; });
+      g.members.insert(pos, cast);
+      g.member_set.insert(cast);
+      g.first_position = std::min(g.first_position, position_[cast]);
+      group_of_[cast] = gi;
+    }
   }
 
   Graph& graph_;

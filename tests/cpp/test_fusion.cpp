@@ -64,6 +64,7 @@ class Builder {
   }
   Value* scalar(double v) { return g_.add_constant(v, ValueKind::kScalar); }
   Value* one() { return g_.add_constant(1, ValueKind::kScalar); }
+  Value* integer(int64_t v) { return g_.add_constant(v, ValueKind::kInt); }
   Value* dims(std::vector<int64_t> d) {
     return g_.add_constant(c10::List<int64_t>(d), ValueKind::kIntList);
   }
@@ -174,6 +175,39 @@ TEST(FuseGroups, RmsNormIsOneRowGroup) {
   EXPECT_EQ(reductions, 1);
 }
 
+// y = x * w.float() with w narrower than x: the cast moves into x's group (the kernel loads
+// the bf16 weight and casts it) instead of running alone; a cast read by two groups stays out.
+TEST(FuseGroups, LoneCastOfANarrowOperandJoinsItsReadersGroup) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 64});
+  Value* w = b.input("w", {64}, kBF16);
+  Value* wf = b.cast(w, kF32, "wf");
+  Value* y = b.mul(b.unary("aten::silu", x, "silu"), wf, "mul");
+  g.set_outputs({y});
+
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::_to_copy aten::silu aten::mul.Tensor");
+  EXPECT_EQ(fusions[0]->input(0), w);  // the bf16 weight itself, in first-use order
+  EXPECT_EQ(op_list(g), "");
+
+  Graph g2;
+  Builder b2(g2);
+  Value* x2 = b2.input("x", {sym("s0"), 64});
+  Value* w2 = b2.input("w", {64}, kBF16);
+  Value* wf2 = b2.cast(w2, kF32, "wf");
+  Value* y2 = b2.mul(b2.unary("aten::silu", x2, "silu"), wf2, "mul");
+  Value* m =
+      b2.op("aten::mm", "", {y2, b2.input("v", {64, 64})}, tensor_type({sym("s0"), 64}), "mm");
+  g2.set_outputs({b2.add(b2.unary("aten::exp", m, "exp"), wf2, "add")});
+  EXPECT_TRUE(fuse_groups(g2));
+  ir::verify(g2);
+  EXPECT_EQ(op_list(g2), "aten::_to_copy aten::mm");
+}
+
 // a = neg(exp(x)) is a group; m = mm(a, w) reads it; add(a, m) must not join the group: the
 // group would then both feed and wait for the mm (a cycle). It starts a group with the relu.
 TEST(FuseGroups, OperandDependingOnTheGroupIsNotMerged) {
@@ -207,6 +241,25 @@ TEST(FuseGroups, SingleOpsAreNotFused) {
   EXPECT_FALSE(fuse_groups(g));
   EXPECT_TRUE(nodes_of_kind(g, NodeKind::kFusion).empty());
   EXPECT_EQ(op_list(g), "aten::relu aten::mm aten::sigmoid");
+}
+
+// A lone softmax is still a group: one row kernel replaces ATen's softmax.
+TEST(FuseGroups, LoneSoftmaxIsARowGroup) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* sm =
+      b.op("aten::_softmax", "", {x, b.integer(-1), b.flag(false)}, *x->tensor_type(), "softmax");
+  Value* w = b.input("w", {16, 16});
+  g.set_outputs({b.op("aten::mm", "", {sm, w}, tensor_type({sym("s0"), 16}), "mm")});
+
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::_softmax");
+  EXPECT_EQ(codegen::lower_group(*fusions[0]->piece(), "sm").schedule, codegen::Schedule::kRow);
+  EXPECT_EQ(op_list(g), "aten::mm");
 }
 
 TEST(FuseGroups, MatmulBreaksGroups) {

@@ -72,6 +72,15 @@ struct CudaKernel {
   void* function = nullptr;  ///< CUfunction
   int device = -1;
   std::string name;
+  /// Resident blocks per multiprocessor for 32, 64, ..., 1024 threads per block (0 where that
+  /// block size exceeds the kernel's launch bounds); see resident_blocks().
+  int blocks_per_sm[6] = {};
+  /// Resident blocks per multiprocessor at `threads` (a power of two in [32, 1024]).
+  int resident_blocks(int threads) const {
+    int i = 0;
+    while (i < 5 && (32 << i) < threads) ++i;
+    return blocks_per_sm[i];
+  }
 };
 
 /// Compiles (or fetches from cache) `source` for `device`'s architecture (sm_<major><minor>),

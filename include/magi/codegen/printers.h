@@ -9,12 +9,26 @@
 
 namespace magi::codegen {
 
-/// Registers cached per thread per input in row kernels (chunks of vector_width elements).
-constexpr int kRowChunksPerThread = 4;
-/// Threads per block of every generated CUDA kernel, at most. Kept at 256 so the compiler may
-/// give each thread up to 255 registers: a row kernel holds its row chunks in registers, and a
-/// bound of 1024 threads (64 registers) made them spill to local memory.
-constexpr int kMaxThreadsPerBlock = 256;
+// Schedule settings of generated CUDA kernels. The defaults are the fastest of the sweep
+// recorded in benchmarks/RESULTS.md (H100, bf16, rows of 2048 and 8192); each can be overridden by
+// an environment variable for tuning experiments (docs/debugging.md, scripts/gpu/sweep_*.sh). Each
+// is read once per process and is part of the printed source, hence of the kernel cache key.
+
+/// Chunks of vector_width columns each thread of a row kernel holds in registers when its row
+/// fits: 4 by default, MAGI_ROW_CHUNKS (1-16).
+int row_chunks_per_thread();
+/// Vectors each thread of a pointwise kernel handles per step of its grid-stride loop: 1 by
+/// default, MAGI_POINTWISE_UNROLL (1-8).
+int pointwise_unroll();
+/// When a row kernel whose rows fit in registers reads its per-column inputs (a norm's weight):
+/// 'l' in the output pass where used (default: no registers held across the reductions), 'r'
+/// with each row's loads, 'b' once per block before its first row.
+/// MAGI_ROW_COLUMN_LOADS=late|row|block.
+char row_column_loads();
+/// Threads per block of every generated CUDA kernel, at most: 256 by default, so the compiler
+/// may give each thread up to 255 registers (a row kernel holds its row chunks in registers);
+/// MAGI_MAX_BLOCK_THREADS (a power of two, 32-1024).
+int max_threads_per_block();
 
 std::string print_cuda(const KernelVariant& variant);
 std::string print_cpp(const KernelVariant& variant);

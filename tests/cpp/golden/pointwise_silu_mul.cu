@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
       const A e2 = t2[j];
       const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:20 in forward
       const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:20 in forward
-      const A e6 = magi_silu(e5);  // aten::silu @ model.py:20 in forward
+      const A e6 = magi_fsilu(e5);  // aten::silu @ model.py:20 in forward
       const A e7 = magi_round_bf16(e6);  // aten::silu @ model.py:20 in forward
       const A e8 = (e7 * e2);  // aten::mul.Tensor @ model.py:21 in forward
       const A e9 = magi_round_bf16(e8);  // aten::mul.Tensor @ model.py:21 in forward

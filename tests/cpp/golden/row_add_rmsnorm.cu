@@ -17,16 +17,16 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
   (void)cols;
   constexpr int K = 4;
   __shared__ A scratch[32];
-  for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    if (cols <= (long long)blockDim.x * V * K) {  // the row fits in registers: read it once
-      A c0[K][V];
-      A c1[K][V];
+  if (cols <= (long long)blockDim.x * V * K) {  // rows fit in registers: read once
+    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
+      MagiVec<magi_bf16, V> c0[K];
+      MagiVec<magi_bf16, V> c1[K];
       #pragma unroll
       for (int k = 0; k < K; ++k) {
         const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
         if (col0 < cols) {
-          magi_load<A, magi_bf16, 8>(in0 + row * cols + col0, c0[k]);
-          magi_load<A, magi_bf16, 8>(in1 + row * cols + col0, c1[k]);
+          magi_load_raw(in0 + row * cols + col0, c0[k]);
+          magi_load_raw(in1 + row * cols + col0, c1[k]);
         }
       }
       A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
@@ -35,8 +35,8 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
         const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
         if (col0 < cols) {
           _Pragma("unroll") for (int j = 0; j < V; ++j) {
-            const A e0 = c0[k][j];
-            const A e1 = c1[k][j];
+            const A e0 = magi_to_acc<A>(c0[k].v[j]);
+            const A e1 = magi_to_acc<A>(c1[k].v[j]);
             const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
             const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
             const A e10 = (e5 * e5);  // aten::pow.Tensor_Scalar @ model.py:32 in forward
@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
         }
       }
       const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
-      const A r14 = (r12 / A(cols));  // aten::mean.dim @ model.py:32 in forward
+      const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
       const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
       const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
       #pragma unroll
@@ -57,8 +57,8 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
           A o0[V];
           A o1[V];
           _Pragma("unroll") for (int j = 0; j < V; ++j) {
-            const A e0 = c0[k][j];
-            const A e1 = c1[k][j];
+            const A e0 = magi_to_acc<A>(c0[k].v[j]);
+            const A e1 = magi_to_acc<A>(c1[k].v[j]);
             const A e2 = t2[j];
             const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
             const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
@@ -72,7 +72,9 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
           magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
         }
       }
-    } else {  // long rows: stream them once per pass
+    }
+  } else {  // long rows: stream them once per pass
+    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
       A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
       for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long long)blockDim.x * V) {
         A t0[V];
@@ -89,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
         }
       }
       const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
-      const A r14 = (r12 / A(cols));  // aten::mean.dim @ model.py:32 in forward
+      const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
       const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
       const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
       for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long long)blockDim.x * V) {
