@@ -88,6 +88,14 @@ void bind_runtime(py::module_& m) {
             return result;
           },
           py::arg("args"), "Runs the graph; returns the list of its outputs.")
+      .def(
+          "precompile_kernels",
+          [](const runtime::Executable& exe) {
+            py::gil_scoped_release no_gil;
+            return exe.precompile_kernels();
+          },
+          "Compiles the CUDA kernels the first call is expected to need, in parallel; returns "
+          "how many.")
       .def_property_readonly("num_inputs", &runtime::Executable::num_inputs)
       .def_property_readonly("num_outputs", &runtime::Executable::num_outputs)
       .def_property_readonly("num_instructions", &runtime::Executable::num_instructions)

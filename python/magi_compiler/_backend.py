@@ -34,6 +34,8 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     )
     lowering.passes_done(records)
     executable = _C.Executable(graph)
+    # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
+    executable.precompile_kernels()
     lowering.built(executable)
     _counters.bump("compiles")
     logger.debug(

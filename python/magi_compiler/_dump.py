@@ -336,7 +336,9 @@ class Lowering:
         self._mark = time.perf_counter()
 
     def built(self, executable: Any) -> None:
-        self._stage("executor build", "lowering to instructions, kernel specs")
+        self._stage(
+            "executor build", "lowering to instructions, kernel specs, CUDA kernels compiled"
+        )
         self.wall_ms = (time.perf_counter() - self.start) * 1e3
         self.stats = _graph_stats(self.graph, self.config)
         self.stats["operator_calls"] = executable.num_operator_calls

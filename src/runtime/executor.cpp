@@ -2,8 +2,10 @@
 #include "magi/runtime/executor.h"
 
 #include <cstdio>
+#include <map>
 #include <unordered_set>
 
+#include "magi/codegen/compiler.h"
 #include "magi/ir/structural_hash.h"
 #include "magi/runtime/cuda_graph.h"
 #include "magi/runtime/fused_kernel.h"
@@ -381,6 +383,39 @@ std::vector<GeneratedKernel> Executable::generated_kernels() const {
     for (auto& k : piece->generated_kernels()) out.push_back(std::move(k));
   }
   return out;
+}
+
+size_t Executable::precompile_kernels() const {
+  std::map<int, std::vector<codegen::CudaSource>> by_device;
+  std::vector<const Executable*> stack = {this};
+  while (!stack.empty()) {
+    const Executable* exe = stack.back();
+    stack.pop_back();
+    for (const auto& f : exe->program_->fused) {
+      if (!f) continue;
+      auto source = f->expected_cuda_source();
+      if (!source) continue;
+      auto& list = by_device[f->device().index()];
+      bool seen = false;  // identical groups in different pieces print the same source
+      for (const auto& other : list) seen |= other.source == source->source;
+      if (!seen) list.push_back(std::move(*source));
+    }
+    for (const auto& piece : exe->program_->pieces) {
+      if (piece) stack.push_back(piece.get());
+    }
+  }
+  size_t count = 0;
+  for (auto& [device, sources] : by_device) {
+    if (sources.empty() || !codegen::cuda_driver_available()) continue;
+    try {
+      const codegen::DeviceInfo info = codegen::device_info(device < 0 ? 0 : device);
+      count += codegen::compile_cuda_batch(sources, info.major * 10 + info.minor).size();
+    } catch (const std::exception& e) {
+      MAGI_LOG_DEBUG("precompiling ", sources.size(),
+                     " kernels failed; the first call compiles them: ", e.what());
+    }
+  }
+  return count;
 }
 
 std::vector<size_t> Executable::piece_call_sequence() const {

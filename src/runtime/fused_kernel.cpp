@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 
 #include "magi/codegen/compiler.h"
 #include "magi/codegen/lower_group.h"
@@ -30,13 +31,16 @@ struct MagiArgs {
 
 using codegen::AccessClass;
 
-AccessClass classify(const at::Tensor& t, const std::vector<int64_t>& space,
-                     std::vector<int64_t>& expanded) {
+// How an input of `sizes` and `strides` is addressed in the index space `space`; `expanded`
+// receives its strides in the space (0 where broadcast).
+AccessClass classify(c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                     const std::vector<int64_t>& space, std::vector<int64_t>& expanded) {
   const int64_t rank = static_cast<int64_t>(space.size());
+  const int64_t dim = static_cast<int64_t>(sizes.size());
   expanded.assign(rank, 0);
-  const int64_t offset = rank - t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    expanded[offset + d] = (t.size(d) == 1 && space[offset + d] != 1) ? 0 : t.stride(d);
+  const int64_t offset = rank - dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    expanded[offset + d] = (sizes[d] == 1 && space[offset + d] != 1) ? 0 : strides[d];
   }
   // Contiguous strides of the space (size-1 dims may carry any stride).
   std::vector<int64_t> contiguous(rank);
@@ -138,6 +142,16 @@ FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
     outputs_.push_back({spec_.outputs[k].dtype, per_row, keepdim});
   }
   fallback_ = std::make_unique<Executable>(group);
+  for (const ir::Value* in : group.inputs()) {
+    if (!in->tensor_type()) {
+      input_types_.clear();
+      break;
+    }
+    input_types_.push_back(*in->tensor_type());
+  }
+  if (!group.inputs().empty() && group.inputs().front()->tensor_type()) {
+    device_ = group.inputs().front()->tensor_type()->device;
+  }
 }
 
 FusedKernel::~FusedKernel() = default;
@@ -155,6 +169,44 @@ std::vector<GeneratedKernel> FusedKernel::generated() const {
     out.push_back({v->variant.symbol(), v->cuda ? "cuda" : "cpu", v->source, spec_.fused_ops});
   }
   return out;
+}
+
+std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
+  if (!device_.is_cuda() || input_types_.empty()) return std::nullopt;
+  // Bind every symbolic size to one value that is neither 1 (which would read as a broadcast)
+  // nor odd (which would forbid vectors): the access classes depend on the layout, not on it.
+  ir::SymbolBindings bindings;
+  std::set<std::string> symbols;
+  for (const ir::TensorType& t : input_types_) {
+    for (const ir::SymExpr& e : t.sizes) e.collect_symbols(symbols);
+    for (const ir::SymExpr& e : t.strides) e.collect_symbols(symbols);
+  }
+  for (const std::string& name : symbols) bindings[name] = 64;
+  std::vector<std::vector<int64_t>> sizes, strides;
+  std::vector<int64_t> space;
+  for (const ir::TensorType& t : input_types_) {
+    std::vector<int64_t> sz, st;
+    for (const ir::SymExpr& e : t.sizes) sz.push_back(e.evaluate(bindings));
+    const auto& stride_exprs =
+        t.strides.empty() ? ir::TensorType::contiguous_strides(t.sizes) : t.strides;
+    for (const ir::SymExpr& e : stride_exprs) st.push_back(e.evaluate(bindings));
+    space = at::infer_size(space, sz);
+    sizes.push_back(std::move(sz));
+    strides.push_back(std::move(st));
+  }
+  if (space.empty()) space = {1};
+  codegen::KernelVariant kv;
+  kv.spec = &spec_;
+  std::vector<int64_t> expanded;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    kv.access.push_back(classify(sizes[i], strides[i], space, expanded));
+    if (kv.access.back() == AccessClass::kStrided && space.size() > codegen::kMaxRank) {
+      return std::nullopt;  // runs through ATen
+    }
+  }
+  kv.vector_width = space.back() % widest_vector(spec_) == 0 ? widest_vector(spec_) : 1;
+  return codegen::CudaSource{std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(kv),
+                             kv.symbol()};
 }
 
 const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
@@ -238,7 +290,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   std::vector<int64_t> expanded;
   for (size_t i = 0; i < inputs.size(); ++i) {
     MAGI_ASSERT(inputs[i].device() == device, spec_.name, ": inputs on different devices");
-    AccessClass a = classify(inputs[i], space, expanded);
+    AccessClass a = classify(inputs[i].sizes(), inputs[i].strides(), space, expanded);
     kv.access.push_back(a);
     any_strided |= a == AccessClass::kStrided;
     for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.strides[i][d] = expanded[d];

@@ -496,6 +496,57 @@ TEST_P(PrintedKernel, RunsLikeAten) {
   EXPECT_EQ(kernel.generated()[0].symbol, std::string("fused_") + c.name + "_" + access + "_v1");
 }
 
+// Moves every tensor of `g` to `device`, keeping sizes and dtypes; `strides` (when given)
+// replaces the first input's strides.
+void place_on(Graph& g, c10::Device device, std::vector<SymExpr> strides = {}) {
+  auto move = [&](Value* v, bool first_input) {
+    if (!v->tensor_type()) return;
+    TensorType t = *v->tensor_type();
+    t.device = device;
+    if (first_input && !strides.empty()) t.strides = strides;
+    v->set_tensor_type(std::move(t));
+  };
+  for (size_t i = 0; i < g.inputs().size(); ++i) move(g.inputs()[i], i == 0);
+  for (Node* n : g.nodes()) {
+    if (n->kind() == NodeKind::kInput) continue;
+    for (Value* out : n->outputs()) move(out, false);
+  }
+}
+
+// Before the first call, the variant it will need is predicted from the traced layouts and its
+// source printed exactly as the call prints it, so compiling it ahead makes the call a cache
+// hit: contiguous activations and a per-column weight give 16-byte vectors; a transposed
+// activation is read through strides; a graph on the CPU has nothing to precompile.
+TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  auto g = add_rmsnorm_group();
+  place_on(*g, cuda);
+  runtime::FusedKernel kernel(*g, "fused_add_rmsnorm");
+  auto expected = kernel.expected_cuda_source();
+  ASSERT_TRUE(expected.has_value());
+  auto call = variant(
+      kernel.spec(), {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+  EXPECT_EQ(expected->name, call.symbol());
+  EXPECT_EQ(expected->source,
+            std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(call));
+  if (codegen::nvrtc_available()) {
+    EXPECT_FALSE(codegen::compile_cuda_batch({*expected}, 90).front().empty());
+  }
+
+  auto transposed = add_rmsnorm_group();
+  place_on(*transposed, cuda, {SymExpr(1), sym("s0")});
+  runtime::FusedKernel strided(*transposed, "fused_add_rmsnorm_t");
+  auto expected_strided = strided.expected_cuda_source();
+  ASSERT_TRUE(expected_strided.has_value());
+  EXPECT_EQ(expected_strided->name,
+            variant(strided.spec(),
+                    {AccessClass::kStrided, AccessClass::kContiguous, AccessClass::kColumn}, 8)
+                .symbol());
+
+  auto on_cpu = add_rmsnorm_group();
+  EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, PrintedKernel, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

@@ -172,3 +172,43 @@ def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
     assert stats[0] == stats[1] == stats[2], stats
     assert len(run.magi_executable.generated_kernels()) == 1
     assert counters().compiles == 1
+
+
+def test_first_call_finds_its_kernels_precompiled(tmp_path, assert_close_rel, no_fallback):
+    """Lowering compiles every kernel the first call needs at once, on a thread pool: with an
+    empty kernel cache, compiles happen during lowering and none during the first call."""
+    from blocks import LlamaBlock, init_weights_
+    from magi_compiler import _backend
+
+    block = LlamaBlock(hidden=256, n_heads=4, n_kv_heads=2, intermediate=512)
+    block = init_weights_(block, seed=0).to(device="cuda", dtype=BF16)
+    x = torch.randn(2, 24, 256, device="cuda", dtype=BF16)
+    saved = _C.cache_dir()
+    _C.set_cache_dir(str(tmp_path))
+    _C._clear_kernel_memory_cache()
+    after_lowering: list[dict] = []
+    original = _backend.lower_graph
+
+    def spy(gm, kind, config):
+        run = original(gm, kind, config)
+        after_lowering.append(_C.compiler_stats())
+        return run
+
+    _backend.lower_graph = spy
+    try:
+        torch._dynamo.reset()
+        _C.reset_compiler_stats()
+        with lowered_graphs() as runs, torch.no_grad():
+            out = magi_compile(block)(x)
+            after_call = _C.compiler_stats()
+        expected = block(x)
+    finally:
+        _backend.lower_graph = original
+        _C.set_cache_dir(saved)
+        _C._clear_kernel_memory_cache()
+    assert_close_rel(out, expected, RTOL[BF16])
+    (run,) = runs
+    sources = {k["source"] for k in run.magi_executable.generated_kernels()}
+    assert len(sources) >= 3  # the two RMSNorms and SiLU·mul at least
+    assert after_lowering[0]["cuda_compiles"] == len(sources), after_lowering
+    assert after_call["cuda_compiles"] == after_lowering[0]["cuda_compiles"], after_call

@@ -54,6 +54,11 @@ class Executable {
   size_t num_fusions() const;
   /// Every kernel variant generated and compiled so far, pieces included.
   std::vector<struct GeneratedKernel> generated_kernels() const;
+  /// Compiles, all at once on a small thread pool, the CUDA kernel each fused group of the
+  /// graph (pieces included) is expected to need, so that the first call finds them compiled
+  /// instead of compiling one after another. Returns how many sources were compiled or found
+  /// cached; a failure is left for the first call to report (it compiles lazily then).
+  size_t precompile_kernels() const;
   /// For each piece call, in execution order, the index of the piece it runs.
   std::vector<size_t> piece_call_sequence() const;
 

@@ -13,10 +13,12 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "magi/codegen/compiler.h"
 #include "magi/codegen/kernel_ir.h"
 #include "magi/ir/graph.h"
 
@@ -40,8 +42,16 @@ class FusedKernel {
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 
   const codegen::KernelSpec& spec() const { return spec_; }
+  /// The device the captured graph ran this group on.
+  const c10::Device& device() const { return device_; }
   std::vector<GeneratedKernel> generated() const;
   size_t num_variants() const;
+  /// The CUDA source of the variant a call is expected to need: inputs laid out as the
+  /// captured graph traced them, 16-byte aligned. nullopt off CUDA. Compiling these for a whole
+  /// graph at once, on a thread pool, before its first call (Executable::precompile_kernels)
+  /// turns the first call's compiles into cache hits; a call that needs another variant still
+  /// compiles it then.
+  std::optional<codegen::CudaSource> expected_cuda_source() const;
 
  private:
   struct Variant;
@@ -56,6 +66,8 @@ class FusedKernel {
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs) const;
 
   codegen::KernelSpec spec_;
+  c10::Device device_{c10::DeviceType::CPU};
+  std::vector<ir::TensorType> input_types_;  ///< as traced; empty when one is not a tensor
   std::vector<OutputInfo> outputs_;
   std::unique_ptr<Executable> fallback_;
   mutable std::mutex mutex_;
