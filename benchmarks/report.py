@@ -484,39 +484,113 @@ def extra_section(doc: dict, source: str) -> str:
                 f"{r['device_us_median']:.1f} | {r['back_to_back_us']:.1f} | {r['first_call_s']:.2f} |"
             )
         return "\n".join(lines) + "\n"
-    if "compile_latency" in doc:
-        meta = doc["meta"]
-        lines = [
-            f"## Kernel compile latency: {meta.get('device_name', meta['device'])}",
+    if doc.get("benchmark") == "kernel_sweep":
+        return _sweep_section(doc, source)
+    if doc.get("benchmark") == "gpu_tests":
+        return (
+            "\n".join(
+                [
+                    f"## CUDA test tier: {doc['device']}",
+                    "",
+                    f"`{doc['command']}` · torch {doc['torch']} · date {doc['date']} · commit "
+                    f"{doc['commit']} · source `{source}`",
+                    "",
+                    f"**{doc['summary']}**",
+                    "",
+                ]
+                + [f"- {line}" for line in doc.get("notes", [])]
+            )
+            + "\n"
+        )
+    lines = []
+    meta = doc.get("meta", {})
+    name = meta.get("device_name", meta.get("device", "?"))
+    stamp = f"`benchmarks/bandwidth.py` · torch {meta.get('torch')} · date {meta.get('date')}"
+    note = f"\n\n{doc['note']}" if doc.get("note") else ""
+    bw = doc.get("bandwidth")
+    if bw:
+        variants = _bw_variants(bw)
+        lines += [
+            f"## Generated kernels: effective bandwidth, {name}",
             "",
-            f"`benchmarks/bandwidth.py` · torch {meta['torch']} · date {meta['date']} · source "
-            f"`{source}`",
+            f"{stamp} · source `{source}`{note}",
             "",
-            "| case | value |",
-            "|---|---|",
+            f"{bw['rows']} x {bw['cols']} {bw['dtype']}; device copy {bw['copy']['gbps']:,.0f} "
+            "GB/s. Bytes read + written at the least (each input and output once), over the "
+            "median time.",
+            "",
+            "| kernel | " + " | ".join(f"{v} GB/s (% of copy)" for v in variants) + " |",
+            "|---|" + "---|" * len(variants),
         ]
-        for key, value in doc["compile_latency"].items():
-            lines.append(f"| {key} | `{json.dumps(value)[:300]}` |")
-        bw = doc.get("bandwidth")
-        if bw:
-            lines += [
-                "",
-                f"### Effective bandwidth, {bw['rows']} x {bw['cols']} {bw['dtype']} "
-                f"(device copy {bw['copy']['gbps']:,.0f} GB/s)",
-                "",
-                "| kernel | "
-                + " | ".join(f"{v} GB/s (% of copy)" for v in _bw_variants(bw))
-                + " |",
-                "|---|" + "---|" * len(_bw_variants(bw)),
-            ]
-            for w in bw["workloads"]:
-                cells = []
-                for v in _bw_variants(bw):
-                    r = w["variants"].get(v, {})
-                    ok = r.get("status") == "ok"
-                    cells.append(f"{r['gbps']:,.0f} ({r['pct_of_copy']:.0f}%)" if ok else "–")
-                lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+        for w in bw["workloads"]:
+            cells = []
+            for v in variants:
+                r = w["variants"].get(v, {})
+                ok = r.get("status") == "ok"
+                cells.append(f"{r['gbps']:,.0f} ({r['pct_of_copy']:.1f}%)" if ok else "–")
+            lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    latency = doc.get("compile_latency")
+    if latency:
+        lines += [
+            f"## Kernel compile latency: {name}",
+            "",
+            f"{stamp} · source `{source}`{note}",
+            "",
+            f"All kernels of one LlamaBlock (hidden {latency['hidden']}, sequence "
+            f"{latency['seq']}), each case in a fresh process: *cold* with an empty kernel cache "
+            "directory, *warm* loading from the one the cold process filled. *Lowering + "
+            "kernels* is magi's part of the first call (import, passes, kernel compiles or "
+            "loads, one run less a steady-state run); *capture* is Dynamo and AOTAutograd.",
+            "",
+            "| case | lowering + kernels s | capture s | first call s | CUDA compiles | disk hits |",
+            "|---|---|---|---|---|---|",
+        ]
+        for case in ("cold", "warm"):
+            r = latency.get(case, {})
+            if r.get("status") != "ok":
+                lines.append(f"| {case} | failed | | | | |")
+                continue
+            st = r["stats"]
+            lines.append(
+                f"| {case} | {r['lowering_and_kernels_s']:.3f} | {r['capture_s']:.2f} | "
+                f"{r['first_call_s']:.2f} | {st['cuda_compiles']} | {st['disk_hits']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _sweep_section(doc: dict, source: str) -> str:
+    meta = doc.get("meta", {})
+    lines = [
+        f"## Generated kernels: schedule sweep, {meta.get('device_name', '?')}",
+        "",
+        f"`scripts/gpu/tune_kernels.sh` · torch {meta.get('torch')} · date {meta.get('date')} · "
+        f"source `{source}`",
+        "",
+        "magi_compile's effective bandwidth under each schedule setting, one process per "
+        f"setting, as % of the highest device copy of the runs ({doc['copy_gbps']:,.0f} GB/s). "
+        "Setting names: per-column input loads (`late`: in the output pass, `row`: with each "
+        "row's loads), `k` register chunks per thread, `t` threads per block at most, grid "
+        "(`all`: a block per row, `wave`: one wave of persistent blocks); `u` pointwise unroll; "
+        "a suffix names another row length. The defaults are `late_k4_t256_all` and `u1_all`.",
+        "",
+        "| setting | shape | " + " | ".join(doc["workloads"]) + " |",
+        "|---|---|" + "---|" * len(doc["workloads"]),
+    ]
+    for name, s in doc["settings"].items():
+        cells = []
+        for w in doc["workloads"]:
+            c = s["workloads"].get(w)
+            if c is None:
+                cells.append("–")
+            elif c["status"] != "ok":
+                cells.append("error")
+            else:
+                cells.append(f"{c['pct_of_copy']:.1f}%" + ("" if c["correct"] else " ⚠"))
+        lines.append(f"| `{name}` | {s['shape']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
     return ""
 
 
