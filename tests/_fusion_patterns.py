@@ -248,6 +248,16 @@ def _where_inputs(batch, dtype, device):
 C = 32
 ROWS = ("B", 4, C)
 
+
+def var_biased_nokeep(x, y):
+    return torch.var(x + y, -1, unbiased=False) * 2.0
+
+
+def var_mean_rows(x):
+    var, mean = torch.var_mean(x * 2.0, -1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + 1e-5)
+
+
 PATTERNS = [
     Pattern("rmsnorm", rmsnorm, _inputs(ROWS, (C,)), ("aten::pow", "aten::mean", "aten::rsqrt"),
             casts=True),
@@ -324,6 +334,9 @@ PATTERNS = [
     Pattern("powers", powers, _inputs(ROWS), ("aten::pow", "aten::abs", "aten::add")),
     Pattern("erf_expm1_trig", erf_expm1_trig, _inputs(ROWS, ROWS),
             ("aten::erf", "aten::expm1", "aten::cos", "aten::sin"), dynamic={"x": 0, "y": 0}),
+    Pattern("var_mean", var_mean_rows, _inputs(ROWS), ("aten::var_mean", "aten::rsqrt")),
+    Pattern("var_biased_nokeep", var_biased_nokeep, _inputs(ROWS, ROWS),
+            ("aten::add", "aten::var"), dynamic={"x": 0, "y": 0}),
 ]  # fmt: skip
 
 
@@ -395,11 +408,6 @@ def reduction_and_independent_chain(x):
     return x.amin(-1, keepdim=True) + x * 3.0
 
 
-def var_mean_rows(x):
-    var, mean = torch.var_mean(x * 2.0, -1, keepdim=True)
-    return (x - mean) * torch.rsqrt(var + 1e-5)
-
-
 def column_sum(x, y):
     return (x * y).sum(0)
 
@@ -418,8 +426,6 @@ NOT_FUSED_YET = [
     (Pattern("rotary_with_slices", rotary, _rotary_inputs,
              ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
      "views, slices and cat are not fusible yet"),
-    (Pattern("var_mean", var_mean_rows, _inputs(ROWS), ("aten::var_mean", "aten::rsqrt")),
-     "var / var_mean (Welford) has no generated form yet"),
     (Pattern("column_sum", column_sum, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
              dynamic={"x": 0, "y": 0}),
      "column reductions (over leading dims, e.g. bias gradients) are not fused yet"),

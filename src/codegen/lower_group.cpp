@@ -227,6 +227,22 @@ class Lowering {
         value_[&out] = round_as(in(node, 0), out);
         break;
       case ir::OpClass::kReduction: {
+        if (info.fn == "var" || info.fn == "var_mean") {
+          // Two passes over the row: the mean, then the squared deviations from it (the row is
+          // in registers when it fits, so the second pass reads no memory; it is also more
+          // accurate than a one-pass sum of squares).
+          int x = in(node, 0);
+          int cols = constant(0, "cols");
+          int mean = binary("div", reduce(ReduceKind::kSum, x), cols);
+          int d = binary("sub", x, mean);
+          const c10::IValue& c = const_arg(node, 2);
+          double correction = c.isNone() ? 1.0 : scalar_of(c);
+          int divisor = correction == 0.0 ? cols : binary("sub", cols, constant(correction));
+          int var = binary("div", reduce(ReduceKind::kSum, binary("mul", d, d)), divisor);
+          value_[node.output(0)] = round_as(var, *node.output(0));
+          if (info.fn == "var_mean") value_[node.output(1)] = round_as(mean, *node.output(1));
+          break;
+        }
         ReduceKind kind = info.fn == "max"   ? ReduceKind::kMax
                           : info.fn == "min" ? ReduceKind::kMin
                                              : ReduceKind::kSum;

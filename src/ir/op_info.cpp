@@ -41,6 +41,8 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::mean.dim", {OpClass::kReduction, "mean"}},
       {"aten::amax", {OpClass::kReduction, "max"}},
       {"aten::amin", {OpClass::kReduction, "min"}},
+      {"aten::var.correction", {OpClass::kReduction, "var"}},
+      {"aten::var_mean.correction", {OpClass::kReduction, "var_mean"}},
       {"aten::_softmax", {OpClass::kSoftmax, "softmax"}},
       {"aten::_log_softmax", {OpClass::kSoftmax, "log_softmax"}},
       {"aten::native_layer_norm", {OpClass::kLayerNorm, "layer_norm"}},
@@ -147,7 +149,15 @@ OpInfo op_info(const Node& node, std::string* reason) {
     }
     case OpClass::kReduction:
       if (!reduces_last_dim(node, 1)) return reject(reason, "reduces a dim other than the last");
-      if (node.op_name() != "aten::amax" && node.op_name() != "aten::amin") {
+      if (info.fn == "var" || info.fn == "var_mean") {
+        // var(self, dim, *, correction, keepdim): lowered as two reductions over the row (the
+        // mean, then the squared deviations), which needs a constant correction.
+        const c10::IValue* correction = constant_input(node, 2);
+        if (!correction ||
+            !(correction->isNone() || correction->isInt() || correction->isDouble())) {
+          return reject(reason, "variance with a non-constant correction");
+        }
+      } else if (node.op_name() != "aten::amax" && node.op_name() != "aten::amin") {
         const c10::IValue* dtype = constant_input(node, 3);
         if (!dtype || !dtype->isNone()) return reject(reason, "reduction with an explicit dtype");
       }
