@@ -3,14 +3,7 @@
 # writing logs and JSON to $OUT. Needs .deps/ (scripts/gpu/stage_deps.sh) carried along.
 #   bash scripts/gpu/run_gpu.sh [phase ...]   phases: build tests quickstart bench (default: all)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/magi_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MAGI_CACHE_DIR="${MAGI_CACHE_DIR:-/tmp/magi_kernel_cache}"
-# The GPU machine's default CXX wraps g++ with a static libstdc++; an extension built that way
-# carries a second libstdc++ beside torch's, and iostreams crash. Use the system compiler, also
-# for generated CPU kernels.
-export CC=/usr/bin/gcc CXX=/usr/bin/g++ MAGI_CXX=/usr/bin/g++
+source "$(dirname "$0")/env.sh"
 phases="${*:-build tests quickstart bench}"
 has() { [[ " $phases " == *" $1 "* ]]; }
 
@@ -26,7 +19,6 @@ if has build || [[ ! -e build/gpu/build.ninja ]]; then
   echo "built in $(( $(date +%s) - start )) s"
 fi
 ln -sf "$PWD"/build/gpu/python/csrc/_C*.so python/magi_compiler/
-export PYTHONPATH="$PWD/python"
 
 if has tests; then
   echo "== pytest tests/gpu"

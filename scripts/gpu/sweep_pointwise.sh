@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
 # Launch-shape sweep of generated kernels on the GPU machine (after `run_gpu.sh build`):
-# bandwidth per MAGI_POINTWISE_UNROLL x MAGI_KERNEL_GRID setting (docs/debugging.md), one process
+# bandwidth per MAGI_POINTWISE_UNROLL x MAGI_KERNEL_GRID setting (docs/config.md), one process
 # per setting.   bash scripts/gpu/sweep_pointwise.sh ["unroll grid workloads" ...]
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/magi_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python" CC=/usr/bin/gcc CXX=/usr/bin/g++ MAGI_CXX=/usr/bin/g++
-export MAGI_CACHE_DIR="${MAGI_CACHE_DIR:-/tmp/magi_kernel_cache}"
+source "$(dirname "$0")/env.sh"
 configs=("$@")
 pw="silu_mul,x*y+z" rows="rmsnorm,add_rmsnorm,layer_norm,softmax"
 ((${#configs[@]})) || configs=("1 wave $pw" "2 wave $pw" "4 wave $pw" "1 all $pw" "2 all $pw"

@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # Row-kernel schedule sweep on the GPU machine (after `run_gpu.sh build`): the bandwidth of the
 # generated norm and softmax kernels under each tuning setting (MAGI_ROW_COLUMN_LOADS,
-# MAGI_ROW_CHUNKS, MAGI_MAX_BLOCK_THREADS, MAGI_KERNEL_GRID; see docs/debugging.md), one process
+# MAGI_ROW_CHUNKS, MAGI_MAX_BLOCK_THREADS, MAGI_KERNEL_GRID; see docs/config.md), one process
 # per setting; SWEEP_ARGS adds arguments to benchmarks/bandwidth.py (e.g. another shape).
 #   bash scripts/gpu/sweep_rows.sh ["loads chunks threads [grid]" ...]
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/magi_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python" CC=/usr/bin/gcc CXX=/usr/bin/g++ MAGI_CXX=/usr/bin/g++
-export MAGI_CACHE_DIR="${MAGI_CACHE_DIR:-/tmp/magi_kernel_cache}"
+source "$(dirname "$0")/env.sh"
 configs=("$@")
 ((${#configs[@]})) || configs=("row 4 256" "block 4 256" "late 4 256" "row 2 512" "late 2 512"
   "row 1 1024" "row 8 256" "late 8 256")

@@ -8,15 +8,13 @@
 # ROW_SWEEP / POINTWISE_SWEEP / SHAPE_SWEEP: ';'-separated settings in the sweep scripts' form
 # (empty: skipped).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 final_out="${OUT:-/tmp/magi_final}"
+mkdir -p "$final_out"
 export OUT=/tmp/magi_out
-mkdir -p "$OUT" "$final_out"
+source "$(dirname "$0")/env.sh"
 phases="build"
 [[ "${TESTS:-0}" == 1 ]] && phases="build tests"
 bash scripts/gpu/run_gpu.sh $phases || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python" CC=/usr/bin/gcc CXX=/usr/bin/g++ MAGI_CXX=/usr/bin/g++
-export MAGI_CACHE_DIR=/tmp/magi_kernel_cache
 echo "== bandwidth.py at the defaults"
 timeout 240 python benchmarks/bandwidth.py --device cuda --out "$OUT/bandwidth.json" 2>&1 |
   tee "$OUT/bandwidth.log" | tail -14
