@@ -591,8 +591,6 @@ def _sweep_section(doc: dict, source: str) -> str:
         lines.append(f"| `{name}` | {s['shape']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
-    return ""
-
 
 if __name__ == "__main__":
     main()

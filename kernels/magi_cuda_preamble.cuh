@@ -151,7 +151,7 @@ __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
 // V elements kept in their storage type (a row cached in registers costs half the registers
 // in bf16/fp16 than converted to float); converted to the accumulation type where read.
 template <typename T, int V>
-struct MagiVec {
+struct alignas(sizeof(T) * V >= 16 ? 16 : alignof(T)) MagiVec {
   T v[V];
 };
 template <typename T, int V>
@@ -206,14 +206,18 @@ __device__ __forceinline__ A magi_gelu_tanh(A x) {
   return A(0.5) * x * (A(1) + tanh(k * (x + A(0.044715) * x * x * x)));
 }
 // Fast forms, used when every output of a kernel is bf16/fp16: their error (a few float ulps)
-// is far below the output's rounding step.
+// is far below the output's rounding step. __fdividef is wrong outside normal divisors below
+// 2^126 (0 for larger ones, inf for subnormal ones), so those take the IEEE division.
 __device__ __forceinline__ float magi_fexp(float x) { return __expf(x); }
 __device__ __forceinline__ float magi_flog(float x) { return __logf(x); }
-__device__ __forceinline__ float magi_fdiv(float x, float y) { return __fdividef(x, y); }
-__device__ __forceinline__ float magi_fsigmoid(float x) {
-  return __fdividef(1.0f, 1.0f + __expf(-x));
+__device__ __forceinline__ float magi_fdiv(float x, float y) {
+  const float ay = fabsf(y);
+  return (ay > 0x1p126f || ay < 0x1p-126f) ? x / y : __fdividef(x, y);
 }
-__device__ __forceinline__ float magi_fsilu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+__device__ __forceinline__ float magi_fsigmoid(float x) {
+  return magi_fdiv(1.0f, 1.0f + __expf(-x));
+}
+__device__ __forceinline__ float magi_fsilu(float x) { return magi_fdiv(x, 1.0f + __expf(-x)); }
 template <typename A>
 __device__ __forceinline__ A magi_max(A a, A b) {
   return (a != a || a > b) ? a : b;

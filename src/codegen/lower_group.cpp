@@ -237,7 +237,10 @@ class Lowering {
           int d = binary("sub", x, mean);
           const c10::IValue& c = const_arg(node, 2);
           double correction = c.isNone() ? 1.0 : scalar_of(c);
-          int divisor = correction == 0.0 ? cols : binary("sub", cols, constant(correction));
+          // max(cols - correction, 0), as eager: a correction past the row length gives inf.
+          int divisor = correction == 0.0
+                            ? cols
+                            : binary("max", binary("sub", cols, constant(correction)), constant(0));
           int var = binary("div", reduce(ReduceKind::kSum, binary("mul", d, d)), divisor);
           value_[node.output(0)] = round_as(var, *node.output(0));
           if (info.fn == "var_mean") value_[node.output(1)] = round_as(mean, *node.output(1));

@@ -484,8 +484,9 @@ std::string print_cuda(const KernelVariant& v) {
   os << "  __shared__ A scratch[32];\n";
   // When a row fits (cols <= threads * V * K), each thread owns the same K chunks of V columns
   // in every row: inputs with one value per element are read once per row into registers, in
-  // their storage type (c<i>), and inputs with one value per column (a norm's weight) once per
-  // block (w<i>), since they are the same for every row the block handles.
+  // their storage type (c<i>). Inputs with one value per column (a norm's weight) are read
+  // where used (row_column_loads() 'l', the default: no registers held across reductions), or
+  // into registers w<i> with each row ('r') or once per block ('b').
   auto cached_input = [&v](int i) {
     return v.access[i] == AccessClass::kContiguous || v.access[i] == AccessClass::kStrided;
   };
@@ -587,7 +588,7 @@ std::string print_cuda(const KernelVariant& v) {
     os << "      " << raw_type(i) << " c" << i << "[K];\n";
     row_loads << "          " << raw_load(i, "c" + std::to_string(i) + "[k]") << "\n";
   }
-  if (!row_inputs.empty()) chunk_loop(os, "      ", row_loads.str());
+  if (!row_loads.str().empty()) chunk_loop(os, "      ", row_loads.str());
   emit_row_body(os, v, make_target(true), "      ");
   os << "    }\n  } else {  // long rows: stream them once per pass\n";
   os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";

@@ -13,6 +13,10 @@
 // placed where the group's last member was; nodes between the members that read group values
 // move after it. A group never spans an operator that writes its arguments (such a write
 // orders the reads around it). Pieces (from split_at_boundaries) are fused recursively.
+//
+// One exception to "one index space": a lone cast of an operand smaller than the space (a
+// norm's weight, `w.float()`) whose readers are all in one group joins that group
+// (adopt_lone_casts), where it is loaded and cast per column like any broadcast operand.
 #include <algorithm>
 #include <functional>
 #include <unordered_map>

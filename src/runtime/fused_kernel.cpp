@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <set>
 
 #include "magi/codegen/compiler.h"
@@ -95,6 +96,26 @@ int widest_vector(const codegen::KernelSpec& spec) {
     if (!out.per_row) narrowest = std::min(narrowest, c10::elementSize(out.dtype));
   }
   return static_cast<int>(16 / narrowest);
+}
+
+// The vector width of a GPU variant: elements per 16 bytes of the narrowest input or output
+// that is read or written whole (contiguous or per column), halved until the row length, the
+// element count and `aligned(width)` (the pointers) allow it.
+int vector_width_for(const codegen::KernelSpec& spec, const std::vector<AccessClass>& access,
+                     int64_t cols, int64_t numel, const std::function<bool(int)>& aligned) {
+  size_t narrowest = 16;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if ((access[i] == AccessClass::kContiguous || access[i] == AccessClass::kColumn) &&
+        !spec.inputs[i].per_row) {
+      narrowest = std::min(narrowest, c10::elementSize(spec.inputs[i].dtype));
+    }
+  }
+  for (const auto& out : spec.outputs) {
+    if (!out.per_row) narrowest = std::min(narrowest, c10::elementSize(out.dtype));
+  }
+  int width = static_cast<int>(16 / narrowest);
+  while (width > 1 && !(cols % width == 0 && numel % width == 0 && aligned(width))) width /= 2;
+  return width;
 }
 
 // How many blocks a launch gets: 'a' (default) one block per row or per 256 vectors, the
@@ -204,7 +225,10 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
       return std::nullopt;  // runs through ATen
     }
   }
-  kv.vector_width = space.back() % widest_vector(spec_) == 0 ? widest_vector(spec_) : 1;
+  int64_t numel = 1;
+  for (int64_t n : space) numel *= n;
+  kv.vector_width =
+      vector_width_for(spec_, kv.access, space.back(), numel, [](int) { return true; });
   return codegen::CudaSource{std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(kv),
                              kv.symbol()};
 }
@@ -262,6 +286,8 @@ std::vector<at::Tensor> FusedKernel::run_fallback(const std::vector<at::Tensor>&
 std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) const {
   MAGI_ASSERT(inputs.size() == spec_.inputs.size(), spec_.name, " takes ", spec_.inputs.size(),
               " inputs, got ", inputs.size());
+  // MagiArgs has room for kMaxIO pointers; a larger group runs through ATen.
+  if (inputs.size() + outputs_.size() > static_cast<size_t>(kMaxIO)) return run_fallback(inputs);
   std::vector<int64_t> space;
   for (const at::Tensor& t : inputs) space = at::infer_size(space, t.sizes());
   if (space.empty()) space = {1};
@@ -307,24 +333,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   // Vector width: 16-byte accesses when every vectorised pointer and the row length allow it.
   int width = 1;
   if (device.is_cuda()) {
-    int64_t min_bytes = 16;
-    std::vector<const void*> vector_ptrs;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if ((kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kColumn) &&
-          !spec_.inputs[i].per_row) {
-        min_bytes = std::min(min_bytes, inputs[i].element_size());
-        vector_ptrs.push_back(inputs[i].data_ptr());
-      }
-    }
-    for (size_t k = 0; k < outputs.size(); ++k) {
-      if (!outputs_[k].per_row) {
-        min_bytes = std::min(min_bytes, outputs[k].element_size());
-        vector_ptrs.push_back(outputs[k].data_ptr());
-      }
-    }
-    width = static_cast<int>(16 / min_bytes);
-    auto ok = [&](int w) {
-      if (cols % w != 0 || numel % w != 0) return false;
+    width = vector_width_for(spec_, kv.access, cols, numel, [&](int w) {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if ((kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kColumn) &&
             reinterpret_cast<uintptr_t>(inputs[i].data_ptr()) % (w * inputs[i].element_size()) !=
@@ -333,8 +342,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
         }
       }
       return true;
-    };
-    while (width > 1 && !ok(width)) width /= 2;
+    });
   }
   kv.vector_width = width;
 
@@ -353,7 +361,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
     const auto info = codegen::device_info(device.index());
     unsigned threads, blocks;
     if (spec_.schedule == codegen::Schedule::kPointwise) {
-      threads = 256;
+      threads = std::min(256, codegen::max_threads_per_block());
       int64_t vectors =
           (numel / width + codegen::pointwise_unroll() - 1) / codegen::pointwise_unroll();
       int64_t cap = grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};

@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _fusion_patterns import (
     BF16,
     BY_NAME,
@@ -212,3 +213,27 @@ def test_first_call_finds_its_kernels_precompiled(tmp_path, assert_close_rel, no
     assert len(sources) >= 3  # the two RMSNorms and SiLU·mul at least
     assert after_lowering[0]["cuda_compiles"] == len(sources), after_lowering
     assert after_call["cuda_compiles"] == after_lowering[0]["cuda_compiles"], after_call
+
+
+def test_fast_division_keeps_huge_and_tiny_divisors_exact(assert_close_rel, no_fallback):
+    """Regression: kernels whose outputs are all bf16 use the GPU's fast division, which gives
+    0 for divisors above 2^126 (a user's x / y, and silu's 1 + exp(-x) for x near -88) and inf
+    for subnormal ones; those divisors take the IEEE division."""
+
+    def fn(x, y, z, u, t):  # each a group of two ops, all outputs bf16
+        return (x / y) * 0.5, F.silu(z) * 2.0, (u / t) * 0.5
+
+    shape = (4, 64)
+    x = (torch.randn(shape, device="cuda") * 1e37).to(BF16)
+    y = (torch.rand(shape, device="cuda") * 1e38 + 1e38).to(BF16)  # 1e38..2e38 > 2^126
+    z = (torch.rand(shape, device="cuda") * 0.8 - 88.3).to(BF16)  # 1 + exp(-z) > 2^126
+    u = torch.randn(shape, device="cuda", dtype=BF16) * 1e-3
+    t = torch.full(shape, 1e-39, device="cuda", dtype=BF16)  # subnormal
+    dims = {name: 0 for name in "xyzut"}
+    compiled = magi_compile(fn, dynamic_arg_dims=dims)
+    with lowered_graphs() as runs, torch.no_grad():
+        got = compiled(x, y, z, u, t)
+    want = fn(x, y, z, u, t)
+    assert runs[0].magi_executable.num_fusions == 3
+    for g, w in zip(got, want, strict=True):
+        assert_close_rel(g, w, RTOL[BF16])

@@ -63,6 +63,44 @@ def test_not_fused_yet(pattern, dtype, assert_close_rel):
     assert_fused(run, pattern, dtype)
 
 
+@pytest.mark.filterwarnings("ignore:var\\(\\): degrees of freedom")
+def test_variance_with_a_correction_past_the_row_length_matches_eager():
+    """Regression: the divisor is max(cols - correction, 0) as in eager (inf, not a negative
+    variance), and a one-element row with the default correction gives NaN."""
+
+    def fn(x, y):
+        return torch.var(x * 2.0, -1, correction=3), torch.var(y + 1.0, -1)
+
+    x, y = torch.randn(5, 2), torch.randn(5, 1)
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0, "y": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        got = compiled(x, y)
+    want = fn(x, y)
+    assert runs and runs[0].magi_executable.num_fusions >= 1
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_group_with_more_operands_than_kernel_arguments_runs_through_aten(assert_close_rel):
+    """Regression: a chain over 17 inputs fuses into a group with 18 operands, more than a
+    kernel's argument block holds (16); it runs op by op through ATen, with eager's numbers."""
+
+    def fn(t):
+        xs = t.unbind(0)  # 17 views, each an operand of the group
+        out = xs[0]
+        for x in xs[1:]:
+            out = out * 0.5 + x
+        return out
+
+    t = torch.randn(17, 4, 8)
+    compiled = magi_compile(fn, dynamic_arg_dims={"t": 1})
+    with lowered_graphs() as runs, torch.no_grad():
+        assert_close_rel(compiled(t), fn(t), RTOL[torch.float32])
+    (run,) = runs
+    assert run.magi_executable.num_fusions == 1
+    assert run.magi_executable.generated_kernels() == []  # never printed or compiled
+
+
 def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
     """Three batch sizes: one capture, and the kernels of the first serve the other two."""
     pattern = BY_NAME["add_rmsnorm"]

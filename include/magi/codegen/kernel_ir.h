@@ -72,8 +72,8 @@ struct KernelSpec {
   std::string name;  ///< e.g. "fused_pow_mean_add_rsqrt_mul_3"
   Schedule schedule = Schedule::kPointwise;
   bool use_double = false;  ///< compute in double (float64 groups)
-  /// Every output is bf16/fp16: exp, log, division and sigmoid use the GPU's fast forms, whose
-  /// error (a few float ulps) is far below the outputs' rounding step.
+  /// Every output is bf16/fp16: exp, log, division, sigmoid and silu use the GPU's fast forms,
+  /// whose error (a few float ulps) is far below the outputs' rounding step.
   bool fast_math = false;
   std::vector<KInput> inputs;
   std::vector<KOp> ops;
