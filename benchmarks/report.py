@@ -487,21 +487,17 @@ def extra_section(doc: dict, source: str) -> str:
     if doc.get("benchmark") == "kernel_sweep":
         return _sweep_section(doc, source)
     if doc.get("benchmark") == "gpu_tests":
-        return (
-            "\n".join(
-                [
-                    f"## CUDA test tier: {doc['device']}",
-                    "",
-                    f"`{doc['command']}` · torch {doc['torch']} · date {doc['date']} · commit "
-                    f"{doc['commit']} · source `{source}`",
-                    "",
-                    f"**{doc['summary']}**",
-                    "",
-                ]
-                + [f"- {line}" for line in doc.get("notes", [])]
-            )
-            + "\n"
-        )
+        lines = [
+            f"## CUDA test tier: {doc['device']}",
+            "",
+            f"torch {doc['torch']} · source `{source}`",
+            "",
+            "| date | commit | command | result |",
+            "|---|---|---|---|",
+        ]
+        for r in doc["runs"]:
+            lines.append(f"| {r['date']} | {r['commit']} | `{r['command']}` | {r['summary']} |")
+        return "\n".join(lines + [""] + [f"- {n}" for n in doc.get("notes", [])]) + "\n"
     lines = []
     meta = doc.get("meta", {})
     name = meta.get("device_name", meta.get("device", "?"))
