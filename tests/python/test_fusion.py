@@ -63,7 +63,7 @@ def test_not_fused_yet(pattern, dtype, assert_close_rel):
     assert_fused(run, pattern, dtype)
 
 
-@pytest.mark.filterwarnings("ignore:var\\(\\): degrees of freedom")
+@pytest.mark.filterwarnings("ignore:var\\(\\). degrees of freedom")
 def test_variance_with_a_correction_past_the_row_length_matches_eager():
     """Regression: the divisor is max(cols - correction, 0) as in eager (inf, not a negative
     variance), and a one-element row with the default correction gives NaN."""
