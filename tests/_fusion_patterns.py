@@ -258,6 +258,10 @@ def var_mean_rows(x):
     return (x - mean) * torch.rsqrt(var + 1e-5)
 
 
+def sibling_chains(x, y):
+    return torch.exp(x) * torch.sin(y)
+
+
 PATTERNS = [
     Pattern("rmsnorm", rmsnorm, _inputs(ROWS, (C,)), ("aten::pow", "aten::mean", "aten::rsqrt"),
             casts=True),
@@ -334,6 +338,8 @@ PATTERNS = [
     Pattern("powers", powers, _inputs(ROWS), ("aten::pow", "aten::abs", "aten::add")),
     Pattern("erf_expm1_trig", erf_expm1_trig, _inputs(ROWS, ROWS),
             ("aten::erf", "aten::expm1", "aten::cos", "aten::sin"), dynamic={"x": 0, "y": 0}),
+    Pattern("sibling_chains", sibling_chains, _inputs(ROWS, ROWS),
+            ("aten::exp", "aten::sin", "aten::mul"), dynamic={"x": 0, "y": 0}),
     Pattern("var_mean", var_mean_rows, _inputs(ROWS), ("aten::var_mean", "aten::rsqrt")),
     Pattern("var_biased_nokeep", var_biased_nokeep, _inputs(ROWS, ROWS),
             ("aten::add", "aten::var"), dynamic={"x": 0, "y": 0}),
@@ -400,10 +406,6 @@ REGRESSIONS = [
 # ---- not fused yet: each is an xfail(strict=True) test ------------------------------------
 
 
-def sibling_chains(x, y):
-    return torch.exp(x) * torch.sin(y)
-
-
 def reduction_and_independent_chain(x):
     return x.amin(-1, keepdim=True) + x * 3.0
 
@@ -417,9 +419,6 @@ def masked_softmax(m, x):
 
 
 NOT_FUSED_YET = [
-    (Pattern("sibling_chains", sibling_chains, _inputs(ROWS, ROWS),
-             ("aten::exp", "aten::sin", "aten::mul"), dynamic={"x": 0, "y": 0}),
-     "groups are never merged: exp(x) and sin(y) start separate groups and the mul joins one"),
     (Pattern("reduction_and_independent_chain", reduction_and_independent_chain, _inputs(ROWS),
              ("aten::amin", "aten::mul", "aten::add")),
      "the add joins the later group (x * 3); amin is left alone"),

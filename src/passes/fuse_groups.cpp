@@ -14,6 +14,9 @@
 // move after it. A group never spans an operator that writes its arguments (such a write
 // orders the reads around it). Pieces (from split_at_boundaries) are fused recursively.
 //
+// Groups also merge: two pointwise groups of one index space whose values meet at a node
+// become one (can_merge says when that is safe).
+//
 // One exception to "one index space": a lone cast of an operand smaller than the space (a
 // norm's weight, `w.float()`) whose readers are all in one group joins that group
 // (adopt_lone_casts), where it is loaded and cast per column like any broadcast operand.
@@ -185,6 +188,11 @@ class Fuser {
       Group& g = groups_[gi];
       if (can_join(g, *node)) {
         add(gi, node);
+        for (size_t other : candidates) {
+          if (other != gi && !groups_[other].members.empty() && can_merge(gi, other)) {
+            merge(gi, other);
+          }
+        }
         return;
       }
     }
@@ -193,6 +201,50 @@ class Fuser {
     g.first_position = position_[node];
     groups_.push_back(std::move(g));
     add(groups_.size() - 1, node);
+  }
+
+  // Two pointwise groups over one index space whose values meet at a node (exp(x) * sin(y))
+  // become one kernel, so the meeting reads no value the other kernel wrote. Refused when a
+  // mutation lies between their members, or when an operand of one depends on the other
+  // through a node outside both (the merged group would both feed and wait for that node).
+  bool can_merge(size_t gi, size_t oi) {
+    const Group& g = groups_[gi];
+    const Group& o = groups_[oi];
+    if (g.has_reduction || o.has_reduction || !same_shape(g.full, o.full)) return false;
+    const size_t lo = std::min(g.first_position, o.first_position);
+    const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
+    for (size_t b : barriers_) {
+      if (b > lo && b < hi) return false;
+    }
+    for (const Group* a : {&g, &o}) {
+      const Group& other = a == &g ? o : g;
+      for (const Node* m : a->members) {
+        for (const Value* in : m->inputs()) {
+          const Node* p = in->producer();
+          if (g.member_set.count(p) || o.member_set.count(p) ||
+              p->kind() == ir::NodeKind::kConstant) {
+            continue;
+          }
+          if (depends_on(p, other)) return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  void merge(size_t into, size_t from) {
+    Group& g = groups_[into];
+    Group& o = groups_[from];
+    for (Node* m : o.members) {
+      g.member_set.insert(m);
+      group_of_[m] = into;
+    }
+    g.members.insert(g.members.end(), o.members.begin(), o.members.end());
+    std::sort(g.members.begin(), g.members.end(),
+              [this](const Node* a, const Node* b) { return position_[a] < position_[b]; });
+    g.first_position = std::min(g.first_position, o.first_position);
+    o.members.clear();
+    o.member_set.clear();
   }
 
   void add(size_t gi, Node* node) {

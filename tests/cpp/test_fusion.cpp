@@ -208,6 +208,38 @@ TEST(FuseGroups, LoneCastOfANarrowOperandJoinsItsReadersGroup) {
   EXPECT_EQ(op_list(g2), "aten::_to_copy aten::mm");
 }
 
+// exp(x) and sin(y) start two groups; the mul that reads both joins the later one, and the
+// earlier merges into it: one kernel. When the second chain reads the first through an op
+// outside both (an mm), they stay apart: merged, the group would feed the mm and wait for it.
+TEST(FuseGroups, SiblingChainsMergeUnlessAPathLeavesThem) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* y = b.input("y", {sym("s0"), 16});
+  Value* e = b.unary("aten::exp", x, "exp");
+  Value* s = b.unary("aten::sin", y, "sin");
+  g.set_outputs({b.mul(e, s, "mul")});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::exp aten::sin aten::mul.Tensor");
+  EXPECT_EQ(op_list(g), "");
+
+  Graph g2;
+  Builder b2(g2);
+  Value* x2 = b2.input("x", {sym("s0"), 16});
+  Value* e2 = b2.unary("aten::neg", b2.unary("aten::exp", x2, "exp"), "neg");
+  Value* m =
+      b2.op("aten::mm", "", {e2, b2.input("w", {16, 16})}, tensor_type({sym("s0"), 16}), "mm");
+  Value* s2 = b2.unary("aten::sin", m, "sin");
+  g2.set_outputs({b2.mul(e2, s2, "mul")});
+  EXPECT_TRUE(fuse_groups(g2));
+  ir::verify(g2);
+  EXPECT_EQ(op_list(g2), "aten::mm");
+  EXPECT_EQ(nodes_of_kind(g2, NodeKind::kFusion).size(), 2u);
+}
+
 // a = neg(exp(x)) is a group; m = mm(a, w) reads it; add(a, m) must not join the group: the
 // group would then both feed and wait for the mm (a cycle). It starts a group with the relu.
 TEST(FuseGroups, OperandDependingOnTheGroupIsNotMerged) {
