@@ -55,7 +55,8 @@ std::string name(const KernelSpec& s, int i) {
   return (op.per_row ? "r" : "e") + std::to_string(i);
 }
 
-// `fast`: print the GPU's fast forms of exp, log, division and sigmoid (KernelSpec::fast_math).
+// `fast`: print the GPU's fast forms of exp, log, division, sigmoid and silu
+// (KernelSpec::fast_math).
 std::string expr(const KernelSpec& s, int i, const std::function<std::string(int)>& load,
                  bool fast) {
   const KOp& op = s.ops[i];

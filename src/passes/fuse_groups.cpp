@@ -357,15 +357,7 @@ class Fuser {
             in->producer()->kind() != ir::NodeKind::kConstant)
           ok &= !depends_on(in->producer(), g);
       }
-      if (!ok) continue;
-      lone.members.clear();
-      lone.member_set.clear();
-      auto pos = std::find_if(g.members.begin(), g.members.end(),
-                              [&](const Node* m) { return position_[m] > position_[cast]; });
-      g.members.insert(pos, cast);
-      g.member_set.insert(cast);
-      g.first_position = std::min(g.first_position, position_[cast]);
-      group_of_[cast] = gi;
+      if (ok) merge(gi, si);
     }
   }
 

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <functional>
 #include <set>
 
 #include "magi/codegen/compiler.h"
@@ -85,24 +84,12 @@ bool verify_cuda_codegen() {
   return env != nullptr && std::string(env) == "1";
 }
 
-// Elements per 16 bytes of the narrowest full-size input or output: the vector width a GPU
-// variant gets when its pointers are aligned and the row length allows.
-int widest_vector(const codegen::KernelSpec& spec) {
-  size_t narrowest = 16;
-  for (const auto& in : spec.inputs) {
-    if (!in.per_row) narrowest = std::min(narrowest, c10::elementSize(in.dtype));
-  }
-  for (const auto& out : spec.outputs) {
-    if (!out.per_row) narrowest = std::min(narrowest, c10::elementSize(out.dtype));
-  }
-  return static_cast<int>(16 / narrowest);
-}
-
 // The vector width of a GPU variant: elements per 16 bytes of the narrowest input or output
 // that is read or written whole (contiguous or per column), halved until the row length, the
-// element count and `aligned(width)` (the pointers) allow it.
+// element count and `aligned(width)` (the pointers) allow it. A template: it runs per call.
+template <typename Aligned>
 int vector_width_for(const codegen::KernelSpec& spec, const std::vector<AccessClass>& access,
-                     int64_t cols, int64_t numel, const std::function<bool(int)>& aligned) {
+                     int64_t cols, int64_t numel, const Aligned& aligned) {
   size_t narrowest = 16;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     if ((access[i] == AccessClass::kContiguous || access[i] == AccessClass::kColumn) &&
@@ -120,8 +107,8 @@ int vector_width_for(const codegen::KernelSpec& spec, const std::vector<AccessCl
 
 // How many blocks a launch gets: 'a' (default) one block per row or per 256 vectors, the
 // hardware scheduling them as slots free; 'w' about one wave of resident blocks, each walking a
-// stride of rows or vectors. On an H100 (bf16, 16384 x 8192) 'a' was 3-11% faster for
-// pointwise kernels and up to 15% for row kernels (benchmarks/RESULTS.md).
+// stride of rows or vectors. On an H100 (bf16, 16384 x 8192) 'a' was 3-10% faster for
+// pointwise kernels and 7-12% for row kernels (schedule sweep in benchmarks/RESULTS.md).
 // MAGI_KERNEL_GRID=all|wave, for tuning experiments.
 char grid_mode() {
   static const char mode = [] {
@@ -253,13 +240,15 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
           std::string(codegen::kCpuPreamble) + "\n" + v->source, v->variant.symbol()));
       if (verify_cuda_codegen()) {
         // Also prove the CUDA form of this variant compiles (CPU-only test runs).
-        // Both the width the CPU chose (1) and the 16-byte vectors a GPU uses when aligned.
+        // Both the width the CPU chose (1) and the 16-byte vectors a GPU uses when aligned
+        // (a row length and element count of 0 let every width through).
         codegen::KernelVariant gpu = v->variant;
+        const int widest = vector_width_for(spec_, gpu.access, 0, 0, [](int) { return true; });
         std::string cuda;
-        for (int width : {1, widest_vector(spec_)}) {
+        for (int width : {1, widest}) {
           gpu.vector_width = width;
           cuda += codegen::print_cuda(gpu) + "\n";
-          if (width == 1 && widest_vector(spec_) == 1) break;
+          if (widest == 1) break;
         }
         codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + cuda,
                                        gpu.symbol(), 90);
