@@ -266,6 +266,14 @@ def sibling_chains(x, y):
     return torch.exp(x) * torch.sin(y)
 
 
+def reduction_and_independent_chain(x):
+    return x.amin(-1, keepdim=True) + x * 3.0
+
+
+def masked_softmax(m, x):
+    return F.softmax(x.masked_fill(m, -math.inf), -1)
+
+
 PATTERNS = [
     Pattern("rmsnorm", rmsnorm, _inputs(ROWS, (C,)), ("aten::pow", "aten::mean", "aten::rsqrt"),
             casts=True),
@@ -347,6 +355,11 @@ PATTERNS = [
     Pattern("var_mean", var_mean_rows, _inputs(ROWS), ("aten::var_mean", "aten::rsqrt")),
     Pattern("var_biased_nokeep", var_biased_nokeep, _inputs(ROWS, ROWS),
             ("aten::add", "aten::var"), dynamic={"x": 0, "y": 0}),
+    # Two chains from x meet: the pointwise one (x * 3) merges into the row kernel.
+    Pattern("reduction_and_independent_chain", reduction_and_independent_chain, _inputs(ROWS),
+            ("aten::amin", "aten::mul", "aten::add")),
+    Pattern("masked_softmax", masked_softmax, lambda b, d, dev: _where_inputs(b, d, dev)[:2],
+            ("aten::masked_fill", "aten::_softmax"), dynamic={"m": 0, "x": 0}),
 ]  # fmt: skip
 
 
@@ -377,6 +390,16 @@ def nan_inf_max(x):
     return torch.maximum(x * 2.0, x).amax(-1), F.softmax(x, -1)
 
 
+def masked_fill_values(m, x, t):
+    # A value eager rounds to the tensor's dtype (0.1), and a 0-dim tensor value (masked_fill.Tensor).
+    return x.masked_fill(m, 0.1) * 2.0, (x + 1.0).masked_fill(~m, t) - x
+
+
+def _masked_fill_inputs(batch, dtype, device):
+    m, x, _ = _where_inputs(batch, dtype, device)
+    return m, x, torch.tensor(-0.7, dtype=dtype, device=device)
+
+
 def _nan_inf_inputs(batch, dtype, device):
     x = _rand(batch, 4, 8, dtype=dtype, device=device)
     x[0, 0, 3], x[0, 1, 5], x[-1, 2, 0] = math.nan, math.inf, -math.inf
@@ -405,36 +428,24 @@ REGRESSIONS = [
             dtypes=(F64,)),
     Pattern("nan_inf", nan_inf_max, _nan_inf_inputs, ("aten::maximum", "aten::amax"),
             dtypes=(F32, BF16)),
+    Pattern("masked_fill_values", masked_fill_values, _masked_fill_inputs,
+            ("aten::masked_fill", "aten::mul"), dynamic={"m": 0, "x": 0}, dtypes=(F32, BF16)),
 ]  # fmt: skip
 
 # ---- not fused yet: each is an xfail(strict=True) test ------------------------------------
-
-
-def reduction_and_independent_chain(x):
-    return x.amin(-1, keepdim=True) + x * 3.0
 
 
 def column_sum(x, y):
     return (x * y).sum(0)
 
 
-def masked_softmax(m, x):
-    return F.softmax(x.masked_fill(m, -math.inf), -1)
-
-
 NOT_FUSED_YET = [
-    (Pattern("reduction_and_independent_chain", reduction_and_independent_chain, _inputs(ROWS),
-             ("aten::amin", "aten::mul", "aten::add")),
-     "the add joins the later group (x * 3); amin is left alone"),
     (Pattern("rotary_with_slices", rotary, _rotary_inputs,
              ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
      "views, slices and cat are not fusible yet"),
     (Pattern("column_sum", column_sum, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
              dynamic={"x": 0, "y": 0}),
      "column reductions (over leading dims, e.g. bias gradients) are not fused yet"),
-    (Pattern("masked_softmax", masked_softmax, lambda b, d, dev: _where_inputs(b, d, dev)[:2], ("aten::masked_fill", "aten::_softmax"),
-             dynamic={"m": 0, "x": 0}),
-     "masked_fill has no generated form (where.self has)"),
 ]  # fmt: skip
 
 BY_NAME = {p.name: p for p in PATTERNS + REGRESSIONS}

@@ -219,7 +219,13 @@ class Lowering {
       case ir::OpClass::kWhere: {
         KOp op;
         op.kind = KOpKind::kWhere;
-        op.args = {in(node, 0), in(node, 1), in(node, 2)};
+        if (info.fn == "masked_fill") {
+          // masked_fill(self, mask, value) is where(mask, value, self); the value is a number
+          // or a 0-dim tensor.
+          op.args = {in(node, 1), in(node, 2), in(node, 0)};
+        } else {
+          op.args = {in(node, 0), in(node, 1), in(node, 2)};
+        }
         value_[&out] = round_as(add(std::move(op)), out);
         break;
       }

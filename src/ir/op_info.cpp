@@ -35,6 +35,8 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::maximum", {OpClass::kBinary, "max"}},
       {"aten::minimum", {OpClass::kBinary, "min"}},
       {"aten::where.self", {OpClass::kWhere, ""}},
+      {"aten::masked_fill.Scalar", {OpClass::kWhere, "masked_fill"}},
+      {"aten::masked_fill.Tensor", {OpClass::kWhere, "masked_fill"}},
       {"aten::_to_copy", {OpClass::kCast, ""}},
       {"aten::clone", {OpClass::kCast, ""}},
       {"aten::sum.dim_IntList", {OpClass::kReduction, "sum"}},

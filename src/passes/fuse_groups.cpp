@@ -14,8 +14,8 @@
 // move after it. A group never spans an operator that writes its arguments (such a write
 // orders the reads around it). Pieces (from split_at_boundaries) are fused recursively.
 //
-// Groups also merge: two pointwise groups of one index space whose values meet at a node
-// become one (can_merge says when that is safe).
+// Groups also merge: two groups of one index space, at most one of them reducing, whose
+// values meet at a node become one (can_merge says when that is safe).
 //
 // One exception to "one index space": a lone cast of an operand smaller than the space (a
 // norm's weight, `w.float()`) whose readers are all in one group joins that group
@@ -203,14 +203,16 @@ class Fuser {
     add(groups_.size() - 1, node);
   }
 
-  // Two pointwise groups over one index space whose values meet at a node (exp(x) * sin(y))
-  // become one kernel, so the meeting reads no value the other kernel wrote. Refused when a
-  // mutation lies between their members, or when an operand of one depends on the other
-  // through a node outside both (the merged group would both feed and wait for that node).
+  // Two groups over one index space whose values meet at a node (exp(x) * sin(y), or
+  // x.amin(-1) + x * 3) become one kernel, so the meeting reads no value the other kernel
+  // wrote; at most one of them reduces (a pointwise group's ops run in the row kernel's output
+  // pass). Refused when a mutation lies between their members, or when an operand of one
+  // depends on the other through a node outside both (the merged group would both feed and
+  // wait for that node).
   bool can_merge(size_t gi, size_t oi) {
     const Group& g = groups_[gi];
     const Group& o = groups_[oi];
-    if (g.has_reduction || o.has_reduction || !same_shape(g.full, o.full)) return false;
+    if ((g.has_reduction && o.has_reduction) || !same_shape(g.full, o.full)) return false;
     const size_t lo = std::min(g.first_position, o.first_position);
     const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
     for (size_t b : barriers_) {
@@ -243,6 +245,7 @@ class Fuser {
     std::sort(g.members.begin(), g.members.end(),
               [this](const Node* a, const Node* b) { return position_[a] < position_[b]; });
     g.first_position = std::min(g.first_position, o.first_position);
+    g.has_reduction |= o.has_reduction;
     o.members.clear();
     o.member_set.clear();
   }

@@ -240,6 +240,34 @@ TEST(FuseGroups, SiblingChainsMergeUnlessAPathLeavesThem) {
   EXPECT_EQ(nodes_of_kind(g2, NodeKind::kFusion).size(), 2u);
 }
 
+// amax(x) starts a row group and x * 3 a pointwise one; their sum joins the pointwise group,
+// which then merges into the row group: one row kernel. Two row groups never merge.
+TEST(FuseGroups, PointwiseChainMergesIntoARowGroupItMeets) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* m = b.row_reduce("aten::amax", "", x, true, "amax");
+  Value* t = b.mul(x, b.number(3.0), "mul");
+  g.set_outputs({b.binary("aten::add", m, t, *t->tensor_type(), "add")});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::amax aten::mul.Tensor aten::add.Tensor");
+  EXPECT_EQ(codegen::lower_group(*fusions[0]->piece(), "k").schedule, codegen::Schedule::kRow);
+
+  Graph g2;
+  Builder b2(g2);
+  Value* x2 = b2.input("x", {sym("s0"), 16});
+  Value* y2 = b2.input("y", {sym("s0"), 16});
+  Value* mx = b2.row_reduce("aten::amax", "", b2.unary("aten::exp", x2, "exp"), true, "amax");
+  Value* my = b2.row_reduce("aten::amax", "", b2.unary("aten::sin", y2, "sin"), true, "amax_1");
+  g2.set_outputs({b2.add(mx, my, "add")});
+  EXPECT_TRUE(fuse_groups(g2));
+  ir::verify(g2);
+  EXPECT_EQ(nodes_of_kind(g2, NodeKind::kFusion).size(), 2u);
+}
+
 // a = neg(exp(x)) is a group; m = mm(a, w) reads it; add(a, m) must not join the group: the
 // group would then both feed and wait for the mm (a cycle). It starts a group with the relu.
 TEST(FuseGroups, OperandDependingOnTheGroupIsNotMerged) {

@@ -14,7 +14,7 @@ enum class OpClass : uint8_t {
   kOther,      ///< not fusible: runs as an ATen call
   kUnary,      ///< elementwise f(x)
   kBinary,     ///< elementwise f(x, y) with broadcasting (alpha folded in for add/sub)
-  kWhere,      ///< where(cond, x, y)
+  kWhere,      ///< where(cond, x, y); masked_fill(x, mask, value) as where(mask, value, x)
   kCast,       ///< _to_copy / clone that only changes dtype (or nothing)
   kReduction,  ///< sum/mean/amax/amin over the last dim
   kSoftmax,    ///< _softmax / _log_softmax over the last dim
