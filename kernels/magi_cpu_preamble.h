@@ -20,6 +20,8 @@ struct MagiArgs {
   long long rank;
   long long sizes[MAGI_MAX_RANK];
   long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];
+  void* workspace;  // unused on the CPU (see the CUDA preamble)
+  long long splits, phase;
 };
 
 static inline float magi_bf16_to_float(uint16_t h) {

@@ -20,6 +20,8 @@ struct MagiArgs {
   long long rank;
   long long sizes[MAGI_MAX_RANK];                 // index space
   long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];  // per input, in elements, 0 where broadcast
+  void* workspace;         // column kernels: partial results [reduction][split][cols]
+  long long splits, phase;  // column kernels: row splits; 0 = pass over the rows, 1 = combine
 };
 
 __device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {

@@ -274,6 +274,36 @@ def masked_softmax(m, x):
     return F.softmax(x.masked_fill(m, -math.inf), -1)
 
 
+def column_sum(x, y):
+    return (x * y).sum(0)
+
+
+def column_bias_grad(g, h):
+    # The backward of h * sigmoid(h) followed by a bias gradient: a full-size and a per-column
+    # output of one kernel, summed over both leading dims, upcast as autocast would.
+    sig = torch.sigmoid(h)
+    gh = g * (sig * (1.0 + h * (1.0 - sig)))
+    return gh, gh.float().sum((0, 1)).to(g.dtype)
+
+
+def column_mean_scaled(x, w):
+    # keepdim, an operand of the per-column ops ([C]), and a mean's divisor (the row count)
+    return x.mean((0, 1), keepdim=True) * w + 1.0
+
+
+def column_amax_amin(x, y):
+    d = (x - y).abs()
+    return d.amax(0), d.amin(0) * 2.0
+
+
+def column_sum_transposed(x, y):
+    return (x.transpose(0, 1) * y).sum(0)  # a strided operand
+
+
+def column_sum_odd(x):
+    return torch.tanh(x).sum(0)
+
+
 PATTERNS = [
     Pattern("rmsnorm", rmsnorm, _inputs(ROWS, (C,)), ("aten::pow", "aten::mean", "aten::rsqrt"),
             casts=True),
@@ -360,6 +390,19 @@ PATTERNS = [
             ("aten::amin", "aten::mul", "aten::add")),
     Pattern("masked_softmax", masked_softmax, lambda b, d, dev: _where_inputs(b, d, dev)[:2],
             ("aten::masked_fill", "aten::_softmax"), dynamic={"m": 0, "x": 0}),
+    # Column reductions: over leading dims, as weight and bias gradients need.
+    Pattern("column_sum", column_sum, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("column_bias_grad", column_bias_grad, _inputs(ROWS, ROWS),
+            ("aten::sigmoid", "aten::mul", "aten::sum"), dynamic={"g": 0, "h": 0}, casts=True),
+    Pattern("column_mean_scaled", column_mean_scaled, _inputs(ROWS, (C,)),
+            ("aten::mean", "aten::mul", "aten::add")),
+    Pattern("column_amax_amin", column_amax_amin, _inputs(ROWS, ROWS),
+            ("aten::sub", "aten::abs", "aten::amax", "aten::amin"), dynamic={"x": 0, "y": 0}),
+    Pattern("column_sum_transposed", column_sum_transposed, _inputs((4, "B", C), ROWS),
+            ("aten::mul", "aten::sum"), dynamic={"x": 1, "y": 0}),
+    Pattern("column_sum_odd_rows", column_sum_odd, _inputs(("B", 37)), ("aten::tanh", "aten::sum"),
+            batches=(301, 7)),
 ]  # fmt: skip
 
 
@@ -435,17 +478,10 @@ REGRESSIONS = [
 # ---- not fused yet: each is an xfail(strict=True) test ------------------------------------
 
 
-def column_sum(x, y):
-    return (x * y).sum(0)
-
-
 NOT_FUSED_YET = [
     (Pattern("rotary_with_slices", rotary, _rotary_inputs,
              ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
      "views, slices and cat are not fusible yet"),
-    (Pattern("column_sum", column_sum, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
-             dynamic={"x": 0, "y": 0}),
-     "column reductions (over leading dims, e.g. bias gradients) are not fused yet"),
 ]  # fmt: skip
 
 BY_NAME = {p.name: p for p in PATTERNS + REGRESSIONS}

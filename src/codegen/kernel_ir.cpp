@@ -30,8 +30,7 @@ const char* reduce_name(ReduceKind r) {
 }
 
 void print_body(std::ostream& os, const KernelSpec& s) {
-  os << (s.schedule == Schedule::kRow ? "row" : "pointwise") << (s.use_double ? " f64" : " f32")
-     << "\n";
+  os << schedule_name(s.schedule) << (s.use_double ? " f64" : " f32") << "\n";
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     os << "in" << i << ": " << c10::toString(s.inputs[i].dtype)
        << (s.inputs[i].per_row ? " row" : "") << "\n";
@@ -47,7 +46,7 @@ void print_body(std::ostream& os, const KernelSpec& s) {
         std::ostringstream v;
         v.precision(17);
         v << op.value;
-        os << " " << v.str();
+        os << " " << (op.fn.empty() ? v.str() : op.fn);
         break;
       }
       case KOpKind::kRound:
@@ -71,6 +70,18 @@ void print_body(std::ostream& os, const KernelSpec& s) {
 }
 
 }  // namespace
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kPointwise:
+      return "pointwise";
+    case Schedule::kRow:
+      return "row";
+    case Schedule::kColumn:
+      return "column";
+  }
+  return "?";
+}
 
 std::string KernelSpec::str() const {
   std::ostringstream os;

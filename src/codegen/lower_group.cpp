@@ -27,6 +27,10 @@ class Lowering {
             c == ir::OpClass::kLayerNorm) {
           spec_.schedule = Schedule::kRow;
           if (const auto& t = node->input(0)->tensor_type()) row_length_ = t->sizes.back();
+        } else if (c == ir::OpClass::kColumnReduction) {
+          spec_.schedule = Schedule::kColumn;
+          spec_.column_dims = static_cast<int>(ir::column_reduced_dims(*node));
+          if (const auto& t = node->input(0)->tensor_type()) space_ = t->sizes;
         }
       }
       for (const ir::Value* v : node->outputs()) {
@@ -40,7 +44,8 @@ class Lowering {
       if (in->tensor_type() && in->tensor_type()->dtype == c10::ScalarType::Double) {
         spec_.use_double = true;
       }
-      input.per_row = spec_.schedule == Schedule::kRow && is_row_shaped(*in);
+      input.per_row = (spec_.schedule == Schedule::kRow && is_row_shaped(*in)) ||
+                      (spec_.schedule == Schedule::kColumn && is_column_shaped(*in));
       spec_.inputs.push_back(input);
       KOp load;
       load.kind = KOpKind::kLoad;
@@ -88,11 +93,27 @@ class Lowering {
     return last_is_one && !row_is_one;
   }
 
+  // In a column kernel: the same for every row, i.e. of size 1 (or absent) in each reduced
+  // dim (right-aligned to the index space; a 0-dim tensor is one value for every column).
+  bool is_column_shaped(const ir::Value& v) const {
+    const auto& t = v.tensor_type();
+    if (!t || t->sizes.size() > space_.size()) return false;
+    const size_t offset = space_.size() - t->sizes.size();
+    for (size_t d = 0; d < t->sizes.size(); ++d) {
+      const ir::SymExpr& s = t->sizes[d];
+      if (offset + d < static_cast<size_t>(spec_.column_dims) &&
+          !(s.is_constant() && s.constant_value() == 1)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   int add(KOp op) {
     if (op.kind != KOpKind::kLoad && op.kind != KOpKind::kConst && op.kind != KOpKind::kReduce) {
       bool per_row = true;
       for (int a : op.args) per_row &= spec_.ops[a].per_row || spec_.ops[a].kind == KOpKind::kConst;
-      op.per_row = per_row && spec_.schedule == Schedule::kRow;
+      op.per_row = per_row && spec_.schedule != Schedule::kPointwise;
     }
     if (op.kind == KOpKind::kReduce) op.per_row = true;
     op.comment = comment_;
@@ -209,6 +230,12 @@ class Lowering {
       case ir::OpClass::kBinary: {
         int a = in(node, 0);
         int b = info.fn == "pow" ? constant(scalar_of(const_arg(node, 1))) : in(node, 1);
+        if (info.fn == "rsub") {  // rsub(self, other, alpha) = other - alpha * self
+          double alpha = scalar_of(const_arg(node, 2));
+          if (alpha != 1.0) a = binary("mul", a, constant(alpha));
+          value_[&out] = round_as(binary("sub", b, a), out);
+          break;
+        }
         if ((info.fn == "add" || info.fn == "sub") && node.inputs().size() > 2) {
           double alpha = scalar_of(const_arg(node, 2));
           if (alpha != 1.0) b = binary("mul", b, constant(alpha));
@@ -260,6 +287,15 @@ class Lowering {
         value_[&out] = round_as(r, out);
         break;
       }
+      case ir::OpClass::kColumnReduction: {
+        ReduceKind kind = info.fn == "max"   ? ReduceKind::kMax
+                          : info.fn == "min" ? ReduceKind::kMin
+                                             : ReduceKind::kSum;
+        int r = reduce(kind, in(node, 0));
+        if (info.fn == "mean") r = binary("div", r, constant(0, "rows"));
+        value_[&out] = round_as(r, out);
+        break;
+      }
       case ir::OpClass::kSoftmax: {
         int x = in(node, 0);
         int m = reduce(ReduceKind::kMax, x);
@@ -297,6 +333,7 @@ class Lowering {
   const ir::Graph& group_;
   KernelSpec spec_;
   ir::SymExpr row_length_{0};
+  std::vector<ir::SymExpr> space_;  ///< the index space of a column kernel
   std::unordered_map<const ir::Value*, int> value_;
   std::string comment_;
 };

@@ -2,6 +2,7 @@
 #include "magi/ir/op_info.h"
 
 #include <unordered_map>
+#include <vector>
 
 #include "magi/ir/node.h"
 
@@ -30,6 +31,12 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::pow.Tensor_Scalar", {OpClass::kBinary, "pow"}},
       {"aten::add.Tensor", {OpClass::kBinary, "add"}},
       {"aten::sub.Tensor", {OpClass::kBinary, "sub"}},
+      {"aten::add.Scalar", {OpClass::kBinary, "add"}},
+      {"aten::sub.Scalar", {OpClass::kBinary, "sub"}},
+      {"aten::mul.Scalar", {OpClass::kBinary, "mul"}},
+      {"aten::div.Scalar", {OpClass::kBinary, "div"}},
+      {"aten::rsub.Scalar", {OpClass::kBinary, "rsub"}},
+      {"aten::rsub.Tensor", {OpClass::kBinary, "rsub"}},
       {"aten::mul.Tensor", {OpClass::kBinary, "mul"}},
       {"aten::div.Tensor", {OpClass::kBinary, "div"}},
       {"aten::maximum", {OpClass::kBinary, "max"}},
@@ -73,7 +80,30 @@ bool reduces_last_dim(const Node& node, size_t dim_arg) {
   return d == -1 || d == type->rank() - 1;
 }
 
+// The number k of leading dims a reduction reduces when they are exactly dims 0..k-1 of its
+// input, 1 <= k < rank; else 0.
+int64_t leading_prefix(const Node& node, size_t dim_arg) {
+  const c10::IValue* dims = constant_input(node, dim_arg);
+  const auto& type = node.input(0)->tensor_type();
+  if (!dims || !type || !dims->isIntList() || type->rank() < 2) return 0;
+  const int64_t rank = type->rank();
+  const auto list = dims->toIntList();
+  const int64_t k = static_cast<int64_t>(list.size());
+  if (k < 1 || k >= rank) return 0;
+  std::vector<bool> seen(rank, false);
+  for (int64_t d : list) {
+    if (d < 0) d += rank;
+    if (d < 0 || d >= k || seen[d]) return 0;
+    seen[d] = true;
+  }
+  return k;
+}
+
 }  // namespace
+
+int64_t column_reduced_dims(const Node& node) {
+  return op_info(node).op_class == OpClass::kColumnReduction ? leading_prefix(node, 1) : 0;
+}
 
 bool is_fusible_float_tensor(const Value& value) {
   if (value.kind() != ValueKind::kTensor || !value.tensor_type()) return false;
@@ -150,7 +180,22 @@ OpInfo op_info(const Node& node, std::string* reason) {
       break;
     }
     case OpClass::kReduction:
-      if (!reduces_last_dim(node, 1)) return reject(reason, "reduces a dim other than the last");
+      if (!reduces_last_dim(node, 1)) {
+        const int64_t k = leading_prefix(node, 1);
+        if (k == 0) {
+          return reject(reason, "reduces neither the last dim nor a run of leading dims");
+        }
+        if (info.fn == "var" || info.fn == "var_mean") {
+          return reject(reason, "variance over the leading dims");
+        }
+        bool all_ones = true;  // a sum over size-1 dims only is a copy: ATen's view does it
+        const auto& sizes = node.input(0)->tensor_type()->sizes;
+        for (int64_t d = 0; d < k; ++d) {
+          all_ones &= sizes[d].is_constant() && sizes[d].constant_value() == 1;
+        }
+        if (all_ones) return reject(reason, "reduces only dims of size 1");
+        info.op_class = OpClass::kColumnReduction;
+      }
       if (info.fn == "var" || info.fn == "var_mean") {
         // var(self, dim, *, correction, keepdim): lowered as two reductions over the row (the
         // mean, then the squared deviations), which needs a constant correction.

@@ -14,6 +14,11 @@
 // move after it. A group never spans an operator that writes its arguments (such a write
 // orders the reads around it). Pieces (from split_at_boundaries) are fused recursively.
 //
+// Column groups reduce over leading dims instead (sum(x * y, 0), a weight gradient): one pass
+// over the index space evaluates the full-size ops and accumulates the column reductions, then
+// per-column ops run. So a full-size op never reads a per-column value, and a column group
+// holds no row reduction (can_join_column).
+//
 // Groups also merge: two groups of one index space, at most one of them reducing, whose
 // values meet at a node become one (can_merge says when that is safe).
 //
@@ -48,9 +53,14 @@ bool same_shape(const std::vector<SymExpr>& a, const std::vector<SymExpr>& b) {
 struct Group {
   std::vector<Node*> members;
   std::unordered_set<const Node*> member_set;
-  std::vector<SymExpr> full;  // the index space
-  bool has_reduction = false;
+  std::vector<SymExpr> full;   // the index space
+  bool has_reduction = false;  // a row reduction (over the last dim)
+  bool has_column = false;     // column reductions, all over dims 0..column_dims-1
+  int64_t column_dims = 0;
+  // Members computing per-column values: column reductions and the ops reading them.
+  std::unordered_set<const Node*> column_nodes;
   size_t first_position = 0;
+  bool reduces() const { return has_reduction || has_column; }
 };
 
 class Fuser {
@@ -83,6 +93,10 @@ class Fuser {
            c == ir::OpClass::kLayerNorm;
   }
 
+  static bool is_column_reduction(const Node& n) {
+    return ir::op_info(n).op_class == ir::OpClass::kColumnReduction;
+  }
+
   static bool is_compound(const Node& n) {
     ir::OpClass c = ir::op_info(n).op_class;
     return c == ir::OpClass::kSoftmax || c == ir::OpClass::kLayerNorm;
@@ -107,7 +121,7 @@ class Fuser {
 
   // The index space a node iterates: its input's shape for reductions, else its output's.
   static std::vector<SymExpr> space_of(const Node& n) {
-    if (is_reducing(n)) return n.input(0)->tensor_type()->sizes;
+    if (is_reducing(n) || is_column_reduction(n)) return n.input(0)->tensor_type()->sizes;
     return n.output()->tensor_type()->sizes;
   }
 
@@ -135,10 +149,66 @@ class Fuser {
     return visit(node);
   }
 
+  // Shapes in a column group, right-aligned to its index space `full` with the dims
+  // 0..k-1 reduced: a per-column value has every kept dim of `full` and 1 (or nothing) in the
+  // reduced ones; an operand of per-column ops may also broadcast in the kept dims.
+  static bool is_column_shape(const Group& g, const std::vector<SymExpr>& shape, bool operand) {
+    const size_t rank = g.full.size(), kept = rank - static_cast<size_t>(g.column_dims);
+    if (shape.size() > rank || (!operand && shape.size() < kept)) return false;
+    const size_t offset = rank - shape.size();
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const SymExpr& s = shape[d];
+      const bool one = s.is_constant() && s.constant_value() == 1;
+      if (offset + d < static_cast<size_t>(g.column_dims)
+              ? !one
+              : !(s == g.full[offset + d] || (operand && one))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool reads_column_value(const Group& g, const Node& node) const {
+    return std::any_of(node.inputs().begin(), node.inputs().end(),
+                       [&](const Value* in) { return g.column_nodes.count(in->producer()) > 0; });
+  }
+
+  // Column groups: a pass over the index space evaluates the full-size ops and accumulates the
+  // column reductions; per-column ops run after it. So a full-size op must not read a
+  // per-column value, and an op reading one must produce one, from per-column or 0-dim
+  // operands only.
+  bool can_join_column(const Group& g, const Node& node) {
+    if (is_reducing(node) || (is_column_reduction(node) && g.has_reduction)) return false;
+    const bool reads_column = reads_column_value(g, node);
+    if (is_column_reduction(node)) {
+      if (reads_column || !same_shape(space_of(node), g.full)) return false;
+      if (g.has_column && ir::column_reduced_dims(node) != g.column_dims) return false;
+    } else if (reads_column) {
+      for (const Value* out : node.outputs()) {
+        if (!is_column_shape(g, out->tensor_type()->sizes, false)) return false;
+      }
+    } else if (!same_shape(space_of(node), g.full)) {
+      return false;
+    }
+    for (const Value* in : node.inputs()) {
+      const Node* p = in->producer();
+      if (g.member_set.count(p) || p->kind() == ir::NodeKind::kConstant) continue;
+      if (in->kind() == ir::ValueKind::kTensor && in->tensor_type()) {
+        const auto& sizes = in->tensor_type()->sizes;
+        if (reads_column ? !is_column_shape(g, sizes, true) : sizes.size() > g.full.size()) {
+          return false;
+        }
+      }
+      if (depends_on(p, g)) return false;
+    }
+    return true;
+  }
+
   bool can_join(const Group& g, const Node& node) {
     for (size_t b : barriers_) {
       if (b > g.first_position && b < position_[&node]) return false;
     }
+    if (g.has_column || is_column_reduction(node)) return can_join_column(g, node);
     bool reducing = is_reducing(node);
     if (reducing) {
       if (!same_shape(space_of(node), g.full)) return false;
@@ -212,7 +282,7 @@ class Fuser {
   bool can_merge(size_t gi, size_t oi) {
     const Group& g = groups_[gi];
     const Group& o = groups_[oi];
-    if ((g.has_reduction && o.has_reduction) || !same_shape(g.full, o.full)) return false;
+    if ((g.reduces() && o.reduces()) || !same_shape(g.full, o.full)) return false;
     const size_t lo = std::min(g.first_position, o.first_position);
     const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
     for (size_t b : barriers_) {
@@ -230,6 +300,10 @@ class Fuser {
           if (depends_on(p, other)) return false;
         }
       }
+      if (std::any_of(a->members.begin(), a->members.end(),
+                      [&](const Node* m) { return reads_column_value(other, *m); })) {
+        return false;  // a full-size op would read a per-column value
+      }
     }
     return true;
   }
@@ -246,12 +320,23 @@ class Fuser {
               [this](const Node* a, const Node* b) { return position_[a] < position_[b]; });
     g.first_position = std::min(g.first_position, o.first_position);
     g.has_reduction |= o.has_reduction;
+    if (o.has_column) {
+      g.has_column = true;
+      g.column_dims = o.column_dims;
+    }
+    g.column_nodes.insert(o.column_nodes.begin(), o.column_nodes.end());
     o.members.clear();
     o.member_set.clear();
+    o.column_nodes.clear();
   }
 
   void add(size_t gi, Node* node) {
     Group& g = groups_[gi];
+    if (is_column_reduction(*node)) {
+      g.has_column = true;
+      g.column_dims = ir::column_reduced_dims(*node);
+    }
+    if (is_column_reduction(*node) || reads_column_value(g, *node)) g.column_nodes.insert(node);
     g.members.push_back(node);
     g.member_set.insert(node);
     g.has_reduction |= is_reducing(*node);

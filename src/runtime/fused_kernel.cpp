@@ -27,6 +27,8 @@ struct MagiArgs {
   long long rank;
   long long sizes[codegen::kMaxRank];
   long long strides[kMaxIO][codegen::kMaxRank];
+  void* workspace;
+  long long splits, phase;
 };
 
 using codegen::AccessClass;
@@ -79,6 +81,25 @@ AccessClass classify(c10::IntArrayRef sizes, c10::IntArrayRef strides,
   return AccessClass::kStrided;
 }
 
+// A column kernel sees its index space as [rows, cols], cols the product of the kept dims.
+int64_t kernel_cols(const codegen::KernelSpec& spec, const std::vector<int64_t>& space) {
+  if (spec.schedule != codegen::Schedule::kColumn) return space.back();
+  int64_t cols = 1;
+  for (size_t d = spec.column_dims; d < space.size(); ++d) cols *= space[d];
+  return cols;
+}
+
+// Per-column and per-row access mean one value per column or row of the last dim. In a column
+// kernel that keeps more than the last dim, its columns and rows are other ones: such inputs
+// are read through their strides.
+void adapt_column_access(const codegen::KernelSpec& spec, size_t rank,
+                         std::vector<AccessClass>& access) {
+  if (spec.schedule != codegen::Schedule::kColumn || rank - spec.column_dims == 1) return;
+  for (AccessClass& a : access) {
+    if (a == AccessClass::kColumn || a == AccessClass::kRow) a = AccessClass::kStrided;
+  }
+}
+
 bool verify_cuda_codegen() {
   const char* env = std::getenv("MAGI_VERIFY_CUDA_CODEGEN");
   return env != nullptr && std::string(env) == "1";
@@ -126,6 +147,40 @@ int64_t pow2_ceil(int64_t x) {
   return p;
 }
 
+// A column kernel: blocks of 32 x 8 threads over tiles of 32 column vectors, and enough row
+// splits for about four blocks per SM while each thread row still walks at least 8 rows; with
+// more than one split, a second launch combines the splits' partials.
+void launch_columns(const codegen::KernelSpec& spec, const codegen::CudaKernel& kernel,
+                    MagiArgs& args, int width, const c10::Device& device) {
+  const auto info = codegen::device_info(device.index());
+  const int64_t tiles = (args.cols + 32 * width - 1) / (32 * width);
+  const int64_t wanted = (4 * int64_t(info.sm_count) + tiles - 1) / tiles;
+  const int64_t splits = std::clamp<int64_t>(std::min<int64_t>(wanted, args.rows / 64), 1, 65535);
+  int64_t reductions = 0;
+  for (const auto& op : spec.ops) reductions += op.kind == codegen::KOpKind::kReduce;
+  at::Tensor workspace;
+  if (splits > 1) {
+    workspace = at::empty(
+        {reductions * splits * args.cols},
+        at::TensorOptions().dtype(spec.use_double ? at::kDouble : at::kFloat).device(device));
+    args.workspace = workspace.data_ptr();
+  }
+  args.splits = splits;
+  void* stream =
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+  void* kernel_args[] = {&args};
+  const auto grid_x = static_cast<unsigned>(tiles);
+  args.phase = 0;
+  codegen::launch_cuda_kernel(kernel, grid_x, static_cast<unsigned>(splits), 1, 32, 8, 1, 0, stream,
+                              kernel_args);
+  if (splits > 1) {
+    args.phase = 1;  // the launch copied the arguments: this is the second launch's
+    codegen::launch_cuda_kernel(kernel, grid_x, 1, 1, 32, 8, 1, 0, stream, kernel_args);
+  }
+  // `workspace` goes back to PyTorch's caching allocator on this stream: later work on the
+  // stream runs after both launches.
+}
+
 }  // namespace
 
 struct FusedKernel::Variant {
@@ -147,7 +202,7 @@ FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
     const ir::Value* out = group.outputs()[k];
     bool per_row = spec_.outputs[k].per_row;
     bool keepdim = !per_row || out->tensor_type()->rank() >= rank;
-    outputs_.push_back({spec_.outputs[k].dtype, per_row, keepdim});
+    outputs_.push_back({spec_.outputs[k].dtype, per_row, keepdim, out->tensor_type()->rank()});
   }
   fallback_ = std::make_unique<Executable>(group);
   for (const ir::Value* in : group.inputs()) {
@@ -212,10 +267,15 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
       return std::nullopt;  // runs through ATen
     }
   }
+  adapt_column_access(spec_, space.size(), kv.access);
+  if (space.size() > codegen::kMaxRank &&
+      std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0) {
+    return std::nullopt;
+  }
   int64_t numel = 1;
   for (int64_t n : space) numel *= n;
-  kv.vector_width =
-      vector_width_for(spec_, kv.access, space.back(), numel, [](int) { return true; });
+  kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
+                                     [](int) { return true; });
   return codegen::CudaSource{std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(kv),
                              kv.symbol()};
 }
@@ -283,37 +343,48 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   const int64_t rank = static_cast<int64_t>(space.size());
   int64_t numel = 1;
   for (int64_t s : space) numel *= s;
-  const int64_t cols = space.back();
+  const int64_t cols = kernel_cols(spec_, space);
   const int64_t rows = cols == 0 ? 0 : numel / cols;
   const c10::Device device = inputs.front().device();
 
   std::vector<at::Tensor> outputs;
   for (const OutputInfo& o : outputs_) {
     std::vector<int64_t> shape = space;
-    if (o.per_row) {
+    if (o.per_row && spec_.schedule == codegen::Schedule::kColumn) {
+      // [1, ..., 1, kept dims...]
+      const int64_t kept = rank - spec_.column_dims;
+      shape.assign(std::max<int64_t>(o.rank - kept, 0), 1);
+      shape.insert(shape.end(), space.begin() + spec_.column_dims, space.end());
+    } else if (o.per_row) {
       shape.pop_back();
       if (o.keepdim) shape.push_back(1);
     }
     outputs.push_back(at::empty(shape, at::TensorOptions().dtype(o.dtype).device(device)));
   }
-  if (numel == 0) return outputs;
+  if (numel == 0) {
+    // Reductions over an empty dim give ATen's values (0 for sums, an error for amax).
+    const bool empty = std::all_of(outputs.begin(), outputs.end(),
+                                   [](const at::Tensor& t) { return t.numel() == 0; });
+    return empty ? outputs : run_fallback(inputs);
+  }
 
   MagiArgs args{};
   codegen::KernelVariant kv;
   kv.spec = &spec_;
-  bool any_strided = false;
   std::vector<int64_t> expanded;
   for (size_t i = 0; i < inputs.size(); ++i) {
     MAGI_ASSERT(inputs[i].device() == device, spec_.name, ": inputs on different devices");
-    AccessClass a = classify(inputs[i].sizes(), inputs[i].strides(), space, expanded);
-    kv.access.push_back(a);
-    any_strided |= a == AccessClass::kStrided;
+    kv.access.push_back(classify(inputs[i].sizes(), inputs[i].strides(), space, expanded));
     for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.strides[i][d] = expanded[d];
     args.ptr[i] = const_cast<void*>(inputs[i].data_ptr());
   }
+  adapt_column_access(spec_, space.size(), kv.access);
+  const bool any_strided =
+      std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
   if (any_strided && rank > codegen::kMaxRank) return run_fallback(inputs);
   for (size_t k = 0; k < outputs.size(); ++k) args.ptr[inputs.size() + k] = outputs[k].data_ptr();
   args.numel = numel;
+  args.splits = 1;
   args.rows = rows;
   args.cols = cols;
   args.rank = rank;
@@ -349,6 +420,10 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   if (device.is_cuda()) {
     const auto info = codegen::device_info(device.index());
     unsigned threads, blocks;
+    if (spec_.schedule == codegen::Schedule::kColumn) {
+      launch_columns(spec_, *v.cuda, args, width, device);
+      return outputs;
+    }
     if (spec_.schedule == codegen::Schedule::kPointwise) {
       threads = std::min(256, codegen::max_threads_per_block());
       int64_t vectors =

@@ -1,9 +1,9 @@
 // Fusion and code generation on hand-built graphs: the grouping decisions of fuse_groups
 // (chains, norms, cycles, single ops, matmuls, shapes, per-row operands), op_info's operand
-// check, and the printed kernels of one pointwise and one row-reduction group against golden
-// files in tests/cpp/golden (MAGI_UPDATE_GOLDEN=1 rewrites them from the current output).
-// The golden CUDA kernels are NVRTC-compiled for sm_90, the C++ ones host-compiled, and both
-// groups run as FusedKernels against ATen.
+// check, and the printed kernels of a pointwise, a row-reduction and a column-reduction group
+// against golden files in tests/cpp/golden (MAGI_UPDATE_GOLDEN=1 rewrites them from the current
+// output). The golden CUDA kernels are NVRTC-compiled for sm_90, the C++ ones host-compiled,
+// and the groups run as FusedKernels against ATen.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -96,6 +96,20 @@ class Builder {
     t.dtype = to;
     return op("aten::_to_copy", "", {x, dtype(to), none(), none(), none(), flag(false), none()}, t,
               out, line);
+  }
+  // A reduction over the leading dims 0..k-1.
+  Value* column_reduce(const char* name, const char* overload, Value* x, int64_t k, bool keepdim,
+                       const std::string& out, int line = 0) {
+    TensorType t = *x->tensor_type();
+    std::vector<int64_t> d;
+    for (int64_t i = 0; i < k; ++i) {
+      d.push_back(i);
+      t.sizes[i] = SymExpr(1);
+    }
+    if (!keepdim) t.sizes.erase(t.sizes.begin(), t.sizes.begin() + k);
+    std::vector<Value*> in = {x, dims(d), flag(keepdim)};
+    if (std::string(name) != "aten::amax") in.push_back(none());
+    return op(name, overload, std::move(in), t, out, line);
   }
   Value* row_reduce(const char* name, const char* overload, Value* x, bool keepdim,
                     const std::string& out, int line = 0) {
@@ -266,6 +280,39 @@ TEST(FuseGroups, PointwiseChainMergesIntoARowGroupItMeets) {
   EXPECT_TRUE(fuse_groups(g2));
   ir::verify(g2);
   EXPECT_EQ(nodes_of_kind(g2, NodeKind::kFusion).size(), 2u);
+}
+
+// A column group (weight-gradient shape): the pass over the index space evaluates x * y and
+// sums it over the leading dims; the per-column ops after the sum (times a [cols] operand, a
+// cast) join. A full-size op reading the per-column sum does not (it would need the sum
+// during the pass), nor does a row reduction, nor a sum over a different run of dims.
+TEST(FuseGroups, ColumnReductionGroupTakesPerColumnOpsOnly) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 4, 16});
+  Value* y = b.input("y", {sym("s0"), 4, 16});
+  Value* w = b.input("w", {16});
+  Value* p = b.mul(x, y, "mul");
+  Value* s = b.column_reduce("aten::sum", "dim_IntList", p, 2, false, "sum");
+  Value* sw = b.binary("aten::mul", s, w, *s->tensor_type(), "mul_w");
+  Value* out = b.cast(sw, kBF16, "out");
+  Value* centered = b.binary("aten::sub", p, s, *p->tensor_type(), "sub");
+  Value* rows = b.row_reduce("aten::amax", "", p, true, "amax");
+  Value* s1 = b.column_reduce("aten::sum", "dim_IntList", p, 1, false, "sum_1");
+  g.set_outputs({out, centered, rows, s1});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(*fusions[0]->piece()),
+            "aten::mul.Tensor aten::sum.dim_IntList aten::mul.Tensor aten::_to_copy");
+  EXPECT_EQ(op_list(g), "aten::sub.Tensor aten::amax aten::sum.dim_IntList");
+  codegen::KernelSpec spec = codegen::lower_group(*fusions[0]->piece(), "k");
+  EXPECT_EQ(spec.schedule, codegen::Schedule::kColumn);
+  EXPECT_EQ(spec.column_dims, 2);
+  EXPECT_TRUE(spec.inputs[2].per_row);    // w: one value per column
+  EXPECT_FALSE(spec.outputs[0].per_row);  // x * y, read outside
+  EXPECT_TRUE(spec.outputs[1].per_row);
 }
 
 // a = neg(exp(x)) is a group; m = mm(a, w) reads it; add(a, m) must not join the group: the
@@ -459,6 +506,23 @@ std::unique_ptr<Graph> add_rmsnorm_group() {
   return g;
 }
 
+// A weight gradient in bfloat16: p = g * xn (also an output), dw = sum(p, 0) * w cast to
+// bfloat16, w one value per column.
+std::unique_ptr<Graph> column_weight_grad_group() {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  SymExpr rows = sym("s0");
+  Value* grad = b.input("grad", {rows, 64}, kBF16);
+  Value* xn = b.input("xn", {rows, 64}, kBF16);
+  Value* w = b.input("w", {64});
+  Value* p = b.mul(grad, xn, "mul", 40);
+  Value* pf = b.cast(p, kF32, "float", 41);
+  Value* dw = b.column_reduce("aten::sum", "dim_IntList", pf, 1, false, "sum", 41);
+  Value* scaled = b.binary("aten::mul", dw, w, *dw->tensor_type(), "mul_w", 42);
+  g->set_outputs({b.cast(scaled, kBF16, "dw", 42), p});
+  return g;
+}
+
 using codegen::AccessClass;
 
 codegen::KernelVariant variant(const codegen::KernelSpec& spec, std::vector<AccessClass> access,
@@ -484,6 +548,10 @@ const Case kCases[] = {
      8},
     {"row_add_rmsnorm",
      &add_rmsnorm_group,
+     {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
+     8},
+    {"column_weight_grad",
+     &column_weight_grad_group,
      {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
      8},
 };

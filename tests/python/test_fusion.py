@@ -158,9 +158,8 @@ class NormBlock(torch.nn.Module):
 @pytest.mark.usefixtures("no_fallback")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_training_gradients_match_eager(dtype, assert_close_rel, counters):
-    """Gradients of a Linear+LayerNorm+RMSNorm block. The weight and bias gradients are column
-    reductions (sums over the leading dims): the fusion pass leaves them to ATen, and they must
-    still be right."""
+    """Gradients of a Linear+LayerNorm+RMSNorm block. The RMSNorm weight gradient is a column
+    reduction (tangent * normalized, summed over both leading dims): one column kernel."""
     eager = init_weights_(NormBlock(), seed=0).to(dtype)
     compiled = magi_compile(copy.deepcopy(eager))
     rtol = RTOL[dtype]
@@ -181,5 +180,12 @@ def test_training_gradients_match_eager(dtype, assert_close_rel, counters):
     forward, backward = runs
     assert forward.magi_executable.num_fusions >= 1
     assert backward.magi_executable.num_fusions >= 1
-    # Column reductions (bias and weight gradients) stay ATen calls outside the fusions.
+    column = [
+        k
+        for k in backward.magi_executable.generated_kernels()
+        if "column kernel" in k["source"].splitlines()[0]
+    ]
+    assert column, backward.magi_graph
+    assert "aten::sum.dim_IntList" in column[0]["fused_ops"]
+    # The Linear bias gradients sum a view of the graph's input: a lone op, left to ATen.
     assert "aten::sum.dim_IntList" in backward.magi_graph.op_names(), backward.magi_graph

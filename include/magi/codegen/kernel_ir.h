@@ -6,6 +6,14 @@
 // SSA order. Every KOp is either per-element or per-row; per-row values come from reductions
 // over the row (sum, max, min) or from per-row inputs, and broadcast back over the row for free.
 //
+// A column kernel (Schedule::kColumn) reduces over leading dims instead: its
+// "per-row" values (KOp::per_row, KInput::per_row, KOutput::per_row) are per column, one per
+// index of the kept dims (flattened: `cols` is their product). One pass over the index space
+// evaluates the per-element ops and accumulates the reductions; the per-column ops run after it. On
+// the GPU a block of 32 x 8 threads owns 32 column vectors, its 8 thread rows and the grid's y dim
+// splitting the rows; the splits' partial results go to a workspace that a second launch sums in a
+// fixed order.
+//
 // Inputs are described by dtype only here; how each is addressed (contiguous, broadcast along
 // rows or columns, scalar, or general strides) is decided at launch from the actual tensors,
 // and is part of the *variant* a printer is asked for (`AccessClass`), so one kernel serves
@@ -24,7 +32,10 @@
 
 namespace magi::codegen {
 
-enum class Schedule : uint8_t { kPointwise, kRow };
+enum class Schedule : uint8_t { kPointwise, kRow, kColumn };
+
+/// "pointwise", "row" or "column".
+const char* schedule_name(Schedule s);
 
 // _(Name, printed name) of every scalar op a kernel may contain.
 #define MAGI_KOP_KINDS(_) \
@@ -49,16 +60,16 @@ struct KOp {
   std::string fn;         ///< Unary/Binary: function name ("exp", "add", "gelu_tanh", ...)
   std::vector<int> args;  ///< earlier KOps
   int input = -1;         ///< Load: input index
-  double value = 0.0;     ///< Const
+  double value = 0.0;     ///< Const (fn "cols": the row length; "rows": the row count)
   c10::ScalarType round_to = c10::ScalarType::Undefined;  ///< Round: bf16/f16 (f32 in double)
   ReduceKind reduce = ReduceKind::kSum;                   ///< Reduce
-  bool per_row = false;  ///< value is one per row (row schedule only)
+  bool per_row = false;  ///< one value per row (per column in a column kernel)
   std::string comment;   ///< the ATen op and user source it comes from
 };
 
 struct KInput {
   c10::ScalarType dtype;
-  bool per_row = false;  ///< a [..., 1]-shaped input of a row kernel
+  bool per_row = false;  ///< [..., 1]-shaped in a row kernel, [cols]-shaped in a column one
 };
 
 struct KOutput {
@@ -72,6 +83,9 @@ struct KernelSpec {
   std::string name;  ///< e.g. "fused_pow_mean_add_rsqrt_mul_3"
   Schedule schedule = Schedule::kPointwise;
   bool use_double = false;  ///< compute in double (float64 groups)
+  /// Column kernels: the leading dims 0..column_dims-1 of the index space are reduced; the
+  /// kernel sees it as [rows, cols] with cols the product of the other dims.
+  int column_dims = 0;
   /// Every output is bf16/fp16: exp, log, division, sigmoid and silu use the GPU's fast forms,
   /// whose error (a few float ulps) is far below the outputs' rounding step.
   bool fast_math = false;

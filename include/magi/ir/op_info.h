@@ -4,6 +4,7 @@
 // is fusible exactly when the code generator can emit it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace magi::ir {
@@ -11,14 +12,15 @@ namespace magi::ir {
 class Node;
 
 enum class OpClass : uint8_t {
-  kOther,      ///< not fusible: runs as an ATen call
-  kUnary,      ///< elementwise f(x)
-  kBinary,     ///< elementwise f(x, y) with broadcasting (alpha folded in for add/sub)
-  kWhere,      ///< where(cond, x, y); masked_fill(x, mask, value) as where(mask, value, x)
-  kCast,       ///< _to_copy / clone that only changes dtype (or nothing)
-  kReduction,  ///< sum/mean/amax/amin over the last dim
-  kSoftmax,    ///< _softmax / _log_softmax over the last dim
-  kLayerNorm,  ///< native_layer_norm over the last dim
+  kOther,            ///< not fusible: runs as an ATen call
+  kUnary,            ///< elementwise f(x)
+  kBinary,           ///< elementwise f(x, y) with broadcasting (alpha folded in for add/sub/rsub)
+  kWhere,            ///< where(cond, x, y); masked_fill(x, mask, value) as where(mask, value, x)
+  kCast,             ///< _to_copy / clone that only changes dtype (or nothing)
+  kReduction,        ///< sum/mean/amax/amin (var, var_mean) over the last dim
+  kColumnReduction,  ///< sum/mean/amax/amin over dims 0..k-1, k < rank (bias gradients)
+  kSoftmax,          ///< _softmax / _log_softmax over the last dim
+  kLayerNorm,        ///< native_layer_norm over the last dim
 };
 
 struct OpInfo {
@@ -30,6 +32,9 @@ struct OpInfo {
 /// than the last, a cast that changes device, or a gelu with an unknown approximation are
 /// kOther. `reason`, when given, says why a node is not fusible.
 OpInfo op_info(const Node& node, std::string* reason = nullptr);
+
+/// k for a kColumnReduction over dims 0..k-1 of its input, else 0.
+int64_t column_reduced_dims(const Node& node);
 
 /// True for float32, float64, bfloat16 and float16 tensors with a known type: what fused
 /// kernels compute on.

@@ -59,6 +59,7 @@ class FusedKernel {
     c10::ScalarType dtype;
     bool per_row;
     bool keepdim;
+    int64_t rank;  ///< as traced (a column kernel's per-column outputs are [1, ..., 1, cols])
   };
 
   const Variant& variant_for(const std::string& key, const codegen::KernelVariant& v,

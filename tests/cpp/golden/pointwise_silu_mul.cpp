@@ -10,7 +10,9 @@ extern "C" void fused_pointwise_silu_mul_clg_v1(const MagiArgs* a) {
   const magi_bf16* __restrict__ in2 = static_cast<const magi_bf16*>(a->ptr[2]);
   magi_bf16* __restrict__ out0 = static_cast<magi_bf16*>(a->ptr[3]);
   const long long cols = a->cols;
+  const long long rows = a->rows;
   (void)cols;
+  (void)rows;
   const long long vectors = a->numel / V;
 #pragma omp parallel for schedule(static) if (a->numel > 32768)
   for (long long vi = 0; vi < vectors; ++vi) {

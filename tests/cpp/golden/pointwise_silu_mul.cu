@@ -10,7 +10,9 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
   const magi_bf16* __restrict__ in2 = static_cast<const magi_bf16*>(a.ptr[2]);
   magi_bf16* __restrict__ out0 = static_cast<magi_bf16*>(a.ptr[3]);
   const long long cols = a.cols;
+  const long long rows = a.rows;
   (void)cols;
+  (void)rows;
   const long long vectors = a.numel / V;
   for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < vectors;
        vi += (long long)gridDim.x * blockDim.x) {

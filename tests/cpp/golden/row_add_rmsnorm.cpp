@@ -14,7 +14,9 @@ extern "C" void fused_row_add_rmsnorm_ccl_v1(const MagiArgs* a) {
   magi_bf16* __restrict__ out0 = static_cast<magi_bf16*>(a->ptr[3]);
   magi_bf16* __restrict__ out1 = static_cast<magi_bf16*>(a->ptr[4]);
   const long long cols = a->cols;
+  const long long rows = a->rows;
   (void)cols;
+  (void)rows;
 #pragma omp parallel for schedule(static) if (a->rows * cols > 32768)
   for (long long row = 0; row < a->rows; ++row) {
     A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward

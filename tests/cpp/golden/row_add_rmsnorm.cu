@@ -14,7 +14,9 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
   magi_bf16* __restrict__ out0 = static_cast<magi_bf16*>(a.ptr[3]);
   magi_bf16* __restrict__ out1 = static_cast<magi_bf16*>(a.ptr[4]);
   const long long cols = a.cols;
+  const long long rows = a.rows;
   (void)cols;
+  (void)rows;
   constexpr int K = 4;
   __shared__ A scratch[32];
   if (cols <= (long long)blockDim.x * V * K) {  // rows fit in registers: read once
