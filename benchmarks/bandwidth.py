@@ -8,7 +8,9 @@ Usage::
 
 **Bandwidth.** In one process and side by side: eager, ``torch.compile`` (default mode) and
 ``magi_compile`` on large bfloat16 pointwise chains (SiLU·mul, x*y+z), RMSNorm, add+RMSNorm,
-LayerNorm and softmax (16384 x 8192 on the GPU), and the device's copy bandwidth
+LayerNorm, softmax, rotary embedding (heads of 128, ``rotate_half`` with slices and ``cat``)
+and an activation's backward with its bias gradient (a column reduction) (16384 x 8192 on the
+GPU), and the device's copy bandwidth
 (``dst.copy_(src)`` of a buffer of the same size). Effective bandwidth is
 (bytes read + bytes written) / time, counting each input and output once, as a perfect fused
 kernel would move them; intermediates and re-reads are the implementation's cost. Each variant
@@ -83,6 +85,23 @@ def softmax(x):
     return F.softmax(x, dim=-1)
 
 
+HEAD_DIM = 128
+
+
+def rotary(x, cos, sin):
+    # x: [tokens, heads * 128] as attention's q; cos, sin: [tokens, 128], shared by the heads
+    q = x.view(x.shape[0], x.shape[1] // HEAD_DIM, HEAD_DIM)
+    half = HEAD_DIM // 2
+    rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+    return q * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def bias_grad(g, h):
+    # an activation's backward and the bias gradient, as a training step computes them
+    gh = g * torch.sigmoid(h)
+    return gh, gh.float().sum(0).to(g.dtype)
+
+
 @dataclass
 class Workload:
     name: str
@@ -90,14 +109,21 @@ class Workload:
     full: int  # inputs of the full [rows, cols] shape
     vectors: int  # inputs of shape [cols] (weights, biases)
     outputs: int  # full-size outputs
+    per_token: int = 0  # inputs of shape [rows, HEAD_DIM] (rotary's cos and sin)
+    column_outputs: int = 0  # outputs of shape [cols] (column reductions)
 
     def inputs(self, rows: int, cols: int, dtype: torch.dtype, device: str) -> tuple:
         full = [torch.randn(rows, cols, dtype=dtype, device=device) for _ in range(self.full)]
         vec = [torch.randn(cols, dtype=dtype, device=device) for _ in range(self.vectors)]
-        return (*full, *vec)
+        tok = [
+            torch.randn(rows, HEAD_DIM, dtype=dtype, device=device) for _ in range(self.per_token)
+        ]
+        return (*full, *vec, *tok)
 
     def bytes_moved(self, rows: int, cols: int, element_size: int) -> int:
-        return ((self.full + self.outputs) * rows * cols + self.vectors * cols) * element_size
+        elements = (self.full + self.outputs) * rows * cols
+        elements += (self.vectors + self.column_outputs) * cols + self.per_token * rows * HEAD_DIM
+        return elements * element_size
 
 
 WORKLOADS = [
@@ -107,6 +133,8 @@ WORKLOADS = [
     Workload("add_rmsnorm", add_rmsnorm, full=2, vectors=1, outputs=2),
     Workload("layer_norm", layer_norm, full=1, vectors=2, outputs=1),
     Workload("softmax", softmax, full=1, vectors=0, outputs=1),
+    Workload("rotary", rotary, full=1, vectors=0, outputs=1, per_token=2),
+    Workload("bias_grad", bias_grad, full=2, vectors=0, outputs=1, column_outputs=1),
 ]
 
 
@@ -159,9 +187,10 @@ def make_variant(name: str, wl: Workload) -> Callable:
         return torch.compile(wl.fn)
     from magi_compiler import magi_compile
 
-    # The rows of every full-size input are dynamic (the weights' sizes are static).
-    params = list(inspect.signature(wl.fn).parameters)[: wl.full]
-    return magi_compile(wl.fn, dynamic_arg_dims={p: 0 for p in params})
+    # The rows of every full-size and per-token input are dynamic (the weights' are static).
+    params = list(inspect.signature(wl.fn).parameters)
+    dynamic = params[: wl.full] + params[len(params) - wl.per_token :]
+    return magi_compile(wl.fn, dynamic_arg_dims={p: 0 for p in dynamic})
 
 
 def copy_bandwidth(rows: int, cols: int, dtype, device: str, warmup: int, iters: int) -> dict:

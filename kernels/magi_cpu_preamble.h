@@ -141,6 +141,11 @@ static inline A magi_round_f16(A v) {
   return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
 }
 
+// A column index clamped to [0, cols) (see the CUDA preamble).
+static inline long long magi_col(long long c, long long cols) {
+  return c < 0 ? 0 : (c >= cols ? cols - 1 : c);
+}
+
 static inline long long magi_offset(const MagiArgs& a, int k, long long i) {
   long long off = 0;
   for (long long d = a.rank - 1; d >= 0; --d) {

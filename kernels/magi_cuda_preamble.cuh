@@ -20,7 +20,7 @@ struct MagiArgs {
   long long rank;
   long long sizes[MAGI_MAX_RANK];                 // index space
   long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];  // per input, in elements, 0 where broadcast
-  void* workspace;         // column kernels: partial results [reduction][split][cols]
+  void* workspace;          // column kernels: partial results [reduction][split][cols]
   long long splits, phase;  // column kernels: row splits; 0 = pass over the rows, 1 = combine
 };
 
@@ -48,6 +48,11 @@ __device__ __forceinline__ unsigned short magi_float_to_f16(float f) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
+}
+
+// A column index clamped to [0, cols): loads of a cat's pieces at their column offsets.
+__device__ __forceinline__ long long magi_col(long long c, long long cols) {
+  return c < 0 ? 0 : (c >= cols ? cols - 1 : c);
 }
 
 // Loads convert to the accumulation type, stores convert back.
@@ -170,9 +175,33 @@ __device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T
   }
 }
 
+// V elements from base + off, `step` apart: one vector load when they are adjacent and the
+// address is aligned (a broadcast operand whose last dim is contiguous), else V loads.
+template <typename A, typename T, int V>
+__device__ __forceinline__ void magi_load_strided(const T* __restrict__ base, long long off,
+                                                  long long step, A* out) {
+  const T* p = base + off;
+  if (step == 1 && reinterpret_cast<unsigned long long>(p) % (sizeof(T) * V) == 0) {
+    magi_load<A, T, V>(p, out);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) out[j] = magi_to_acc<A>(base[off + j * step]);
+}
+
 // Element offset of linear index `i` of the index space in input `k` (general strides).
+// Index spaces under 2^31 elements (nearly all) divide in 32 bits, several times faster.
 __device__ __forceinline__ long long magi_offset(const MagiArgs& a, int k, long long i) {
   long long off = 0;
+  if (a.numel <= 0x7fffffffLL) {
+    unsigned u = static_cast<unsigned>(i);
+    for (long long d = a.rank - 1; d >= 0; --d) {
+      const unsigned s = static_cast<unsigned>(a.sizes[d]);
+      off += static_cast<long long>(u % s) * a.strides[k][d];
+      u /= s;
+    }
+    return off;
+  }
   for (long long d = a.rank - 1; d >= 0; --d) {
     long long s = a.sizes[d];
     off += (i % s) * a.strides[k][d];

@@ -274,6 +274,17 @@ def masked_softmax(m, x):
     return F.softmax(x.masked_fill(m, -math.inf), -1)
 
 
+def slices_of_two_inputs(x, y):
+    # pieces of different widths, from two inputs, each with its own op
+    return torch.cat([torch.exp(y[..., :4]), x[..., 4:] * 2.0], -1) + x
+
+
+def rotate_computed(x, y):
+    # slices of a value the kernel computes: h is evaluated again at each piece's offset
+    h = x * y + 1.0
+    return torch.cat([h[..., C // 2 :], -h[..., : C // 2]], -1) * h
+
+
 def column_sum(x, y):
     return (x * y).sum(0)
 
@@ -317,7 +328,8 @@ PATTERNS = [
     Pattern("softmax", softmax, _inputs(ROWS), ("aten::mul", "aten::_softmax")),
     Pattern("softmax_causal", softmax_causal, _causal_mask, ("aten::add", "aten::_softmax")),
     Pattern("log_softmax", log_softmax, _inputs(ROWS), ("aten::div", "aten::_log_softmax")),
-    Pattern("rotary", rotary, _rotary_inputs, ("aten::mul", "aten::add")),
+    Pattern("rotary", rotary, _rotary_inputs,
+            ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
     Pattern("silu_mul", silu_mul, _inputs(ROWS, ROWS), ("aten::silu", "aten::mul"),
             dynamic={"x": 0, "u": 0}),
     Pattern("swiglu_chunk", swiglu_chunk, _inputs(("B", 4, 2 * C)), ("aten::silu", "aten::mul")),
@@ -390,6 +402,12 @@ PATTERNS = [
             ("aten::amin", "aten::mul", "aten::add")),
     Pattern("masked_softmax", masked_softmax, lambda b, d, dev: _where_inputs(b, d, dev)[:2],
             ("aten::masked_fill", "aten::_softmax"), dynamic={"m": 0, "x": 0}),
+    Pattern("slices_of_two_inputs", slices_of_two_inputs, _inputs(ROWS, ROWS),
+            ("aten::slice", "aten::exp", "aten::mul", "aten::cat", "aten::add"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("rotate_computed", rotate_computed, _inputs(ROWS, ROWS),
+            ("aten::mul", "aten::add", "aten::slice", "aten::neg", "aten::cat"),
+            dynamic={"x": 0, "y": 0}),
     # Column reductions: over leading dims, as weight and bias gradients need.
     Pattern("column_sum", column_sum, _inputs(ROWS, ROWS), ("aten::mul", "aten::sum"),
             dynamic={"x": 0, "y": 0}),
@@ -443,6 +461,13 @@ def _masked_fill_inputs(batch, dtype, device):
     return m, x, torch.tensor(-0.7, dtype=dtype, device=device)
 
 
+def cat_of_inputs(x):
+    # rotary's cos/sin table: a cat of values no group computes is not fused (its pieces
+    # were once read as kernel inputs of the cat's width); what reads it still fuses.
+    e = torch.cat([x, x * 2.0], -1)
+    return e.cos() * e.sin()
+
+
 def _nan_inf_inputs(batch, dtype, device):
     x = _rand(batch, 4, 8, dtype=dtype, device=device)
     x[0, 0, 3], x[0, 1, 5], x[-1, 2, 0] = math.nan, math.inf, -math.inf
@@ -471,17 +496,10 @@ REGRESSIONS = [
             dtypes=(F64,)),
     Pattern("nan_inf", nan_inf_max, _nan_inf_inputs, ("aten::maximum", "aten::amax"),
             dtypes=(F32, BF16)),
+    Pattern("cat_of_inputs", cat_of_inputs, _inputs(("B", 8)), ("aten::cos", "aten::sin", "aten::mul"),
+            dtypes=(F32,)),
     Pattern("masked_fill_values", masked_fill_values, _masked_fill_inputs,
             ("aten::masked_fill", "aten::mul"), dynamic={"m": 0, "x": 0}, dtypes=(F32, BF16)),
-]  # fmt: skip
-
-# ---- not fused yet: each is an xfail(strict=True) test ------------------------------------
-
-
-NOT_FUSED_YET = [
-    (Pattern("rotary_with_slices", rotary, _rotary_inputs,
-             ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
-     "views, slices and cat are not fusible yet"),
 ]  # fmt: skip
 
 BY_NAME = {p.name: p for p in PATTERNS + REGRESSIONS}
@@ -509,18 +527,6 @@ def cases(dtypes=DTYPES, float64=True):
         if d in dtypes or (float64 and d == F64)
     ]
     return out
-
-
-def not_fused_yet_cases():
-    """The NOT_FUSED_YET patterns in float32, each an xfail(strict=True) with its reason."""
-    import pytest
-
-    return [
-        pytest.param(
-            p, F32, id=p.name, marks=pytest.mark.xfail(strict=True, raises=NotFused, reason=why)
-        )
-        for p, why in NOT_FUSED_YET
-    ]
 
 
 def expected_ops(pattern: Pattern, dtype: torch.dtype) -> tuple[str, ...]:

@@ -41,6 +41,11 @@ void print_body(std::ostream& os, const KernelSpec& s) {
     switch (op.kind) {
       case KOpKind::kLoad:
         os << " in" << op.input;
+        if (op.shift != 0) os << " col" << (op.shift > 0 ? "+" : "") << op.shift;
+        break;
+      case KOpKind::kSelect:
+        os << " col" << (op.shift >= 0 ? "+" : "") << op.shift << " <";
+        for (int64_t b : op.bounds) os << " " << b;
         break;
       case KOpKind::kConst: {
         std::ostringstream v;

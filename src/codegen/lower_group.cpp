@@ -3,7 +3,9 @@
 #include "magi/codegen/lower_group.h"
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "magi/common/error.h"
 #include "magi/ir/op_info.h"
@@ -51,28 +53,40 @@ class Lowering {
       load.kind = KOpKind::kLoad;
       load.input = static_cast<int>(spec_.inputs.size() - 1);
       load.per_row = input.per_row;
-      value_[in] = add(std::move(load));
+      input_index_[in] = static_cast<int>(spec_.inputs.size() - 1);
+      set(in, add(std::move(load)));
+    }
+    // Narrow values (slices and ops on them) are lowered where a cat reads them, at the
+    // column offset of its piece.
+    std::unordered_set<const ir::Node*> narrow;
+    for (const ir::Node* node : group_.nodes()) {
+      if (node->kind() != ir::NodeKind::kAtenOp) continue;
+      ir::OpClass c = ir::op_info(*node).op_class;
+      bool reads_narrow = false;
+      for (const ir::Value* in : node->inputs()) reads_narrow |= narrow.count(in->producer()) > 0;
+      if (c == ir::OpClass::kSlice || (c != ir::OpClass::kCat && reads_narrow)) narrow.insert(node);
+      spec_.fused_ops.push_back(node->op_name());
+      if (!node->provenance().source.empty()) spec_.sources.push_back(node->provenance().source);
     }
     for (const ir::Node* node : group_.nodes()) {
       switch (node->kind()) {
         case ir::NodeKind::kInput:
         case ir::NodeKind::kOutput:
+        case ir::NodeKind::kMakeList:  // a cat's pieces: read by the cat
           break;
         case ir::NodeKind::kConstant:
           lower_constant(*node);
           break;
         case ir::NodeKind::kAtenOp:
-          lower_op(*node);
+          if (!narrow.count(node)) lower_op(*node, 0);
           break;
         default:
           MAGI_ASSERT(false, "fusion group contains a ", node->op_name(), " node");
       }
     }
     for (const ir::Value* out : group_.outputs()) {
-      auto it = value_.find(out);
-      MAGI_ASSERT(it != value_.end(), "group output %", out->name(), " was not lowered");
-      spec_.outputs.push_back(
-          {it->second, out->tensor_type()->dtype, spec_.ops[it->second].per_row});
+      const int op = eval(out, 0);
+      spec_.outputs.push_back({op, out->tensor_type()->dtype, spec_.ops[op].per_row});
     }
     spec_.fast_math =
         !spec_.use_double && !spec_.outputs.empty() &&
@@ -195,15 +209,37 @@ class Lowering {
     const c10::IValue& v = node.constant();
     if (v.isTensor() || v.isDouble() || v.isInt() || v.isBool()) {
       if (v.isTensor() && v.toTensor().numel() != 1) return;  // not used as a number
-      value_[node.output()] = constant(scalar_of(v));
+      set(node.output(), constant(scalar_of(v)));
     }
   }
 
-  int in(const ir::Node& node, size_t i) {
-    auto it = value_.find(node.input(i));
-    MAGI_ASSERT(it != value_.end(), "operand ", i, " of ", node.op_name(), " is not lowered");
-    return it->second;
+  void set(const ir::Value* v, int op) { lowered_[{v, shift_}] = op; }
+
+  // The KOp computing `v` at column c + shift of the kernel's column c (shift 0: v itself).
+  // Constants and per-row values do not depend on the column; other values are lowered again
+  // at each shift a cat or slice asks for, down to loads at that offset.
+  int eval(const ir::Value* v, int64_t shift) {
+    const ir::Node* p = v->producer();
+    if (p->kind() == ir::NodeKind::kConstant) shift = 0;
+    auto it = lowered_.find({v, shift});
+    if (it != lowered_.end()) return it->second;
+    auto at0 = lowered_.find({v, 0});
+    if (at0 != lowered_.end() && spec_.ops[at0->second].per_row) return at0->second;
+    if (p->kind() == ir::NodeKind::kInput) {
+      KOp load;
+      load.kind = KOpKind::kLoad;
+      load.input = input_index_.at(v);
+      load.shift = shift;
+      const int op = add(std::move(load));
+      lowered_[{v, shift}] = op;
+      return op;
+    }
+    MAGI_ASSERT(p->kind() == ir::NodeKind::kAtenOp, "%", v->name(), " is not lowered");
+    lower_op(*p, shift);
+    return lowered_.at({v, shift});
   }
+
+  int in(const ir::Node& node, size_t i) { return eval(node.input(i), shift_); }
 
   const c10::IValue& const_arg(const ir::Node& node, size_t i) {
     const ir::Node* p = node.input(i)->producer();
@@ -212,20 +248,58 @@ class Lowering {
     return p->constant();
   }
 
-  void lower_op(const ir::Node& node) {
+  // Lowers `node` at column offset `shift` (see eval).
+  void lower_op(const ir::Node& node, int64_t shift) {
     std::string reason;
     ir::OpInfo info = ir::op_info(node, &reason);
     MAGI_ASSERT(info.op_class != ir::OpClass::kOther, node.op_name(),
                 " in a fusion group: ", reason);
+    // Operands first: lowering them may lower other nodes (which sets shift_ and comment_).
+    std::vector<int64_t> piece_ends;
+    if (info.op_class == ir::OpClass::kCat) {
+      int64_t offset = 0;
+      for (const ir::Value* piece : ir::cat_pieces(node)) {
+        eval(piece, shift - offset);
+        offset += piece->tensor_type()->sizes.back().constant_value();
+        piece_ends.push_back(offset);
+      }
+    } else if (info.op_class == ir::OpClass::kSlice) {
+      set_at(node.output(), shift, eval(node.input(0), shift + ir::slice_bounds(node).first));
+      return;
+    } else {
+      MAGI_ASSERT(shift == 0 || info.op_class == ir::OpClass::kUnary ||
+                      info.op_class == ir::OpClass::kBinary ||
+                      info.op_class == ir::OpClass::kWhere || info.op_class == ir::OpClass::kCast,
+                  node.op_name(), " at a column offset");
+      for (const ir::Value* in : node.inputs()) {
+        if (in->kind() == ir::ValueKind::kTensor &&
+            in->producer()->kind() != ir::NodeKind::kConstant) {
+          eval(in, shift);
+        }
+      }
+    }
+    shift_ = shift;
     comment_ = node.op_name();
     if (!node.provenance().source.empty()) comment_ += " @ " + node.provenance().source;
-    spec_.fused_ops.push_back(node.op_name());
-    if (!node.provenance().source.empty()) spec_.sources.push_back(node.provenance().source);
     const ir::Value& out = *node.output();
 
     switch (info.op_class) {
+      case ir::OpClass::kCat: {
+        KOp op;
+        op.kind = KOpKind::kSelect;
+        int64_t offset = 0;
+        for (const ir::Value* piece : ir::cat_pieces(node)) {
+          op.args.push_back(eval(piece, shift - offset));
+          offset += piece->tensor_type()->sizes.back().constant_value();
+        }
+        piece_ends.pop_back();  // the last piece takes every column after the others
+        op.bounds = std::move(piece_ends);
+        op.shift = shift;
+        set(&out, round_as(add(std::move(op)), out));
+        break;
+      }
       case ir::OpClass::kUnary:
-        value_[&out] = round_as(unary(info.fn, in(node, 0)), out);
+        set(&out, round_as(unary(info.fn, in(node, 0)), out));
         break;
       case ir::OpClass::kBinary: {
         int a = in(node, 0);
@@ -233,14 +307,14 @@ class Lowering {
         if (info.fn == "rsub") {  // rsub(self, other, alpha) = other - alpha * self
           double alpha = scalar_of(const_arg(node, 2));
           if (alpha != 1.0) a = binary("mul", a, constant(alpha));
-          value_[&out] = round_as(binary("sub", b, a), out);
+          set(&out, round_as(binary("sub", b, a), out));
           break;
         }
         if ((info.fn == "add" || info.fn == "sub") && node.inputs().size() > 2) {
           double alpha = scalar_of(const_arg(node, 2));
           if (alpha != 1.0) b = binary("mul", b, constant(alpha));
         }
-        value_[&out] = round_as(binary(info.fn, a, b), out);
+        set(&out, round_as(binary(info.fn, a, b), out));
         break;
       }
       case ir::OpClass::kWhere: {
@@ -253,11 +327,11 @@ class Lowering {
         } else {
           op.args = {in(node, 0), in(node, 1), in(node, 2)};
         }
-        value_[&out] = round_as(add(std::move(op)), out);
+        set(&out, round_as(add(std::move(op)), out));
         break;
       }
       case ir::OpClass::kCast:
-        value_[&out] = round_as(in(node, 0), out);
+        set(&out, round_as(in(node, 0), out));
         break;
       case ir::OpClass::kReduction: {
         if (info.fn == "var" || info.fn == "var_mean") {
@@ -275,8 +349,8 @@ class Lowering {
                             ? cols
                             : binary("max", binary("sub", cols, constant(correction)), constant(0));
           int var = binary("div", reduce(ReduceKind::kSum, binary("mul", d, d)), divisor);
-          value_[node.output(0)] = round_as(var, *node.output(0));
-          if (info.fn == "var_mean") value_[node.output(1)] = round_as(mean, *node.output(1));
+          set(node.output(0), round_as(var, *node.output(0)));
+          if (info.fn == "var_mean") set(node.output(1), round_as(mean, *node.output(1)));
           break;
         }
         ReduceKind kind = info.fn == "max"   ? ReduceKind::kMax
@@ -284,7 +358,7 @@ class Lowering {
                                              : ReduceKind::kSum;
         int r = reduce(kind, in(node, 0));
         if (info.fn == "mean") r = binary("div", r, constant(0, "cols"));
-        value_[&out] = round_as(r, out);
+        set(&out, round_as(r, out));
         break;
       }
       case ir::OpClass::kColumnReduction: {
@@ -293,7 +367,7 @@ class Lowering {
                                              : ReduceKind::kSum;
         int r = reduce(kind, in(node, 0));
         if (info.fn == "mean") r = binary("div", r, constant(0, "rows"));
-        value_[&out] = round_as(r, out);
+        set(&out, round_as(r, out));
         break;
       }
       case ir::OpClass::kSoftmax: {
@@ -304,7 +378,7 @@ class Lowering {
         int s = reduce(ReduceKind::kSum, e);
         int y =
             info.fn == "softmax" ? binary("div", e, s) : binary("sub", shifted, unary("log", s));
-        value_[&out] = round_as(y, out);
+        set(&out, round_as(y, out));
         break;
       }
       case ir::OpClass::kLayerNorm: {
@@ -319,22 +393,27 @@ class Lowering {
         int y = binary("mul", d, rstd);
         if (node.input(2)->kind() == ir::ValueKind::kTensor) y = binary("mul", y, in(node, 2));
         if (node.input(3)->kind() == ir::ValueKind::kTensor) y = binary("add", y, in(node, 3));
-        value_[node.output(0)] = round_as(y, *node.output(0));
-        value_[node.output(1)] = round_as(mean, *node.output(1));
-        value_[node.output(2)] = round_as(rstd, *node.output(2));
+        set(node.output(0), round_as(y, *node.output(0)));
+        set(node.output(1), round_as(mean, *node.output(1)));
+        set(node.output(2), round_as(rstd, *node.output(2)));
         break;
       }
       default:
         MAGI_ASSERT(false, "unhandled op class for ", node.op_name());
     }
     comment_.clear();
+    shift_ = 0;
   }
 
   const ir::Graph& group_;
   KernelSpec spec_;
   ir::SymExpr row_length_{0};
   std::vector<ir::SymExpr> space_;  ///< the index space of a column kernel
-  std::unordered_map<const ir::Value*, int> value_;
+  void set_at(const ir::Value* v, int64_t shift, int op) { lowered_[{v, shift}] = op; }
+
+  std::map<std::pair<const ir::Value*, int64_t>, int> lowered_;  ///< (value, shift) -> KOp
+  std::unordered_map<const ir::Value*, int> input_index_;
+  int64_t shift_ = 0;  ///< the column offset of the node being lowered
   std::string comment_;
 };
 

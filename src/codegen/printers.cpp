@@ -57,13 +57,23 @@ std::string name(const KernelSpec& s, int i) {
 
 // `fast`: print the GPU's fast forms of exp, log, division, sigmoid and silu
 // (KernelSpec::fast_math).
-std::string expr(const KernelSpec& s, int i, const std::function<std::string(int)>& load,
-                 bool fast) {
+// How a printer reads a Load op (its input at its column shift) inside a lane loop.
+using LoadFn = std::function<std::string(const KOp&)>;
+
+// The load of a schedule without column shifts (slices and cats only join pointwise kernels).
+LoadFn unshifted(std::function<std::string(int)> load) {
+  return [load = std::move(load)](const KOp& op) {
+    MAGI_ASSERT(op.shift == 0, "a load at a column offset in a reduction kernel");
+    return load(op.input);
+  };
+}
+
+std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast) {
   const KOp& op = s.ops[i];
   auto a = [&](int k) { return name(s, op.args[k]); };
   switch (op.kind) {
     case KOpKind::kLoad:
-      return load(op.input);
+      return load(op);
     case KOpKind::kConst:
       return name(s, i);
     case KOpKind::kRound:
@@ -73,6 +83,16 @@ std::string expr(const KernelSpec& s, int i, const std::function<std::string(int
              a(0) + ")";
     case KOpKind::kWhere:
       return "(" + a(0) + " != A(0) ? " + a(1) + " : " + a(2) + ")";
+    case KOpKind::kSelect: {
+      // (col + shift < b0 ? a0 : (col + shift < b1 ? a1 : a2))
+      const std::string c = op.shift == 0 ? "col" : "(col + " + std::to_string(op.shift) + "LL)";
+      std::string e = a(static_cast<int>(op.bounds.size()));
+      for (size_t k = op.bounds.size(); k-- > 0;) {
+        e = "(" + c + " < " + std::to_string(op.bounds[k]) + "LL ? " + a(static_cast<int>(k)) +
+            " : " + e + ")";
+      }
+      return e;
+    }
     case KOpKind::kUnary: {
       const std::string& f = op.fn;
       if (f == "neg") return "(-" + a(0) + ")";
@@ -152,19 +172,27 @@ std::vector<int> element_closure(const KernelSpec& s, const std::vector<int>& ro
   return {seen.begin(), seen.end()};
 }
 
+// The inputs `ops` load at the lane's own column (loads at a column offset are read inline).
 std::vector<int> element_inputs(const KernelSpec& s, const std::vector<int>& ops) {
   std::set<int> inputs;
   for (int i : ops) {
-    if (s.ops[i].kind == KOpKind::kLoad) inputs.insert(s.ops[i].input);
+    if (s.ops[i].kind == KOpKind::kLoad && s.ops[i].shift == 0) inputs.insert(s.ops[i].input);
   }
   return {inputs.begin(), inputs.end()};
+}
+
+bool uses_columns(const KernelSpec& s) {
+  for (const KOp& op : s.ops) {
+    if (op.kind == KOpKind::kSelect || (op.kind == KOpKind::kLoad && op.shift != 0)) return true;
+  }
+  return false;
 }
 
 std::string comment(const KOp& op) { return op.comment.empty() ? "" : "  // " + op.comment; }
 
 // Statements computing `ops` for lane j, loads reading `load(input)`.
 void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
-              const std::function<std::string(int)>& load, const std::string& indent, bool fast) {
+              const LoadFn& load, const std::string& indent, bool fast) {
   for (int i : ops) {
     os << indent << "const A " << name(s, i) << " = " << expr(s, i, load, fast) << ";"
        << comment(s.ops[i]) << "\n";
@@ -210,6 +238,25 @@ void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& arg
 
 // ---- shared structure of a row kernel ------------------------------------------------------
 
+// Fills `dest`[V] (default t<i>) from input i through its strides, for the V elements from
+// linear index `first`: they lie in one row (the vector width divides the row length), so the
+// offset is computed once and the lanes step by the last dim's stride (on the GPU one vector
+// load when that stride is 1 and the address aligned).
+std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
+                                const std::string& first, std::string dest = "") {
+  const std::string k = std::to_string(i), in = "in" + k;
+  if (dest.empty()) dest = "t" + k;
+  const std::string off = "magi_offset(" + args + ", " + k + ", " + first + ")";
+  const std::string step = args + ".strides[" + k + "][" + args + ".rank - 1]";
+  if (gpu) {
+    return "magi_load_strided<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V>(" + in +
+           ", " + off + ", " + step + ", " + dest + ");";
+  }
+  return "{ const long long off = " + off + "; const long long step = " + step +
+         "; for (int j = 0; j < V; ++j) " + dest + "[j] = magi_to_acc<A>(" + in +
+         "[off + j * step]); }";
+}
+
 // Fills t<i>[V] for the chunk starting at column `col0` of row `row`.
 std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::string& args) {
   const KernelSpec& s = *v.spec;
@@ -230,8 +277,7 @@ std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::strin
     case AccessClass::kScalar:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
     case AccessClass::kStrided:
-      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[magi_offset(" +
-             args + ", " + std::to_string(i) + ", row * cols + col0 + j)]);";
+      return strided_vector_load(v, i, gpu, args, "row * cols + col0");
   }
   return "";
 }
@@ -287,7 +333,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       t.column_loop(os, ind, [&](std::ostream& o, const std::string& in2) {
         t.prepare_chunk(o, in2, element_inputs(s, ops));
         o << in2 << "for (int j = 0; j < V; ++j) {\n";
-        emit_ops(o, s, ops, t.element_load, in2 + "  ", t.gpu && s.fast_math);
+        emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
         o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
         o << in2 << "}\n";
       });
@@ -307,7 +353,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
       }
       o << in2 << "for (int j = 0; j < V; ++j) {\n";
-      emit_ops(o, s, ops, t.element_load, in2 + "  ", t.gpu && s.fast_math);
+      emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
       for (size_t k = 0; k < s.outputs.size(); ++k) {
         if (!s.outputs[k].per_row)
           o << in2 << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
@@ -352,10 +398,69 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
     case AccessClass::kScalar:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
     case AccessClass::kStrided:
-      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[magi_offset(" +
-             args + ", " + std::to_string(i) + ", base + j)]);";
+      return strided_vector_load(v, i, gpu, args, "base");
   }
   return "";
+}
+
+// Input i read at column `col + shift` of the lane's row (clamped to the row: a cat's
+// select discards the loads of its other pieces, whose columns may fall outside).
+std::string shifted_load(const KernelVariant& v, int i, int64_t shift, const std::string& args) {
+  const std::string c = "magi_col(col + " + std::to_string(shift) + "LL, cols)";
+  const std::string in = "in" + std::to_string(i);
+  std::string offset;
+  switch (v.access[i]) {
+    case AccessClass::kContiguous:
+      offset = "row_start + " + c;
+      break;
+    case AccessClass::kColumn:
+      offset = c;
+      break;
+    case AccessClass::kRow:
+      offset = "row_start / cols";
+      break;
+    case AccessClass::kScalar:
+      offset = "0";
+      break;
+    case AccessClass::kStrided:
+      offset = "magi_offset(" + args + ", " + std::to_string(i) + ", row_start) + " + c + " * " +
+               args + ".strides[" + std::to_string(i) + "][" + args + ".rank - 1]";
+      break;
+  }
+  return "magi_to_acc<A>(" + in + "[" + offset + "])";
+}
+
+// Loads at a column shift that is a multiple of V read whole vectors: with V dividing the row
+// length, a vector's shifted columns are all inside the row or all outside it (then clamped:
+// a cat's select discards them). They fill s<op>[V] before the lane loop.
+bool vector_shift(const KernelVariant& v, const KOp& op) {
+  return op.kind == KOpKind::kLoad && op.shift != 0 && op.shift % v.vector_width == 0 &&
+         (v.access[op.input] == AccessClass::kContiguous ||
+          v.access[op.input] == AccessClass::kStrided);
+}
+
+void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
+                               const std::vector<int>& ops, bool gpu, const std::string& args,
+                               const std::string& ind) {
+  const KernelSpec& s = *v.spec;
+  for (int n : ops) {
+    const KOp& op = s.ops[n];
+    if (!vector_shift(v, op)) continue;
+    const std::string k = std::to_string(op.input), T = ctype(s.inputs[op.input].dtype);
+    const std::string first =
+        "row_start + magi_col(col_base + " + std::to_string(op.shift) + "LL, cols - V + 1)";
+    const std::string dest = "s" + std::to_string(n);
+    os << ind << "A " << dest << "[V];\n";
+    if (v.access[op.input] == AccessClass::kStrided) {
+      os << ind << strided_vector_load(v, op.input, gpu, args, first, dest) << "\n";
+    } else if (gpu) {
+      os << ind << "magi_load<A, " << T << ", V>(in" << k << " + " << first << ", " << dest
+         << ");\n";
+    } else {
+      os << ind << "{ const long long off = " << first << "; for (int j = 0; j < V; ++j) " << dest
+         << "[j] = magi_to_acc<A>(in" << k << "[off + j]); }\n";
+    }
+  }
 }
 
 void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
@@ -366,10 +471,27 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
     os << ind << "A t" << i << "[V];\n" << ind << load_pointwise(v, i, gpu, args) << "\n";
   }
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
+  const bool columns = uses_columns(s);
+  if (columns) {  // the V lanes lie in one row (the vector width divides the row length)
+    os << ind << "const long long col_base = base % cols;\n";
+    os << ind << "const long long row_start = base - col_base;\n";
+    os << ind << "(void)row_start;\n";
+    emit_shifted_vector_loads(os, v, ops, gpu, args, ind);
+  }
   os << ind << "for (int j = 0; j < V; ++j) {\n";
+  if (columns) os << ind << "  const long long col = col_base + j;\n";
   emit_ops(
-      os, s, ops, [](int i) { return "t" + std::to_string(i) + "[j]"; }, ind + "  ",
-      gpu && s.fast_math);
+      os, s, ops,
+      [&](const KOp& op) {
+        if (op.shift == 0) return "t" + std::to_string(op.input) + "[j]";
+        if (vector_shift(v, op)) {
+          for (int n : ops) {
+            if (&s.ops[n] == &op) return "s" + std::to_string(n) + "[j]";
+          }
+        }
+        return shifted_load(v, op.input, op.shift, args);
+      },
+      ind + "  ", gpu && s.fast_math);
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
   }
@@ -451,9 +573,8 @@ void emit_column_step(std::ostream& os, const KernelVariant& v, const ColumnPlan
   }
   os << ind << "for (int j = 0; j < V; ++j) {\n";
   emit_column_values(os, s, p, nullptr, ind + "  ", gpu && s.fast_math);
-  emit_ops(
-      os, s, p.element, [](int i) { return "t" + std::to_string(i) + "[j]"; }, ind + "  ",
-      gpu && s.fast_math);
+  emit_ops(os, s, p.element, unshifted([](int i) { return "t" + std::to_string(i) + "[j]"; }),
+           ind + "  ", gpu && s.fast_math);
   for (int r : p.reductions) {
     os << ind << "  " << acc(r) << " = "
        << combine(s.ops[r].reduce, acc(r), name(s, s.ops[r].args[0])) << ";\n";
@@ -732,9 +853,11 @@ std::string print_cuda(const KernelVariant& v) {
         return "magi_load_raw(" + in + " + row * cols + col0, " + slot + ");";
       case AccessClass::kColumn:
         return "magi_load_raw(" + in + " + col0, " + slot + ");";
-      default:  // strided
-        return "for (int j = 0; j < V; ++j) " + slot + ".v[j] = " + in + "[magi_offset(a, " +
-               std::to_string(i) + ", row * cols + col0 + j)];";
+      default:  // strided: as strided_vector_load
+        return "{ const long long off = magi_offset(a, " + std::to_string(i) +
+               ", row * cols + col0); const long long step = a.strides[" + std::to_string(i) +
+               "][a.rank - 1]; for (int j = 0; j < V; ++j) " + slot + ".v[j] = " + in +
+               "[off + j * step]; }";
     }
   };
   auto chunk_loop = [](std::ostream& o, const std::string& ind, const std::string& body) {

@@ -1,6 +1,7 @@
 // The operator table behind op_info(). Entries are keyed by "aten::name.overload".
 #include "magi/ir/op_info.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +56,8 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::_softmax", {OpClass::kSoftmax, "softmax"}},
       {"aten::_log_softmax", {OpClass::kSoftmax, "log_softmax"}},
       {"aten::native_layer_norm", {OpClass::kLayerNorm, "layer_norm"}},
+      {"aten::slice.Tensor", {OpClass::kSlice, "slice"}},
+      {"aten::cat", {OpClass::kCat, "cat"}},
   };
   return kTable;
 }
@@ -100,6 +103,23 @@ int64_t leading_prefix(const Node& node, size_t dim_arg) {
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> slice_bounds(const Node& node) {
+  // slice(self, dim, start, end, step); op_info checked that they are constants
+  const int64_t size = node.input(0)->tensor_type()->sizes.back().constant_value();
+  auto bound = [&](size_t i, int64_t fallback) {
+    const c10::IValue* v = constant_input(node, i);
+    int64_t b = v->isNone() ? fallback : v->toInt();
+    if (b < 0) b += size;
+    return std::clamp<int64_t>(b, 0, size);
+  };
+  const int64_t start = bound(2, 0);
+  return {start, std::max(start, bound(3, size))};
+}
+
+const std::vector<Value*>& cat_pieces(const Node& node) {
+  return node.input(0)->producer()->inputs();
+}
 
 int64_t column_reduced_dims(const Node& node) {
   return op_info(node).op_class == OpClass::kColumnReduction ? leading_prefix(node, 1) : 0;
@@ -218,6 +238,41 @@ OpInfo op_info(const Node& node, std::string* reason) {
         return reject(reason, "softmax over a dim other than the last");
       }
       if (!half_to_float || half_to_float->toBool()) return reject(reason, "half_to_float softmax");
+      break;
+    }
+    case OpClass::kSlice: {
+      const auto& type = node.input(0)->tensor_type();
+      const c10::IValue* dim = constant_input(node, 1);
+      const c10::IValue* step = constant_input(node, 4);
+      if (!type || type->rank() < 1 || !dim || !dim->isInt() ||
+          !(dim->toInt() == -1 || dim->toInt() == type->rank() - 1)) {
+        return reject(reason, "a slice of a dim other than the last");
+      }
+      if (!type->sizes.back().is_constant()) return reject(reason, "a slice of a symbolic size");
+      for (size_t i : {2u, 3u}) {
+        const c10::IValue* b = constant_input(node, i);
+        if (!b || !(b->isNone() || b->isInt())) return reject(reason, "non-constant slice bounds");
+      }
+      if (!step || !step->isInt() || step->toInt() != 1) return reject(reason, "a strided slice");
+      break;
+    }
+    case OpClass::kCat: {
+      const Node* list = node.input(0)->producer();
+      const c10::IValue* dim = node.inputs().size() > 1 ? constant_input(node, 1) : nullptr;
+      const int64_t rank = node.output()->tensor_type()->rank();
+      if (list->kind() != NodeKind::kMakeList || !dim || !dim->isInt() ||
+          !(dim->toInt() == -1 || dim->toInt() == rank - 1)) {
+        return reject(reason, "cat along a dim other than the last");
+      }
+      for (const Value* piece : list->inputs()) {
+        if (!is_fusible_float_tensor(*piece) || piece->tensor_type()->rank() != rank ||
+            !piece->tensor_type()->sizes.back().is_constant()) {
+          return reject(reason, "cat of pieces of symbolic width or another rank");
+        }
+        if (piece->tensor_type()->device != node.output()->tensor_type()->device) {
+          return reject(reason, "an operand on another device");
+        }
+      }
       break;
     }
     case OpClass::kLayerNorm: {

@@ -59,6 +59,9 @@ struct Group {
   int64_t column_dims = 0;
   // Members computing per-column values: column reductions and the ops reading them.
   std::unordered_set<const Node*> column_nodes;
+  // Members computing values narrower than the index space: slices of its last dim and the
+  // ops on them, until a cat of the last dim restores the full width. Read only by members.
+  std::unordered_set<const Node*> narrow_nodes;
   size_t first_position = 0;
   bool reduces() const { return has_reduction || has_column; }
 };
@@ -78,6 +81,11 @@ class Fuser {
     adopt_lone_casts();
     bool changed = false;
     for (Group& g : groups_) {
+      if (!narrow_values_closed(g)) {
+        MAGI_LOG_DEBUG("not fusing ", g.members.size(),
+                       " ops: a slice or an op on one is read outside the group");
+        continue;
+      }
       if (g.members.size() >= 2 || (g.members.size() == 1 && is_compound(*g.members[0]))) {
         rewrite(g);
         changed = true;
@@ -97,6 +105,9 @@ class Fuser {
     return ir::op_info(n).op_class == ir::OpClass::kColumnReduction;
   }
 
+  static bool is_slice(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kSlice; }
+  static bool is_cat(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kCat; }
+
   static bool is_compound(const Node& n) {
     ir::OpClass c = ir::op_info(n).op_class;
     return c == ir::OpClass::kSoftmax || c == ir::OpClass::kLayerNorm;
@@ -104,7 +115,7 @@ class Fuser {
 
   // Every non-tensor operand must be a constant: runtime scalars stay out of kernels.
   static bool operands_ok(const Node& n) {
-    for (const Value* in : n.inputs()) {
+    for (const Value* in : operands(n)) {
       if (in->kind() == ir::ValueKind::kTensor) {
         if (in->producer()->kind() == ir::NodeKind::kConstant) {
           const c10::IValue& c = in->producer()->constant();
@@ -119,9 +130,71 @@ class Fuser {
     return true;
   }
 
+  // The values a node reads: a cat's pieces instead of its list.
+  static std::vector<const Value*> operands(const Node& n) {
+    if (is_cat(n)) {
+      const auto& pieces = ir::cat_pieces(n);
+      return {pieces.begin(), pieces.end()};
+    }
+    return {n.inputs().begin(), n.inputs().end()};
+  }
+
+  bool reads_narrow_value(const Group& g, const Node& node) const {
+    for (const Value* in : operands(node)) {
+      if (g.narrow_nodes.count(in->producer())) return true;
+    }
+    return false;
+  }
+
+  // Slices, cats and the ops between them (rotate_half: cat(-x[..., h:], x[..., :h])). A
+  // slice reads a value of the full index space; an op on narrow values reads only narrow
+  // values of its own shape (and 0-dim operands); a cat of the last dim reads members only and
+  // gives the full shape back. No reduction shares such a group.
+  bool can_join_narrow(const Group& g, const Node& node) {
+    if (g.reduces() || is_reducing(node) || is_column_reduction(node)) return false;
+    const auto& out = node.output()->tensor_type()->sizes;
+    if (is_cat(node)) {
+      if (!same_shape(out, g.full) || node.input(0)->users().size() != 1) return false;
+      for (const Value* piece : ir::cat_pieces(node)) {
+        if (!g.member_set.count(piece->producer())) return false;
+      }
+      return true;
+    }
+    if (is_slice(node)) {
+      const Value* src = node.input(0);
+      if (!same_shape(src->tensor_type()->sizes, g.full)) return false;
+      return g.member_set.count(src->producer()) || !depends_on(src->producer(), g);
+    }
+    for (const Value* in : node.inputs()) {
+      const Node* p = in->producer();
+      if (p->kind() == ir::NodeKind::kConstant) continue;
+      if (in->kind() != ir::ValueKind::kTensor || !in->tensor_type()) return false;
+      if (in->tensor_type()->sizes.empty()) {
+        if (!g.member_set.count(p) && depends_on(p, g)) return false;
+        continue;
+      }
+      if (!g.narrow_nodes.count(p) || !same_shape(in->tensor_type()->sizes, out)) return false;
+    }
+    return true;
+  }
+
+  // Does every narrow value of `g` stay inside it?
+  static bool narrow_values_closed(const Group& g) {
+    for (const Node* n : g.narrow_nodes) {
+      for (const Value* out : n->outputs()) {
+        for (const Node* u : out->users()) {
+          if (!g.member_set.count(u)) return false;
+        }
+      }
+    }
+    return true;
+  }
+
   // The index space a node iterates: its input's shape for reductions, else its output's.
   static std::vector<SymExpr> space_of(const Node& n) {
-    if (is_reducing(n) || is_column_reduction(n)) return n.input(0)->tensor_type()->sizes;
+    if (is_reducing(n) || is_column_reduction(n) || is_slice(n)) {
+      return n.input(0)->tensor_type()->sizes;
+    }
     return n.output()->tensor_type()->sizes;
   }
 
@@ -208,6 +281,10 @@ class Fuser {
     for (size_t b : barriers_) {
       if (b > g.first_position && b < position_[&node]) return false;
     }
+    if (is_slice(node) || is_cat(node) || reads_narrow_value(g, node)) {
+      return can_join_narrow(g, node);
+    }
+    if (!g.narrow_nodes.empty() && (is_reducing(node) || is_column_reduction(node))) return false;
     if (g.has_column || is_column_reduction(node)) return can_join_column(g, node);
     bool reducing = is_reducing(node);
     if (reducing) {
@@ -249,23 +326,41 @@ class Fuser {
     }
     // Candidate groups: those of the producers, most recent first.
     std::vector<size_t> candidates;
-    for (const Value* in : node->inputs()) {
+    for (const Value* in : operands(*node)) {
       auto it = group_of_.find(in->producer());
       if (it != group_of_.end()) candidates.push_back(it->second);
     }
     std::sort(candidates.rbegin(), candidates.rend());
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    auto merge_others = [&](size_t gi) {
+      for (size_t other : candidates) {
+        if (other != gi && !groups_[other].members.empty() && can_merge(gi, other)) {
+          merge(gi, other);
+        }
+      }
+    };
     for (size_t gi : candidates) {
       Group& g = groups_[gi];
       if (can_join(g, *node)) {
         add(gi, node);
-        for (size_t other : candidates) {
-          if (other != gi && !groups_[other].members.empty() && can_merge(gi, other)) {
-            merge(gi, other);
-          }
-        }
+        merge_others(gi);
         return;
       }
     }
+    // A cat (or an op on narrow values) reads several groups: the slices of x each start one.
+    // They merge first, and then it can join.
+    if (candidates.size() > 1 &&
+        (is_cat(*node) || std::any_of(candidates.begin(), candidates.end(), [&](size_t gi) {
+           return reads_narrow_value(groups_[gi], *node);
+         }))) {
+      merge_others(candidates.front());
+      if (can_join(groups_[candidates.front()], *node)) {
+        add(candidates.front(), node);
+        return;
+      }
+    }
+    // A cat reads its pieces where a group computes them: it starts no group.
+    if (is_cat(*node)) return;
     Group g;
     g.full = space_of(*node);
     g.first_position = position_[node];
@@ -283,6 +378,9 @@ class Fuser {
     const Group& g = groups_[gi];
     const Group& o = groups_[oi];
     if ((g.reduces() && o.reduces()) || !same_shape(g.full, o.full)) return false;
+    if ((!g.narrow_nodes.empty() && o.reduces()) || (!o.narrow_nodes.empty() && g.reduces())) {
+      return false;
+    }
     const size_t lo = std::min(g.first_position, o.first_position);
     const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
     for (size_t b : barriers_) {
@@ -325,9 +423,11 @@ class Fuser {
       g.column_dims = o.column_dims;
     }
     g.column_nodes.insert(o.column_nodes.begin(), o.column_nodes.end());
+    g.narrow_nodes.insert(o.narrow_nodes.begin(), o.narrow_nodes.end());
     o.members.clear();
     o.member_set.clear();
     o.column_nodes.clear();
+    o.narrow_nodes.clear();
   }
 
   void add(size_t gi, Node* node) {
@@ -337,6 +437,15 @@ class Fuser {
       g.column_dims = ir::column_reduced_dims(*node);
     }
     if (is_column_reduction(*node) || reads_column_value(g, *node)) g.column_nodes.insert(node);
+    if (is_slice(*node) || (!is_cat(*node) && reads_narrow_value(g, *node))) {
+      g.narrow_nodes.insert(node);
+    }
+    if (is_cat(*node)) {  // its list goes with it
+      Node* list = node->input(0)->producer();
+      g.members.push_back(list);
+      g.member_set.insert(list);
+      group_of_[list] = gi;
+    }
     g.members.push_back(node);
     g.member_set.insert(node);
     g.has_reduction |= is_reducing(*node);

@@ -111,6 +111,22 @@ class Builder {
     if (std::string(name) != "aten::amax") in.push_back(none());
     return op(name, overload, std::move(in), t, out, line);
   }
+  // x[..., start:end] (end past the size, as Python's x[..., start:] captures)
+  Value* slice(Value* x, int64_t start, int64_t end, const std::string& out) {
+    TensorType t = *x->tensor_type();
+    const int64_t size = t.sizes.back().constant_value();
+    t.sizes.back() = SymExpr(std::min(end, size) - start);
+    return op("aten::slice", "Tensor", {x, integer(-1), integer(start), integer(end), integer(1)},
+              t, out);
+  }
+  Value* cat_last(std::vector<Value*> pieces, const std::string& out) {
+    TensorType t = *pieces[0]->tensor_type();
+    int64_t width = 0;
+    for (Value* p : pieces) width += p->tensor_type()->sizes.back().constant_value();
+    t.sizes.back() = SymExpr(width);
+    Value* list = g_.add_list(ValueKind::kTensorList, std::move(pieces))->output();
+    return op("aten::cat", "", {list, integer(-1)}, t, out);
+  }
   Value* row_reduce(const char* name, const char* overload, Value* x, bool keepdim,
                     const std::string& out, int line = 0) {
     TensorType t = *x->tensor_type();
@@ -313,6 +329,48 @@ TEST(FuseGroups, ColumnReductionGroupTakesPerColumnOpsOnly) {
   EXPECT_TRUE(spec.inputs[2].per_row);    // w: one value per column
   EXPECT_FALSE(spec.outputs[0].per_row);  // x * y, read outside
   EXPECT_TRUE(spec.outputs[1].per_row);
+}
+
+// rotate_half: x * cos + cat(-x[..., 8:], x[..., :8]) * sin. Each slice starts a group; the
+// cat merges them and joins, and the rest follows: one pointwise kernel, whose cat reads x at
+// column offsets +8 and -8. When a slice's value is also read outside, nothing of the slices
+// and cat is fused (the kernel never writes a slice's value).
+TEST(FuseGroups, RotateHalfSlicesAndCatAreOneGroup) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* cos = b.input("cos", {16});
+  Value* sin = b.input("sin", {16});
+  Value* lo = b.slice(x, 0, 8, "slice");
+  Value* hi = b.slice(x, 8, INT64_MAX, "slice_1");
+  Value* rot = b.cat_last({b.unary("aten::neg", hi, "neg"), lo}, "cat");
+  g.set_outputs({b.add(b.mul(x, cos, "mul"), b.mul(rot, sin, "mul_1"), "add")});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(*fusions[0]->piece()),
+            "aten::slice.Tensor aten::slice.Tensor aten::neg aten::cat aten::mul.Tensor "
+            "aten::mul.Tensor aten::add.Tensor");
+  codegen::KernelSpec spec = codegen::lower_group(*fusions[0]->piece(), "k");
+  std::vector<int64_t> shifts;
+  for (const codegen::KOp& op : spec.ops) {
+    if (op.kind == codegen::KOpKind::kLoad && op.shift != 0) shifts.push_back(op.shift);
+    if (op.kind == codegen::KOpKind::kSelect) EXPECT_EQ(op.bounds, std::vector<int64_t>{8});
+  }
+  EXPECT_EQ(shifts, (std::vector<int64_t>{8, -8}));
+
+  Graph g2;
+  Builder b2(g2);
+  Value* x2 = b2.input("x", {sym("s0"), 16});
+  Value* lo2 = b2.slice(x2, 0, 8, "slice");
+  Value* hi2 = b2.unary("aten::neg", b2.slice(x2, 8, 16, "slice_1"), "neg");
+  Value* cat2 = b2.cat_last({hi2, lo2}, "cat");
+  g2.set_outputs({b2.mul(cat2, x2, "mul"), b2.unary("aten::exp", lo2, "exp")});
+  fuse_groups(g2);
+  ir::verify(g2);
+  EXPECT_EQ(op_list(g2),
+            "aten::slice.Tensor aten::slice.Tensor aten::neg aten::cat aten::mul.Tensor aten::exp");
 }
 
 // a = neg(exp(x)) is a group; m = mm(a, w) reads it; add(a, m) must not join the group: the

@@ -24,7 +24,6 @@ from _fusion_patterns import (
     cases,
     layer_norm_plain,
     lowered_graphs,
-    not_fused_yet_cases,
     rmsnorm,
     run_pattern,
     silu_mul,
@@ -67,13 +66,6 @@ def test_pattern_matches_eager_and_is_fused(pattern, dtype, assert_close_rel):
     (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
     kernels = assert_fused(run, pattern, dtype)
     assert all(k["target"] == "cuda" for k in kernels)
-
-
-@pytest.mark.usefixtures("no_fallback")
-@pytest.mark.parametrize(("pattern", "dtype"), not_fused_yet_cases())
-def test_not_fused_yet(pattern, dtype, assert_close_rel):
-    (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
-    assert_fused(run, pattern, dtype)
 
 
 # ---- vector widths and long rows ------------------------------------------------------------

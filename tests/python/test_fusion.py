@@ -24,7 +24,6 @@ from _fusion_patterns import (
     assert_fused,
     cases,
     lowered_graphs,
-    not_fused_yet_cases,
     run_pattern,
 )
 from blocks import RMSNorm, init_weights_
@@ -54,15 +53,6 @@ def test_pattern_matches_eager_and_is_fused(pattern, dtype, assert_close_rel):
     assert all(k["target"] == "cpu" for k in kernels)
 
 
-@pytest.mark.usefixtures("no_fallback")
-@pytest.mark.parametrize(("pattern", "dtype"), not_fused_yet_cases())
-def test_not_fused_yet(pattern, dtype, assert_close_rel):
-    """Right numbers today; the fusion each names is missing (strict xfail: fusing it passes
-    the test and the xfail must go)."""
-    (run,) = run_pattern(pattern, dtype, "cpu", assert_close_rel)
-    assert_fused(run, pattern, dtype)
-
-
 @pytest.mark.filterwarnings("ignore:var\\(\\). degrees of freedom")
 def test_variance_with_a_correction_past_the_row_length_matches_eager():
     """Regression: the divisor is max(cols - correction, 0) as in eager (inf, not a negative
@@ -79,6 +69,23 @@ def test_variance_with_a_correction_past_the_row_length_matches_eager():
     assert runs and runs[0].magi_executable.num_fusions >= 1
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_slice_read_outside_its_group_is_not_fused_and_right(assert_close_rel):
+    """A slice's value is only computed inside a kernel, at the columns a cat asks for: when
+    the caller also reads it, the slices and cat stay ATen calls (the rest still fuses)."""
+
+    def fn(x):
+        s = x[..., :8]
+        return torch.cat([s, -x[..., 8:]], -1) * 2.0, s + 1.0
+
+    x = torch.randn(3, 4, 16)
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        got = compiled(x)
+    for g, w in zip(got, fn(x), strict=True):
+        assert_close_rel(g, w, RTOL[torch.float32])
+    assert "aten::cat" in runs[0].magi_graph.op_names(), runs[0].magi_graph
 
 
 def test_group_with_more_operands_than_kernel_arguments_runs_through_aten(assert_close_rel):

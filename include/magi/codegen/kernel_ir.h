@@ -44,6 +44,7 @@ const char* schedule_name(Schedule s);
   _(Unary, "unary")       \
   _(Binary, "binary")     \
   _(Where, "where")       \
+  _(Select, "select")     \
   _(Round, "round")       \
   _(Reduce, "reduce")
 
@@ -60,7 +61,12 @@ struct KOp {
   std::string fn;         ///< Unary/Binary: function name ("exp", "add", "gelu_tanh", ...)
   std::vector<int> args;  ///< earlier KOps
   int input = -1;         ///< Load: input index
-  double value = 0.0;     ///< Const (fn "cols": the row length; "rows": the row count)
+  /// Load: read the input at column c + shift of the kernel's column c (clamped to the row);
+  /// Select: compare c + shift with the bounds. From slices and cats of the last dim.
+  int64_t shift = 0;
+  /// Select: args[k] where c + shift < bounds[k] (the first such k), else the last arg.
+  std::vector<int64_t> bounds;
+  double value = 0.0;  ///< Const (fn "cols": the row length; "rows": the row count)
   c10::ScalarType round_to = c10::ScalarType::Undefined;  ///< Round: bf16/f16 (f32 in double)
   ReduceKind reduce = ReduceKind::kSum;                   ///< Reduce
   bool per_row = false;  ///< one value per row (per column in a column kernel)

@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace magi::ir {
 
 class Node;
+class Value;
 
 enum class OpClass : uint8_t {
   kOther,            ///< not fusible: runs as an ATen call
@@ -21,6 +24,8 @@ enum class OpClass : uint8_t {
   kColumnReduction,  ///< sum/mean/amax/amin over dims 0..k-1, k < rank (bias gradients)
   kSoftmax,          ///< _softmax / _log_softmax over the last dim
   kLayerNorm,        ///< native_layer_norm over the last dim
+  kSlice,            ///< slice of a constant-size last dim, step 1, constant bounds
+  kCat,              ///< cat along the last dim of pieces of constant width
 };
 
 struct OpInfo {
@@ -32,6 +37,12 @@ struct OpInfo {
 /// than the last, a cast that changes device, or a gelu with an unknown approximation are
 /// kOther. `reason`, when given, says why a node is not fusible.
 OpInfo op_info(const Node& node, std::string* reason = nullptr);
+
+/// [start, end) of a kSlice, clamped to its input's last dim.
+std::pair<int64_t, int64_t> slice_bounds(const Node& node);
+
+/// The pieces of a kCat (the values its list is built from).
+const std::vector<Value*>& cat_pieces(const Node& node);
 
 /// k for a kColumnReduction over dims 0..k-1 of its input, else 0.
 int64_t column_reduced_dims(const Node& node);

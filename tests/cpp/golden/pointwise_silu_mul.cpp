@@ -22,7 +22,7 @@ extern "C" void fused_pointwise_silu_mul_clg_v1(const MagiArgs* a) {
     A t1[V];
     for (int j = 0; j < V; ++j) t1[j] = magi_to_acc<A>(in1[(base + j) % cols]);
     A t2[V];
-    for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[magi_offset((*a), 2, base + j)]);
+    { const long long off = magi_offset((*a), 2, base); const long long step = (*a).strides[2][(*a).rank - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
     A o0[V];
     for (int j = 0; j < V; ++j) {
       const A e0 = t0[j];

@@ -22,7 +22,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
     A t1[V];
     magi_load<A, magi_bf16, 8>(in1 + base % cols, t1);
     A t2[V];
-    _Pragma("unroll") for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[magi_offset(a, 2, base + j)]);
+    magi_load_strided<A, magi_bf16, V>(in2, magi_offset(a, 2, base), a.strides[2][a.rank - 1], t2);
     A o0[V];
     _Pragma("unroll") for (int j = 0; j < V; ++j) {
       const A e0 = t0[j];
