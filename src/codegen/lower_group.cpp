@@ -255,11 +255,12 @@ class Lowering {
     MAGI_ASSERT(info.op_class != ir::OpClass::kOther, node.op_name(),
                 " in a fusion group: ", reason);
     // Operands first: lowering them may lower other nodes (which sets shift_ and comment_).
+    std::vector<int> pieces;  // a cat's pieces, each at its column offset
     std::vector<int64_t> piece_ends;
     if (info.op_class == ir::OpClass::kCat) {
       int64_t offset = 0;
       for (const ir::Value* piece : ir::cat_pieces(node)) {
-        eval(piece, shift - offset);
+        pieces.push_back(eval(piece, shift - offset));
         offset += piece->tensor_type()->sizes.back().constant_value();
         piece_ends.push_back(offset);
       }
@@ -287,11 +288,7 @@ class Lowering {
       case ir::OpClass::kCat: {
         KOp op;
         op.kind = KOpKind::kSelect;
-        int64_t offset = 0;
-        for (const ir::Value* piece : ir::cat_pieces(node)) {
-          op.args.push_back(eval(piece, shift - offset));
-          offset += piece->tensor_type()->sizes.back().constant_value();
-        }
+        op.args = std::move(pieces);
         piece_ends.pop_back();  // the last piece takes every column after the others
         op.bounds = std::move(piece_ends);
         op.shift = shift;

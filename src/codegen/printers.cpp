@@ -484,11 +484,7 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
       os, s, ops,
       [&](const KOp& op) {
         if (op.shift == 0) return "t" + std::to_string(op.input) + "[j]";
-        if (vector_shift(v, op)) {
-          for (int n : ops) {
-            if (&s.ops[n] == &op) return "s" + std::to_string(n) + "[j]";
-          }
-        }
+        if (vector_shift(v, op)) return "s" + std::to_string(&op - s.ops.data()) + "[j]";
         return shifted_load(v, op.input, op.shift, args);
       },
       ind + "  ", gpu && s.fast_math);
