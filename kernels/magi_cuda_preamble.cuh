@@ -272,6 +272,20 @@ __device__ __forceinline__ A magi_block_reduce(A v, F combine, A* scratch) {
   return v;
 }
 
+// A reduction over one row of a row kernel. Rows of at most 32 threads (blockDim.x, a power
+// of two) are held by adjacent lanes of one warp, blockDim.y rows per block: shuffles within
+// the row's lanes, no shared memory. Longer rows take the whole block (blockDim.y == 1).
+template <typename A, typename F>
+__device__ __forceinline__ A magi_row_reduce(A v, F combine, A* scratch) {
+  if (blockDim.x <= 32) {
+    for (int o = blockDim.x >> 1; o > 0; o >>= 1) {
+      v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+  }
+  return magi_block_reduce(v, combine, scratch);
+}
+
 template <typename A>
 __device__ __forceinline__ A magi_inf();
 template <>

@@ -363,8 +363,8 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (s.outputs[k].per_row) continue;
         std::string T = ctype(s.outputs[k].dtype);
         if (t.gpu) {
-          o << in2 << "magi_store<A, " << T << ", V>(out" << k << " + row * cols + col0, o" << k
-            << ");\n";
+          o << in2 << "if (live) magi_store<A, " << T << ", V>(out" << k
+            << " + row * cols + col0, o" << k << ");\n";
         } else {
           o << in2 << "for (int j = 0; j < V; ++j) out" << k
             << "[row * cols + col0 + j] = MagiStore<" << T << ">::from(o" << k << "[j]);\n";
@@ -783,6 +783,19 @@ int max_threads_per_block() {
   return threads;
 }
 
+namespace {
+// The loop over the rows of a GPU row kernel: blockDim.y rows per block (rows of at most 32
+// threads; see magi_row_reduce), each row's lanes along x.
+void emit_gpu_row_loop(std::ostream& os) {
+  os << "    for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;\n"
+        "         row0 += (long long)gridDim.x * blockDim.y) {\n"
+        "      // Every lane runs every iteration (its row's shuffles need it): lanes past the\n"
+        "      // last row redo that row and store nothing.\n"
+        "      const bool live = row0 + threadIdx.y < a.rows;\n"
+        "      const long long row = live ? row0 + threadIdx.y : a.rows - 1;\n";
+}
+}  // namespace
+
 std::string print_cuda(const KernelVariant& v) {
   check_variant(v);
   const KernelSpec& s = *v.spec;
@@ -886,11 +899,11 @@ std::string print_cuda(const KernelVariant& v) {
       std::string fn = r == ReduceKind::kSum   ? "[](A x, A y) { return x + y; }"
                        : r == ReduceKind::kMax ? "[](A x, A y) { return magi_max(x, y); }"
                                                : "[](A x, A y) { return magi_min(x, y); }";
-      o << ind << "const A " << result << " = magi_block_reduce<A>(" << acc << ", " << fn
+      o << ind << "const A " << result << " = magi_row_reduce<A>(" << acc << ", " << fn
         << ", scratch);\n";
     };
     t.store_row = [&s](std::ostream& o, const std::string& ind, int k, const std::string& value) {
-      o << ind << "if (threadIdx.x == 0) out" << k << "[row] = MagiStore<"
+      o << ind << "if (threadIdx.x == 0 && live) out" << k << "[row] = MagiStore<"
         << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
     t.element_load = [&v, cached, cached_input, column_mode](int i) {
@@ -918,7 +931,7 @@ std::string print_cuda(const KernelVariant& v) {
     }
     if (!column_inputs.empty()) chunk_loop(os, "    ", column_loads.str());
   }
-  os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
+  emit_gpu_row_loop(os);
   std::ostringstream row_loads;
   if (column_mode == 'r') {
     for (int i : column_inputs) {
@@ -933,7 +946,7 @@ std::string print_cuda(const KernelVariant& v) {
   if (!row_loads.str().empty()) chunk_loop(os, "      ", row_loads.str());
   emit_row_body(os, v, make_target(true), "      ");
   os << "    }\n  } else {  // long rows: stream them once per pass\n";
-  os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
+  emit_gpu_row_loop(os);
   emit_row_body(os, v, make_target(false), "      ");
   os << "    }\n  }\n}\n";
   return unroll_lane_loops(os.str());

@@ -1,0 +1,114 @@
+"""Where the GPU time of a benchmark workload goes, per variant: the CUDA kernels of one step
+grouped by name (total time, calls), the kernel count and the GPU-busy time per step, for
+eager, torch.compile and magi_compile side by side. Used to find what magi loses on
+(attention backend, matmul choice, unfused chains).
+
+    python scripts/gpu/profile_workloads.py --only llama_prefill,dit_block [--rows 14]
+        [--json $OUT/profile.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (str(ROOT / "examples"), str(ROOT)):
+    sys.path.insert(0, p)
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from benchmarks import harness, workloads  # noqa: E402
+
+STEPS = 5
+
+
+def kernel_table(case: workloads.Case, fn, hook) -> dict:
+    args = case.inputs[0]
+    for _ in range(3):
+        case.step(fn, args, hook)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            case.step(fn, args, hook)
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    busy = 0.0
+    spans = []
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        totals[ev.name][0] += t / STEPS
+        totals[ev.name][1] += 1 / STEPS
+        busy += t / STEPS
+        spans.append((ev.time_range.start, ev.time_range.end, ev.name))
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    # Idle stretches of the GPU between consecutive kernels (within the profiled steps).
+    spans.sort()
+    gaps = []
+    for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:], strict=False):
+        if s1 - e0 > 3:
+            gaps.append((s1 - e0, n0[:60], n1[:60]))
+    gaps.sort(reverse=True)
+    # Wall time per step (CUDA events) and host time to issue one step (no sync inside).
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    wall, host = [], []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        case.step(fn, args, hook)
+        end.record()
+        host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        wall.append(start.elapsed_time(end) * 1e3)
+    return {
+        "busy_us": busy,
+        "wall_us": statistics.median(wall),
+        "host_us": statistics.median(host),
+        "idle_us": sum(g[0] for g in gaps) / STEPS,
+        "largest_gaps": [{"us": g[0], "after": g[1], "before": g[2]} for g in gaps[:12]],
+        "kernels_per_step": sum(v[1] for v in totals.values()),
+        "kernels": [{"name": k, "us": v[0], "calls": v[1]} for k, v in rows],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="llama_prefill,dit_block")
+    ap.add_argument("--variants", default="eager,inductor,magi")
+    ap.add_argument("--rows", type=int, default=14)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dtype, device = torch.bfloat16, torch.device("cuda")
+    result = {}
+    for w in workloads.select(args.only):
+        case = w.build("full", device, dtype)
+        result[w.name] = {}
+        for name in args.variants.split(","):
+            fn, hook = harness.make_variant(name, case.module)
+            with torch.no_grad() if case.kind != "train" else torch.enable_grad():
+                table = kernel_table(case, fn, hook)
+            result[w.name][name] = table
+            print(f"\n===== {w.name} / {name}: wall {table['wall_us'] / 1e3:.3f} ms, GPU busy "
+                  f"{table['busy_us'] / 1e3:.3f} ms, idle between kernels {table['idle_us'] / 1e3:.3f} ms, "
+                  f"host {table['host_us'] / 1e3:.3f} ms per step; {table['kernels_per_step']:.0f} kernels")  # fmt: skip
+            for g in table["largest_gaps"][:6]:
+                print(f"   gap {g['us']:8.1f} us after {g['after']} / before {g['before']}")
+            for k in table["kernels"][: args.rows]:
+                print(f"{k['us']:10.1f} us {k['calls']:6.1f}x  {k['name'][:110]}")
+            del fn
+            harness.reset_compilers()
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
