@@ -272,18 +272,14 @@ __device__ __forceinline__ A magi_block_reduce(A v, F combine, A* scratch) {
   return v;
 }
 
-// A reduction over one row of a row kernel. Rows of at most 32 threads (blockDim.x, a power
-// of two) are held by adjacent lanes of one warp, blockDim.y rows per block: shuffles within
-// the row's lanes, no shared memory. Longer rows take the whole block (blockDim.y == 1).
+// A reduction over one row held by blockDim.x (a power of two, at most 32) adjacent lanes of a
+// warp, blockDim.y rows per block: shuffles within the row's lanes, no shared memory.
 template <typename A, typename F>
-__device__ __forceinline__ A magi_row_reduce(A v, F combine, A* scratch) {
-  if (blockDim.x <= 32) {
-    for (int o = blockDim.x >> 1; o > 0; o >>= 1) {
-      v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
-    }
-    return v;
+__device__ __forceinline__ A magi_warp_row_reduce(A v, F combine) {
+  for (int o = blockDim.x >> 1; o > 0; o >>= 1) {
+    v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
   }
-  return magi_block_reduce(v, combine, scratch);
+  return v;
 }
 
 template <typename A>

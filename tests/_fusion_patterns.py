@@ -315,6 +315,41 @@ def column_sum_odd(x):
     return torch.tanh(x).sum(0)
 
 
+# Views between computations: the values before a view are computed at the element the view
+# maps to the index space, their operands read through the view's strides.
+
+
+def view_heads(x, y):
+    b, s, h = x.shape
+    return (x * 2.0 + 1.0).view(b, s, 4, h // 4) * y  # y [C // 4]: read after the view
+
+
+def transpose_between(x, y):
+    return (torch.sigmoid(x) * 3.0).transpose(1, 2) + y
+
+
+def heads_rmsnorm(x, r, w):
+    # qk-norm: a residual add, the heads split off by a view, RMSNorm per head
+    b, s, h = x.shape
+    q = (x + r).view(b, s, 4, h // 4).float()
+    return (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+
+def flatten_column_sum(g, h):
+    # a gradient flattened to 2-D for its matmul, and its bias gradient
+    gh = g * torch.sigmoid(h)
+    flat = gh.view(-1, gh.shape[-1])
+    return flat, flat.sum(0)
+
+
+def unsqueeze_read_twice(x, w):
+    return ((x * w).unsqueeze(1) + 1.0) * w  # w is read before and after the view
+
+
+def permute_heads(x, y):
+    return (x.exp() * 0.5).permute(0, 2, 1, 3) - y
+
+
 PATTERNS = [
     Pattern("rmsnorm", rmsnorm, _inputs(ROWS, (C,)), ("aten::pow", "aten::mean", "aten::rsqrt"),
             casts=True),
@@ -421,6 +456,20 @@ PATTERNS = [
             ("aten::mul", "aten::sum"), dynamic={"x": 1, "y": 0}),
     Pattern("column_sum_odd_rows", column_sum_odd, _inputs(("B", 37)), ("aten::tanh", "aten::sum"),
             batches=(301, 7)),
+    Pattern("view_heads", view_heads, _inputs(ROWS, (C // 4,)),
+            ("aten::mul", "aten::add", "aten::view")),
+    Pattern("transpose_between", transpose_between, _inputs(ROWS, ("B", C, 4)),
+            ("aten::sigmoid", "aten::mul", "aten::transpose", "aten::add"),
+            dynamic={"x": 0, "y": 0}),
+    Pattern("heads_rmsnorm", heads_rmsnorm, _inputs(ROWS, ROWS, (C // 4,)),
+            ("aten::add", "aten::view", "aten::pow", "aten::mean", "aten::rsqrt"),
+            dynamic={"x": 0, "r": 0}, casts=True),
+    Pattern("flatten_column_sum", flatten_column_sum, _inputs(ROWS, ROWS),
+            ("aten::sigmoid", "aten::mul", "aten::view", "aten::sum"), dynamic={"g": 0, "h": 0}),
+    Pattern("unsqueeze_read_twice", unsqueeze_read_twice, _inputs(("B", C), (C,)),
+            ("aten::mul", "aten::unsqueeze", "aten::add")),
+    Pattern("permute_heads", permute_heads, _inputs(("B", 4, 6, 8), ("B", 6, 4, 8)),
+            ("aten::exp", "aten::mul", "aten::permute", "aten::sub"), dynamic={"x": 0, "y": 0}),
 ]  # fmt: skip
 
 

@@ -98,7 +98,7 @@ std::string KernelSpec::str() const {
 std::string KernelVariant::symbol() const {
   std::string s = spec->name + "_";
   for (AccessClass a : access) s += static_cast<char>(a);
-  return s + "_v" + std::to_string(vector_width);
+  return s + "_v" + std::to_string(vector_width) + (rows_in_warps ? "_w" : "");
 }
 
 }  // namespace magi::codegen

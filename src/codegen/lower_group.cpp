@@ -41,13 +41,17 @@ class Lowering {
         }
       }
     }
-    for (const ir::Value* in : group_.inputs()) {
+    const auto chains = input_view_chains(group_);
+    for (size_t k = 0; k < group_.inputs().size(); ++k) {
+      const ir::Value* in = group_.inputs()[k];
       KInput input{in->tensor_type() ? in->tensor_type()->dtype : c10::ScalarType::Float};
       if (in->tensor_type() && in->tensor_type()->dtype == c10::ScalarType::Double) {
         spec_.use_double = true;
       }
-      input.per_row = (spec_.schedule == Schedule::kRow && is_row_shaped(*in)) ||
-                      (spec_.schedule == Schedule::kColumn && is_column_shaped(*in));
+      // An input read before a view is read per element: its shape is not the index space's.
+      input.per_row =
+          chains[k].empty() && ((spec_.schedule == Schedule::kRow && is_row_shaped(*in)) ||
+                                (spec_.schedule == Schedule::kColumn && is_column_shaped(*in)));
       spec_.inputs.push_back(input);
       KOp load;
       load.kind = KOpKind::kLoad;
@@ -267,6 +271,11 @@ class Lowering {
     } else if (info.op_class == ir::OpClass::kSlice) {
       set_at(node.output(), shift, eval(node.input(0), shift + ir::slice_bounds(node).first));
       return;
+    } else if (info.op_class == ir::OpClass::kView) {
+      // The kernel computes the values before a view at the element the view maps to the
+      // index space (their inputs are read through the view's strides): nothing to compute.
+      set_at(node.output(), shift, eval(node.input(0), shift));
+      return;
     } else {
       MAGI_ASSERT(shift == 0 || info.op_class == ir::OpClass::kUnary ||
                       info.op_class == ir::OpClass::kBinary ||
@@ -414,7 +423,38 @@ class Lowering {
   std::string comment_;
 };
 
+// The views after `node`'s values up to the index space (see input_view_chains).
+const std::vector<const ir::Node*>& views_after(
+    const ir::Node* node, std::unordered_map<const ir::Node*, std::vector<const ir::Node*>>& memo) {
+  auto it = memo.find(node);
+  if (it != memo.end()) return it->second;
+  std::vector<const ir::Node*> chain;
+  for (const ir::Value* out : node->outputs()) {
+    if (out->users().empty()) continue;
+    const ir::Node* user = out->users().front();  // all readers of a value share its views
+    if (user->kind() == ir::NodeKind::kOutput) break;
+    if (user->kind() == ir::NodeKind::kAtenOp &&
+        ir::op_info(*user).op_class == ir::OpClass::kView) {
+      chain.push_back(user);
+    }
+    const auto& rest = views_after(user, memo);
+    chain.insert(chain.end(), rest.begin(), rest.end());
+    break;
+  }
+  return memo[node] = std::move(chain);
+}
+
 }  // namespace
+
+std::vector<std::vector<const ir::Node*>> input_view_chains(const ir::Graph& group) {
+  std::unordered_map<const ir::Node*, std::vector<const ir::Node*>> memo;
+  std::vector<std::vector<const ir::Node*>> chains;
+  for (const ir::Value* in : group.inputs()) {
+    chains.push_back(in->users().empty() ? std::vector<const ir::Node*>{}
+                                         : views_after(in->users().front(), memo));
+  }
+  return chains;
+}
 
 KernelSpec lower_group(const ir::Graph& group, const std::string& name) {
   return Lowering(group, name).run();

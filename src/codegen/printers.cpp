@@ -301,7 +301,8 @@ std::string load_row_value(const KernelVariant& v, int i, const std::string& arg
 // reduction; `store_row(os, k, value)` stores a per-row output.
 struct RowTarget {
   bool gpu;
-  std::string args;  // "a." or "a->"
+  std::string store_guard;  // GPU, rows in warps: "if (live) " (lanes past the last row)
+  std::string args;         // "a." or "a->"
   std::function<void(std::ostream&, const std::string& indent,
                      const std::function<void(std::ostream&, const std::string&)>& body)>
       column_loop;
@@ -363,7 +364,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (s.outputs[k].per_row) continue;
         std::string T = ctype(s.outputs[k].dtype);
         if (t.gpu) {
-          o << in2 << "if (live) magi_store<A, " << T << ", V>(out" << k
+          o << in2 << t.store_guard << "magi_store<A, " << T << ", V>(out" << k
             << " + row * cols + col0, o" << k << ");\n";
         } else {
           o << in2 << "for (int j = 0; j < V; ++j) out" << k
@@ -784,9 +785,13 @@ int max_threads_per_block() {
 }
 
 namespace {
-// The loop over the rows of a GPU row kernel: blockDim.y rows per block (rows of at most 32
-// threads; see magi_row_reduce), each row's lanes along x.
-void emit_gpu_row_loop(std::ostream& os) {
+// The loop over the rows of a GPU row kernel: one row per block, or (rows_in_warps) blockDim.y
+// rows per block, each row's lanes along x.
+void emit_gpu_row_loop(std::ostream& os, bool rows_in_warps) {
+  if (!rows_in_warps) {
+    os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
+    return;
+  }
   os << "    for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;\n"
         "         row0 += (long long)gridDim.x * blockDim.y) {\n"
         "      // Every lane runs every iteration (its row's shuffles need it): lanes past the\n"
@@ -874,9 +879,11 @@ std::string print_cuda(const KernelVariant& v) {
     o << ind << "  const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
     o << ind << "  if (col0 < cols) {\n" << body << ind << "  }\n" << ind << "}\n";
   };
+  const bool warps = v.rows_in_warps;
   auto make_target = [&](bool cached) {
     RowTarget t;
     t.gpu = true;
+    t.store_guard = warps ? "if (live) " : "";
     t.args = "a";
     t.column_loop = [cached](std::ostream& o, const std::string& ind,
                              const std::function<void(std::ostream&, const std::string&)>& body) {
@@ -894,17 +901,19 @@ std::string print_cuda(const KernelVariant& v) {
         o << ind << "}\n";
       }
     };
-    t.reduce = [](std::ostream& o, const std::string& ind, ReduceKind r, const std::string& acc,
-                  const std::string& result) {
+    t.reduce = [warps](std::ostream& o, const std::string& ind, ReduceKind r,
+                       const std::string& acc, const std::string& result) {
       std::string fn = r == ReduceKind::kSum   ? "[](A x, A y) { return x + y; }"
                        : r == ReduceKind::kMax ? "[](A x, A y) { return magi_max(x, y); }"
                                                : "[](A x, A y) { return magi_min(x, y); }";
-      o << ind << "const A " << result << " = magi_row_reduce<A>(" << acc << ", " << fn
-        << ", scratch);\n";
+      o << ind << "const A " << result << " = "
+        << (warps ? "magi_warp_row_reduce<A>(" : "magi_block_reduce<A>(") << acc << ", " << fn
+        << (warps ? ");\n" : ", scratch);\n");
     };
-    t.store_row = [&s](std::ostream& o, const std::string& ind, int k, const std::string& value) {
-      o << ind << "if (threadIdx.x == 0 && live) out" << k << "[row] = MagiStore<"
-        << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
+    t.store_row = [&s, warps](std::ostream& o, const std::string& ind, int k,
+                              const std::string& value) {
+      o << ind << (warps ? "if (threadIdx.x == 0 && live) out" : "if (threadIdx.x == 0) out") << k
+        << "[row] = MagiStore<" << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
     t.element_load = [&v, cached, cached_input, column_mode](int i) {
       if (cached && cached_input(i)) return "magi_to_acc<A>(c" + std::to_string(i) + "[k].v[j])";
@@ -931,7 +940,7 @@ std::string print_cuda(const KernelVariant& v) {
     }
     if (!column_inputs.empty()) chunk_loop(os, "    ", column_loads.str());
   }
-  emit_gpu_row_loop(os);
+  emit_gpu_row_loop(os, v.rows_in_warps);
   std::ostringstream row_loads;
   if (column_mode == 'r') {
     for (int i : column_inputs) {
@@ -946,7 +955,7 @@ std::string print_cuda(const KernelVariant& v) {
   if (!row_loads.str().empty()) chunk_loop(os, "      ", row_loads.str());
   emit_row_body(os, v, make_target(true), "      ");
   os << "    }\n  } else {  // long rows: stream them once per pass\n";
-  emit_gpu_row_loop(os);
+  emit_gpu_row_loop(os, v.rows_in_warps);
   emit_row_body(os, v, make_target(false), "      ");
   os << "    }\n  }\n}\n";
   return unroll_lane_loops(os.str());

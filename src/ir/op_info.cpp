@@ -58,6 +58,16 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::native_layer_norm", {OpClass::kLayerNorm, "layer_norm"}},
       {"aten::slice.Tensor", {OpClass::kSlice, "slice"}},
       {"aten::cat", {OpClass::kCat, "cat"}},
+      {"aten::view", {OpClass::kView, "view"}},
+      {"aten::_unsafe_view", {OpClass::kView, "view"}},
+      {"aten::reshape", {OpClass::kView, "view"}},
+      {"aten::unsqueeze", {OpClass::kView, "view"}},
+      {"aten::squeeze", {OpClass::kView, "view"}},
+      {"aten::squeeze.dim", {OpClass::kView, "view"}},
+      {"aten::squeeze.dims", {OpClass::kView, "view"}},
+      {"aten::permute", {OpClass::kView, "permute"}},
+      {"aten::transpose.int", {OpClass::kView, "permute"}},
+      {"aten::t", {OpClass::kView, "permute"}},
   };
   return kTable;
 }
@@ -119,6 +129,33 @@ std::pair<int64_t, int64_t> slice_bounds(const Node& node) {
 
 const std::vector<Value*>& cat_pieces(const Node& node) {
   return node.input(0)->producer()->inputs();
+}
+
+std::vector<int64_t> view_permutation(const Node& node) {
+  // op_info checked that the dims are constants.
+  const int64_t rank = node.input(0)->tensor_type()->rank();
+  auto wrap = [rank](int64_t d) { return d < 0 ? d + rank : d; };
+  std::vector<int64_t> perm(rank);
+  for (int64_t d = 0; d < rank; ++d) perm[d] = d;
+  const std::string& op = node.op_name();
+  if (op == "aten::permute") {
+    const auto dims = constant_input(node, 1)->toIntList();
+    for (int64_t d = 0; d < rank; ++d) perm[d] = wrap(dims.get(d));
+  } else if (op == "aten::transpose.int") {
+    std::swap(perm[wrap(constant_input(node, 1)->toInt())],
+              perm[wrap(constant_input(node, 2)->toInt())]);
+  } else if (rank == 2) {  // aten::t
+    std::swap(perm[0], perm[1]);
+  }
+  return perm;
+}
+
+std::vector<int64_t> view_constant_sizes(const Node& node) {
+  std::vector<int64_t> sizes;
+  for (const SymExpr& s : node.output()->tensor_type()->sizes) {
+    sizes.push_back(s.is_constant() ? s.constant_value() : -1);
+  }
+  return sizes;
 }
 
 int64_t column_reduced_dims(const Node& node) {
@@ -273,6 +310,23 @@ OpInfo op_info(const Node& node, std::string* reason) {
           return reject(reason, "an operand on another device");
         }
       }
+      break;
+    }
+    case OpClass::kView: {
+      // Views of a group's values are read through strides in the index space of the ops
+      // after them; the sizes come from the value types, so only constancy is checked here.
+      if (info.fn == "permute") {
+        const bool constant_dims = node.op_name() == "aten::t" ||
+                                   (node.op_name() == "aten::permute" && constant_input(node, 1) &&
+                                    constant_input(node, 1)->isIntList()) ||
+                                   (node.op_name() == "aten::transpose.int" &&
+                                    constant_input(node, 1) && constant_input(node, 2));
+        if (!constant_dims) return reject(reason, "a permutation of non-constant dims");
+        break;
+      }
+      int symbolic = 0;
+      for (const SymExpr& s : node.output()->tensor_type()->sizes) symbolic += !s.is_constant();
+      if (symbolic > 1) return reject(reason, "a view to a shape of more than one symbolic size");
       break;
     }
     case OpClass::kLayerNorm: {

@@ -22,11 +22,19 @@
 // Groups also merge: two groups of one index space, at most one of them reducing, whose
 // values meet at a node become one (can_merge says when that is safe).
 //
+// Views (view, reshape, squeeze, unsqueeze, permute, transpose) of a pointwise group's value
+// join it when every value the group has computed so far is read only inside it: the index
+// space becomes the view's shape, and the values before the view are computed at the element
+// the view maps there, their operands read through strides that the runtime derives by
+// applying the same views to them (FusedKernel). So no value before a view leaves the group,
+// and no later op reads one except through the view.
+//
 // One exception to "one index space": a lone cast of an operand smaller than the space (a
 // norm's weight, `w.float()`) whose readers are all in one group joins that group
 // (adopt_lone_casts), where it is loaded and cast per column like any broadcast operand.
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -62,6 +70,9 @@ struct Group {
   // Members computing values narrower than the index space: slices of its last dim and the
   // ops on them, until a cat of the last dim restores the full width. Read only by members.
   std::unordered_set<const Node*> narrow_nodes;
+  // Members computed before a view that joined (in that view's input shape), each mapped to
+  // the first view after it. Read only by members.
+  std::unordered_map<const Node*, const Node*> region_of;
   size_t first_position = 0;
   bool reduces() const { return has_reduction || has_column; }
 };
@@ -81,6 +92,7 @@ class Fuser {
     adopt_lone_casts();
     bool changed = false;
     for (Group& g : groups_) {
+      drop_trailing_view(g);
       if (!narrow_values_closed(g)) {
         MAGI_LOG_DEBUG("not fusing ", g.members.size(),
                        " ops: a slice or an op on one is read outside the group");
@@ -108,6 +120,8 @@ class Fuser {
   static bool is_slice(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kSlice; }
   static bool is_cat(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kCat; }
 
+  static bool is_view(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kView; }
+
   static bool is_compound(const Node& n) {
     ir::OpClass c = ir::op_info(n).op_class;
     return c == ir::OpClass::kSoftmax || c == ir::OpClass::kLayerNorm;
@@ -115,6 +129,8 @@ class Fuser {
 
   // Every non-tensor operand must be a constant: runtime scalars stay out of kernels.
   static bool operands_ok(const Node& n) {
+    if (is_view(n))
+      return n.input(0)->kind() == ir::ValueKind::kTensor;  // op_info checked the rest
     for (const Value* in : operands(n)) {
       if (in->kind() == ir::ValueKind::kTensor) {
         if (in->producer()->kind() == ir::NodeKind::kConstant) {
@@ -277,10 +293,34 @@ class Fuser {
     return true;
   }
 
+  bool reads_inner_value(const Group& g, const Node& node) const {
+    return std::any_of(node.inputs().begin(), node.inputs().end(),
+                       [&](const Value* in) { return g.region_of.count(in->producer()) > 0; });
+  }
+
+  // A view of a value the pointwise group `g` computed joins when every value `g` has
+  // computed is read only by members and the view: they all move before the view.
+  bool can_join_view(const Group& g, const Node& view) const {
+    if (g.reduces() || !g.narrow_nodes.empty()) return false;
+    const Node* src = view.input(0)->producer();
+    if (!g.member_set.count(src) || g.region_of.count(src)) return false;
+    for (const Node* m : g.members) {
+      if (g.region_of.count(m)) continue;  // read only by members already
+      for (const Value* out : m->outputs()) {
+        for (const Node* u : out->users()) {
+          if (u != &view && !g.member_set.count(u)) return false;
+        }
+      }
+    }
+    return true;
+  }
+
   bool can_join(const Group& g, const Node& node) {
     for (size_t b : barriers_) {
       if (b > g.first_position && b < position_[&node]) return false;
     }
+    if (is_view(node)) return can_join_view(g, node);
+    if (reads_inner_value(g, node)) return false;
     if (is_slice(node) || is_cat(node) || reads_narrow_value(g, node)) {
       return can_join_narrow(g, node);
     }
@@ -359,8 +399,9 @@ class Fuser {
         return;
       }
     }
-    // A cat reads its pieces where a group computes them: it starts no group.
-    if (is_cat(*node)) return;
+    // A cat reads its pieces where a group computes them: it starts no group. Nor does a
+    // view: ATen's costs nothing, and a kernel is needed only to compute through one.
+    if (is_cat(*node) || is_view(*node)) return;
     Group g;
     g.full = space_of(*node);
     g.first_position = position_[node];
@@ -424,14 +465,20 @@ class Fuser {
     }
     g.column_nodes.insert(o.column_nodes.begin(), o.column_nodes.end());
     g.narrow_nodes.insert(o.narrow_nodes.begin(), o.narrow_nodes.end());
+    g.region_of.insert(o.region_of.begin(), o.region_of.end());
     o.members.clear();
     o.member_set.clear();
     o.column_nodes.clear();
     o.narrow_nodes.clear();
+    o.region_of.clear();
   }
 
   void add(size_t gi, Node* node) {
     Group& g = groups_[gi];
+    if (is_view(*node)) {
+      for (const Node* m : g.members) g.region_of.emplace(m, node);
+      g.full = node->output()->tensor_type()->sizes;
+    }
     if (is_column_reduction(*node)) {
       g.has_column = true;
       g.column_dims = ir::column_reduced_dims(*node);
@@ -452,23 +499,56 @@ class Fuser {
     group_of_[node] = gi;
   }
 
+  // The first view member after `m` (its values are computed in that view's input shape), or
+  // nullptr when none is: members before a view are read only by members, up to the view.
+  const Node* region(const Group& g, const Node* m,
+                     std::unordered_map<const Node*, const Node*>& memo) const {
+    if (g.region_of.empty()) return nullptr;
+    auto it = memo.find(m);
+    if (it != memo.end()) return it->second;
+    const Node* r = nullptr;
+    for (const Value* out : m->outputs()) {
+      for (const Node* u : out->users()) {
+        if (!g.member_set.count(u)) continue;
+        r = is_view(*u) ? u : region(g, u, memo);
+        break;
+      }
+      if (r != nullptr) break;
+    }
+    return memo[m] = r;
+  }
+
   void rewrite(Group& g) {
-    // Inputs: tensors from outside, in first-use order. Outputs: member values read outside.
+    // Inputs: tensors from outside, in first-use order, once per region reading them (an input
+    // read before and after a view is addressed two ways). Outputs: member values read outside.
     std::vector<Value*> inputs;
-    std::unordered_map<const Value*, Value*> inner;
+    std::unordered_map<const Value*, Value*> inner;  // member values and constants
+    std::map<std::pair<const Value*, const Node*>, Value*> inner_inputs;
+    std::unordered_map<const Node*, const Node*> regions;
     auto group = std::make_unique<Graph>();
     for (Node* m : g.members) {
-      for (Value* in : m->inputs()) {
-        if (g.member_set.count(in->producer()) || inner.count(in)) continue;
-        if (in->producer()->kind() == ir::NodeKind::kConstant) {
-          inner[in] = group->clone_node(*in->producer(), {})->output();
+      const Node* r = region(g, m, regions);
+      std::vector<Value*> mapped;
+      for (size_t i = 0; i < m->inputs().size(); ++i) {
+        Value* in = m->input(i);
+        if (g.member_set.count(in->producer())) {
+          mapped.push_back(inner.at(in));
+        } else if (in->producer()->kind() == ir::NodeKind::kConstant) {
+          if (!inner.count(in)) inner[in] = group->clone_node(*in->producer(), {})->output();
+          mapped.push_back(inner.at(in));
+        } else if (is_view(*m) && i > 0) {
+          // A view's symbolic size list: constants, with -1 for the symbolic size.
+          std::vector<int64_t> sizes = ir::view_constant_sizes(*m);
+          mapped.push_back(group->add_constant(c10::List<int64_t>(sizes), ir::ValueKind::kIntList));
         } else {
-          inputs.push_back(in);
-          inner[in] = group->add_tensor_input(in->name(), *in->tensor_type());
+          Value*& slot = inner_inputs[{in, r}];
+          if (slot == nullptr) {
+            inputs.push_back(in);
+            slot = group->add_tensor_input(in->name(), *in->tensor_type());
+          }
+          mapped.push_back(slot);
         }
       }
-      std::vector<Value*> mapped;
-      for (Value* in : m->inputs()) mapped.push_back(inner.at(in));
       Node* copy = group->clone_node(*m, mapped);
       for (size_t i = 0; i < m->outputs().size(); ++i) inner[m->output(i)] = copy->output(i);
     }
@@ -512,10 +592,13 @@ class Fuser {
         }
       }
     }
-    std::unordered_set<Node*> constants;
+    std::unordered_set<Node*> constants;  // and the size lists of views
     for (Node* m : g.members) {
       for (Value* in : m->inputs()) {
-        if (in->producer()->kind() == ir::NodeKind::kConstant) constants.insert(in->producer());
+        if (in->producer()->kind() == ir::NodeKind::kConstant ||
+            (is_view(*m) && in->producer()->kind() == ir::NodeKind::kMakeList)) {
+          constants.insert(in->producer());
+        }
       }
     }
     for (auto it = g.members.rbegin(); it != g.members.rend(); ++it) {
@@ -526,6 +609,32 @@ class Fuser {
       if (c->output()->users().empty()) graph_.erase(c);  // copied into the group
     }
     MAGI_LOG_DEBUG("fused ", g.members.size(), " ops into ", fusion->op_name());
+  }
+
+  // A view that no member reads computes nothing through it: ATen's costs nothing, and in
+  // the kernel it would only make the writes follow the view's order (a transpose's writes
+  // strided against its reads). It leaves the group, and the values before it are the index
+  // space again, when it is the group's only member after them.
+  void drop_trailing_view(Group& g) {
+    if (g.region_of.empty() || g.members.empty()) return;
+    Node* last = nullptr;
+    for (Node* m : g.members) {
+      if (!g.region_of.count(m)) {
+        if (last != nullptr || !is_view(*m)) return;
+        last = m;
+      }
+    }
+    if (last == nullptr) return;
+    for (const Node* u : last->output()->users()) {
+      if (g.member_set.count(u)) return;
+    }
+    g.members.erase(std::find(g.members.begin(), g.members.end(), last));
+    g.member_set.erase(last);
+    group_of_.erase(last);
+    for (auto it = g.region_of.begin(); it != g.region_of.end();) {
+      it = it->second == last ? g.region_of.erase(it) : std::next(it);
+    }
+    g.full = last->input(0)->tensor_type()->sizes;
   }
 
   // A cast of an operand smaller than the index space (`w.float()` of a norm's weight) starts a

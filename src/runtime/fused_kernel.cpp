@@ -2,6 +2,7 @@
 #include "magi/runtime/fused_kernel.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -14,6 +15,7 @@
 #include "magi/codegen/printers.h"
 #include "magi/common/error.h"
 #include "magi/common/log.h"
+#include "magi/ir/op_info.h"
 #include "magi/runtime/executor.h"
 
 namespace magi::runtime {
@@ -147,6 +149,17 @@ int64_t pow2_ceil(int64_t x) {
   return p;
 }
 
+// Threads per row of a GPU row kernel: the fewest (a power of two) for the row to fit in
+// registers, K chunks of V elements each, at most a block. Rows of at most 32 threads run
+// several to a block (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values
+// takes 4 lanes with 4 loads in flight each (with a block of 32 threads per row, three
+// quarters of them idle, the video-DiT block's q/k norm took 432 us per call on an H100).
+int64_t threads_per_row(int64_t cols, int width) {
+  const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
+  const int64_t fit = pow2_ceil((cols + per_thread - 1) / per_thread);
+  return std::min<int64_t>(fit, codegen::max_threads_per_block());
+}
+
 // A column kernel: blocks of 32 x 8 threads over tiles of 32 column vectors, and enough row
 // splits for about four blocks per SM while each thread row still walks at least 8 rows; with
 // more than one split, a second launch combines the splits' partials.
@@ -193,11 +206,21 @@ struct FusedKernel::Variant {
 
 FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
     : spec_(codegen::lower_group(group, name)) {
-  const int64_t rank = group.inputs().empty() ? 0 : [&] {
-    int64_t r = 0;
-    for (const ir::Value* in : group.inputs()) r = std::max(r, in->tensor_type()->rank());
-    return r;
-  }();
+  const auto chains = codegen::input_view_chains(group);
+  int64_t rank = 0;  // of the index space
+  for (size_t i = 0; i < group.inputs().size(); ++i) {
+    std::vector<ViewStep> steps;
+    for (const ir::Node* view : chains[i]) {
+      ViewStep step{view->input(0)->tensor_type()->sizes, view->output()->tensor_type()->sizes, {}};
+      if (ir::op_info(*view).fn == "permute") step.permutation = ir::view_permutation(*view);
+      steps.push_back(std::move(step));
+    }
+    has_views_ |= !steps.empty();
+    rank = std::max<int64_t>(rank, steps.empty()
+                                       ? group.inputs()[i]->tensor_type()->rank()
+                                       : static_cast<int64_t>(steps.back().out_sizes.size()));
+    input_views_.push_back(std::move(steps));
+  }
   for (size_t k = 0; k < spec_.outputs.size(); ++k) {
     const ir::Value* out = group.outputs()[k];
     bool per_row = spec_.outputs[k].per_row;
@@ -218,6 +241,65 @@ FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
 }
 
 FusedKernel::~FusedKernel() = default;
+
+ir::SymbolBindings FusedKernel::bind_symbols(const std::vector<at::Tensor>& inputs) const {
+  ir::SymbolBindings bindings;
+  for (size_t i = 0; i < inputs.size() && i < input_types_.size(); ++i) {
+    const auto& sizes = input_types_[i].sizes;
+    for (size_t d = 0; d < sizes.size() && d < static_cast<size_t>(inputs[i].dim()); ++d) {
+      if (sizes[d].op() == ir::SymExpr::Op::kSymbol) {
+        bindings[sizes[d].symbol_name()] = inputs[i].size(static_cast<int64_t>(d));
+      }
+    }
+  }
+  return bindings;
+}
+
+bool FusedKernel::input_layout(size_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                               const ir::SymbolBindings& bindings, std::vector<int64_t>& out_sizes,
+                               std::vector<int64_t>& out_strides) const {
+  out_sizes.assign(sizes.begin(), sizes.end());
+  out_strides.assign(strides.begin(), strides.end());
+  for (const ViewStep& step : input_views_[i]) {
+    // Broadcast to the view's input shape (the values before the view have its full shape).
+    std::vector<int64_t> shape;
+    for (const ir::SymExpr& e : step.in_sizes) {
+      auto v = e.try_evaluate(bindings);
+      if (!v) return false;
+      shape.push_back(*v);
+    }
+    if (out_sizes.size() > shape.size()) return false;
+    std::vector<int64_t> expanded(shape.size(), 0);
+    const size_t offset = shape.size() - out_sizes.size();
+    for (size_t d = 0; d < out_sizes.size(); ++d) {
+      if (out_sizes[d] == shape[offset + d]) {
+        expanded[offset + d] = out_strides[d];
+      } else if (out_sizes[d] != 1) {
+        return false;
+      }
+    }
+    if (!step.permutation.empty()) {
+      out_sizes.clear();
+      out_strides.clear();
+      for (int64_t d : step.permutation) {
+        out_sizes.push_back(shape[d]);
+        out_strides.push_back(expanded[d]);
+      }
+      continue;
+    }
+    std::vector<int64_t> target;
+    for (const ir::SymExpr& e : step.out_sizes) {
+      auto v = e.try_evaluate(bindings);
+      if (!v) return false;
+      target.push_back(*v);
+    }
+    auto viewed = at::detail::computeStride(shape, expanded, target);
+    if (!viewed) return false;
+    out_sizes = std::move(target);
+    out_strides.assign(viewed->begin(), viewed->end());
+  }
+  return true;
+}
 
 size_t FusedKernel::num_variants() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -247,15 +329,18 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   for (const std::string& name : symbols) bindings[name] = 64;
   std::vector<std::vector<int64_t>> sizes, strides;
   std::vector<int64_t> space;
-  for (const ir::TensorType& t : input_types_) {
+  for (size_t i = 0; i < input_types_.size(); ++i) {
+    const ir::TensorType& t = input_types_[i];
     std::vector<int64_t> sz, st;
     for (const ir::SymExpr& e : t.sizes) sz.push_back(e.evaluate(bindings));
     const auto& stride_exprs =
         t.strides.empty() ? ir::TensorType::contiguous_strides(t.sizes) : t.strides;
     for (const ir::SymExpr& e : stride_exprs) st.push_back(e.evaluate(bindings));
-    space = at::infer_size(space, sz);
-    sizes.push_back(std::move(sz));
-    strides.push_back(std::move(st));
+    std::vector<int64_t> mapped_sz, mapped_st;
+    if (!input_layout(i, sz, st, bindings, mapped_sz, mapped_st)) return std::nullopt;
+    space = at::infer_size(space, mapped_sz);
+    sizes.push_back(std::move(mapped_sz));
+    strides.push_back(std::move(mapped_st));
   }
   if (space.empty()) space = {1};
   codegen::KernelVariant kv;
@@ -276,6 +361,8 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   for (int64_t n : space) numel *= n;
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
+  kv.rows_in_warps = spec_.schedule == codegen::Schedule::kRow &&
+                     threads_per_row(kernel_cols(spec_, space), kv.vector_width) <= 32;
   return codegen::CudaSource{std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(kv),
                              kv.symbol()};
 }
@@ -305,10 +392,15 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
         codegen::KernelVariant gpu = v->variant;
         const int widest = vector_width_for(spec_, gpu.access, 0, 0, [](int) { return true; });
         std::string cuda;
-        for (int width : {1, widest}) {
-          gpu.vector_width = width;
-          cuda += codegen::print_cuda(gpu) + "\n";
-          if (widest == 1) break;
+        // Row kernels in both forms: one row per block, and rows in warps.
+        for (bool warps : {false, true}) {
+          if (warps && spec_.schedule != codegen::Schedule::kRow) break;
+          gpu.rows_in_warps = warps;
+          for (int width : {1, widest}) {
+            gpu.vector_width = width;
+            cuda += codegen::print_cuda(gpu) + "\n";
+            if (widest == 1) break;
+          }
         }
         codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + cuda,
                                        gpu.symbol(), 90);
@@ -337,8 +429,29 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
               " inputs, got ", inputs.size());
   // MagiArgs has room for kMaxIO pointers; a larger group runs through ATen.
   if (inputs.size() + outputs_.size() > static_cast<size_t>(kMaxIO)) return run_fallback(inputs);
+  // Each input's sizes and strides in the index space: its own, or through its views.
+  std::vector<std::vector<int64_t>> mapped_sizes, mapped_strides;
+  if (has_views_) {
+    const ir::SymbolBindings bindings = bind_symbols(inputs);
+    mapped_sizes.resize(inputs.size());
+    mapped_strides.resize(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!input_layout(i, inputs[i].sizes(), inputs[i].strides(), bindings, mapped_sizes[i],
+                        mapped_strides[i])) {
+        MAGI_LOG_DEBUG(spec_.name, ": input ", i,
+                       " is not addressable with strides through its views; running through ATen");
+        return run_fallback(inputs);
+      }
+    }
+  }
+  auto sizes_of = [&](size_t i) -> c10::IntArrayRef {
+    return has_views_ ? c10::IntArrayRef(mapped_sizes[i]) : inputs[i].sizes();
+  };
+  auto strides_of = [&](size_t i) -> c10::IntArrayRef {
+    return has_views_ ? c10::IntArrayRef(mapped_strides[i]) : inputs[i].strides();
+  };
   std::vector<int64_t> space;
-  for (const at::Tensor& t : inputs) space = at::infer_size(space, t.sizes());
+  for (size_t i = 0; i < inputs.size(); ++i) space = at::infer_size(space, sizes_of(i));
   if (space.empty()) space = {1};
   const int64_t rank = static_cast<int64_t>(space.size());
   int64_t numel = 1;
@@ -374,7 +487,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   std::vector<int64_t> expanded;
   for (size_t i = 0; i < inputs.size(); ++i) {
     MAGI_ASSERT(inputs[i].device() == device, spec_.name, ": inputs on different devices");
-    kv.access.push_back(classify(inputs[i].sizes(), inputs[i].strides(), space, expanded));
+    kv.access.push_back(classify(sizes_of(i), strides_of(i), space, expanded));
     for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.strides[i][d] = expanded[d];
     args.ptr[i] = const_cast<void*>(inputs[i].data_ptr());
   }
@@ -405,21 +518,24 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
     });
   }
   kv.vector_width = width;
+  kv.rows_in_warps = device.is_cuda() && spec_.schedule == codegen::Schedule::kRow &&
+                     threads_per_row(cols, width) <= 32;
 
-  // Per-call key: access classes, vector width and device type (the spec is fixed per
-  // FusedKernel, so its fingerprint need not be part of it).
-  std::string key(kv.access.size() + 4, ' ');
+  // Per-call key: access classes, vector width, rows in warps and device type (the spec is
+  // fixed per FusedKernel, so its fingerprint need not be part of it).
+  std::string key(kv.access.size() + 5, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
   key[kv.access.size() + 2] = device.is_cuda() ? 'g' : 'c';
   key[kv.access.size() + 3] = static_cast<char>('0' + (device.is_cuda() ? device.index() : 0));
+  key[kv.access.size() + 4] = kv.rows_in_warps ? 'w' : 'b';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
 
   if (device.is_cuda()) {
     const auto info = codegen::device_info(device.index());
-    unsigned threads, blocks;
+    unsigned threads, blocks, rows_per_block = 1;
     if (spec_.schedule == codegen::Schedule::kColumn) {
       launch_columns(spec_, *v.cuda, args, width, device);
       return outputs;
@@ -431,20 +547,25 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
       int64_t cap = grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};
       blocks = static_cast<unsigned>(std::min<int64_t>((vectors + threads - 1) / threads, cap));
     } else {
-      int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
-      threads = static_cast<unsigned>(std::clamp<int64_t>(
-          pow2_ceil((cols + per_thread - 1) / per_thread), 32, codegen::max_threads_per_block()));
+      const int64_t row_threads = threads_per_row(cols, width);
+      if (kv.rows_in_warps) {
+        rows_per_block = static_cast<unsigned>(codegen::max_threads_per_block() / row_threads);
+      }
+      threads = static_cast<unsigned>(row_threads);
+      const int64_t block_threads = row_threads * rows_per_block;
       // 'w': one wave of persistent blocks (as many as fit on the device at once).
-      int64_t per_sm = v.cuda->resident_blocks(static_cast<int>(threads));
-      if (per_sm <= 0) per_sm = std::max<int64_t>(1, 2048 / threads);
+      int64_t per_sm = v.cuda->resident_blocks(static_cast<int>(block_threads));
+      if (per_sm <= 0) per_sm = std::max<int64_t>(1, 2048 / block_threads);
       int64_t cap = grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm : int64_t{0x7fffffff};
-      blocks = static_cast<unsigned>(std::min<int64_t>(rows, cap));
+      blocks = static_cast<unsigned>(
+          std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, cap));
     }
     blocks = std::max(blocks, 1u);
     void* stream =
         c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
     void* kernel_args[] = {&args};
-    codegen::launch_cuda_kernel(*v.cuda, blocks, 1, 1, threads, 1, 1, 0, stream, kernel_args);
+    codegen::launch_cuda_kernel(*v.cuda, blocks, 1, 1, threads, rows_per_block, 1, 0, stream,
+                                kernel_args);
   } else {
     v.cpu(&args);
   }

@@ -127,6 +127,37 @@ class Builder {
     Value* list = g_.add_list(ValueKind::kTensorList, std::move(pieces))->output();
     return op("aten::cat", "", {list, integer(-1)}, t, out);
   }
+  // x.view(sizes), the size list built as the importer builds it: a list of the graph input
+  // `s0` (an int) and constants when a size is symbolic, else a constant list.
+  Value* view(Value* x, std::vector<SymExpr> sizes, const std::string& out) {
+    TensorType t = *x->tensor_type();
+    t.sizes = sizes;
+    t.strides.clear();
+    std::vector<Value*> items;
+    bool symbolic = false;
+    for (const SymExpr& e : sizes) {
+      symbolic |= !e.is_constant();
+      items.push_back(e.is_constant() ? integer(e.constant_value()) : sym_input());
+    }
+    Value* list =
+        symbolic ? g_.add_list(ValueKind::kIntList, std::move(items))->output() : dims([&] {
+          std::vector<int64_t> d;
+          for (const SymExpr& e : sizes) d.push_back(e.constant_value());
+          return d;
+        }());
+    return op("aten::view", "", {x, list}, t, out);
+  }
+  Value* permute(Value* x, std::vector<int64_t> perm, const std::string& out) {
+    TensorType t = *x->tensor_type();
+    TensorType p = t;
+    for (size_t d = 0; d < perm.size(); ++d) p.sizes[d] = t.sizes[perm[d]];
+    p.strides.clear();
+    return op("aten::permute", "", {x, dims(perm)}, p, out);
+  }
+  Value* sym_input() {
+    if (s0_ == nullptr) s0_ = g_.add_input("s0", ValueKind::kInt);
+    return s0_;
+  }
   Value* row_reduce(const char* name, const char* overload, Value* x, bool keepdim,
                     const std::string& out, int line = 0) {
     TensorType t = *x->tensor_type();
@@ -139,6 +170,7 @@ class Builder {
 
  private:
   Graph& g_;
+  Value* s0_ = nullptr;
 };
 
 std::vector<Node*> nodes_of_kind(const Graph& g, NodeKind kind) {
@@ -335,6 +367,60 @@ TEST(FuseGroups, ColumnReductionGroupTakesPerColumnOpsOnly) {
 // cat merges them and joins, and the rest follows: one pointwise kernel, whose cat reads x at
 // column offsets +8 and -8. When a slice's value is also read outside, nothing of the slices
 // and cat is fused (the kernel never writes a slice's value).
+// A view of a pointwise group's value joins when no value computed before it is read outside:
+// the index space becomes the view's shape, the input read before the view gets the view as
+// its chain, and the view's symbolic size list becomes constants with -1. A permute joins
+// alike. A view of a value also read outside stays an ATen call.
+TEST(FuseGroups, ViewsJoinWhenTheValuesBeforeThemStayInside) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 4, 32});
+  Value* y = b.input("y", {8});
+  Value* v = b.view(b.mul(x, b.number(2.0), "mul"), {sym("s0"), 4, 4, 8}, "view");
+  g.set_outputs({b.mul(v, y, "mul_1")});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  const Graph& group = *fusions[0]->piece();
+  EXPECT_EQ(op_list(group), "aten::mul.Tensor aten::view aten::mul.Tensor");
+  EXPECT_TRUE(nodes_of_kind(g, NodeKind::kMakeList).empty());  // the size list went with it
+  for (const Node* n : group.nodes()) {
+    if (n->op_name() == "aten::view") {
+      EXPECT_EQ(n->input(1)->producer()->constant().toIntList().vec(),
+                (std::vector<int64_t>{-1, 4, 4, 8}));
+    }
+  }
+  auto chains = codegen::input_view_chains(group);
+  ASSERT_EQ(chains.size(), 2u);
+  EXPECT_EQ(chains[0].size(), 1u);  // x, read before the view
+  EXPECT_TRUE(chains[1].empty());   // y, read after it
+
+  Graph g2;
+  Builder b2(g2);
+  Value* x2 = b2.input("x", {sym("s0"), 6, 8});
+  Value* z2 = b2.input("z", {sym("s0"), 8, 6});
+  Value* p = b2.permute(b2.unary("aten::sigmoid", x2, "sigmoid"), {0, 2, 1}, "permute");
+  g2.set_outputs({b2.add(p, z2, "add")});
+  EXPECT_TRUE(fuse_groups(g2));
+  ir::verify(g2);
+  auto f2 = nodes_of_kind(g2, NodeKind::kFusion);
+  ASSERT_EQ(f2.size(), 1u);
+  EXPECT_EQ(op_list(*f2[0]->piece()), "aten::sigmoid aten::permute aten::add.Tensor");
+
+  Graph g3;
+  Builder b3(g3);
+  Value* x3 = b3.input("x", {sym("s0"), 32});
+  Value* a = b3.unary("aten::exp", b3.mul(x3, b3.number(2.0), "mul"), "exp");
+  Value* v3 = b3.view(a, {sym("s0"), 4, 8}, "view");
+  g3.set_outputs({a, b3.unary("aten::sin", v3, "sin")});
+  EXPECT_TRUE(fuse_groups(g3));  // mul and exp still fuse
+  ir::verify(g3);
+  EXPECT_EQ(nodes_of_kind(g3, NodeKind::kFusion).size(), 1u);
+  EXPECT_NE(op_list(g3).find("aten::view"), std::string::npos);
+  EXPECT_NE(op_list(g3).find("aten::sin"), std::string::npos);
+}
+
 TEST(FuseGroups, RotateHalfSlicesAndCatAreOneGroup) {
   Graph g;
   Builder b(g);
@@ -356,7 +442,9 @@ TEST(FuseGroups, RotateHalfSlicesAndCatAreOneGroup) {
   std::vector<int64_t> shifts;
   for (const codegen::KOp& op : spec.ops) {
     if (op.kind == codegen::KOpKind::kLoad && op.shift != 0) shifts.push_back(op.shift);
-    if (op.kind == codegen::KOpKind::kSelect) EXPECT_EQ(op.bounds, std::vector<int64_t>{8});
+    if (op.kind == codegen::KOpKind::kSelect) {
+      EXPECT_EQ(op.bounds, std::vector<int64_t>{8});
+    }
   }
   EXPECT_EQ(shifts, (std::vector<int64_t>{8, -8}));
 
@@ -597,6 +685,7 @@ struct Case {
   std::unique_ptr<Graph> (*build)();
   std::vector<AccessClass> access;
   int cuda_width;
+  bool rows_in_warps = false;  // the GPU form for rows of at most 32 threads
 };
 
 const Case kCases[] = {
@@ -612,6 +701,11 @@ const Case kCases[] = {
      &column_weight_grad_group,
      {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
      8},
+    {"row_add_rmsnorm_warps",
+     &add_rmsnorm_group,
+     {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
+     8,
+     true},
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -624,6 +718,7 @@ TEST_P(PrintedKernel, CudaMatchesGoldenAndCompiles) {
   ir::verify(*group);
   codegen::KernelSpec spec = codegen::lower_group(*group, std::string("fused_") + c.name);
   codegen::KernelVariant v = variant(spec, c.access, c.cuda_width);
+  v.rows_in_warps = c.rows_in_warps;
   std::string source = codegen::print_cuda(v);
   expect_golden(source, std::string(c.name) + ".cu");
   if (!codegen::nvrtc_available()) GTEST_SKIP() << "NVRTC is not installed on this machine";
@@ -701,8 +796,9 @@ void place_on(Graph& g, c10::Device device, std::vector<SymExpr> strides = {}) {
 
 // Before the first call, the variant it will need is predicted from the traced layouts and its
 // source printed exactly as the call prints it, so compiling it ahead makes the call a cache
-// hit: contiguous activations and a per-column weight give 16-byte vectors; a transposed
-// activation is read through strides; a graph on the CPU has nothing to precompile.
+// hit: contiguous activations and a per-column weight give 16-byte vectors; rows of 64 values
+// take 8 lanes each, several rows to a block; a transposed activation is read through strides;
+// a graph on the CPU has nothing to precompile.
 TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   const c10::Device cuda(c10::DeviceType::CUDA, 0);
   auto g = add_rmsnorm_group();
@@ -712,6 +808,7 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   ASSERT_TRUE(expected.has_value());
   auto call = variant(
       kernel.spec(), {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+  call.rows_in_warps = true;
   EXPECT_EQ(expected->name, call.symbol());
   EXPECT_EQ(expected->source,
             std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(call));
@@ -724,10 +821,10 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   runtime::FusedKernel strided(*transposed, "fused_add_rmsnorm_t");
   auto expected_strided = strided.expected_cuda_source();
   ASSERT_TRUE(expected_strided.has_value());
-  EXPECT_EQ(expected_strided->name,
-            variant(strided.spec(),
-                    {AccessClass::kStrided, AccessClass::kContiguous, AccessClass::kColumn}, 8)
-                .symbol());
+  auto strided_call = variant(
+      strided.spec(), {AccessClass::kStrided, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+  strided_call.rows_in_warps = true;
+  EXPECT_EQ(expected_strided->name, strided_call.symbol());
 
   auto on_cpu = add_rmsnorm_group();
   EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());

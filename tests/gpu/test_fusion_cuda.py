@@ -57,7 +57,7 @@ def no_fallback(capfd):
 
 
 def vector_widths(kernels) -> set[int]:
-    return {int(re.search(r"_v(\d+)$", k["symbol"]).group(1)) for k in kernels}
+    return {int(re.search(r"_v(\d+)(?:_w)?$", k["symbol"]).group(1)) for k in kernels}
 
 
 @pytest.mark.usefixtures("no_fallback")

@@ -27,7 +27,7 @@ from _fusion_patterns import (
     run_pattern,
 )
 from blocks import RMSNorm, init_weights_
-from magi_compiler import _C, magi_compile
+from magi_compiler import _C, _logging, magi_compile
 
 FALLBACK_WARNING = "could not be compiled"
 
@@ -86,6 +86,45 @@ def test_slice_read_outside_its_group_is_not_fused_and_right(assert_close_rel):
     for g, w in zip(got, fn(x), strict=True):
         assert_close_rel(g, w, RTOL[torch.float32])
     assert "aten::cat" in runs[0].magi_graph.op_names(), runs[0].magi_graph
+
+
+def test_view_of_a_value_also_read_outside_is_not_fused_and_right(assert_close_rel):
+    """The values before a view are computed only at the elements the view maps to the index
+    space: when the caller also reads one, the view stays an ATen call."""
+
+    def fn(x, y):
+        a = x * 2.0
+        return a, (a.view(-1, 8) + y).exp()
+
+    x, y = torch.randn(3, 4, 8), torch.randn(8)
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        got = compiled(x, y)
+    for g, w in zip(got, fn(x, y), strict=True):
+        assert_close_rel(g, w, RTOL[torch.float32])
+    assert "aten::view" in runs[0].magi_graph.op_names(), runs[0].magi_graph
+
+
+def test_operand_without_strides_through_a_view_runs_through_aten(assert_close_rel, capfd):
+    """An operand whose layout has no strided form through the view (a transposed input
+    flattened) cannot be read in the index space: the kernel's ops run through ATen, right,
+    and the debug log says why."""
+
+    def fn(x, y):
+        return (x * 2.0).reshape(-1) + y
+
+    compiled = magi_compile(fn, dynamic_arg_dims={})
+    x, y = torch.randn(6, 4), torch.randn(24)
+    with lowered_graphs() as runs, torch.no_grad():
+        assert_close_rel(compiled(x, y), fn(x, y), RTOL[torch.float32])  # traced contiguous
+        xt = torch.randn(4, 6).t()
+        _logging.set_level("debug")
+        try:
+            assert_close_rel(compiled(xt, y), fn(xt, y), RTOL[torch.float32])
+        finally:
+            _logging.init_from_env()
+    assert runs[0].magi_graph.op_names() == [], runs[0].magi_graph
+    assert "is not addressable with strides through its views" in capfd.readouterr().err
 
 
 def test_group_with_more_operands_than_kernel_arguments_runs_through_aten(assert_close_rel):

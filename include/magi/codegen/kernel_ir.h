@@ -122,6 +122,9 @@ struct KernelVariant {
   const KernelSpec* spec = nullptr;
   std::vector<AccessClass> access;  ///< one per input
   int vector_width = 1;             ///< elements per thread access for contiguous inputs
+  /// GPU row kernels: rows of at most 32 threads, several per block (blockDim.y of them),
+  /// reduced by shuffles among each row's lanes; else one row per block.
+  bool rows_in_warps = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

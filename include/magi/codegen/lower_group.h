@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "magi/codegen/kernel_ir.h"
 #include "magi/ir/graph.h"
@@ -12,5 +13,10 @@ namespace magi::codegen {
 
 /// `group`'s inputs become kernel inputs and its outputs kernel outputs, in order.
 KernelSpec lower_group(const ir::Graph& group, const std::string& name);
+
+/// For each input of `group`: the views (ir::OpClass::kView nodes) between the ops reading it
+/// and the group's index space, first to last; empty for an input read in the index space. A
+/// kernel reads the input through the strides those views give it.
+std::vector<std::vector<const ir::Node*>> input_view_chains(const ir::Graph& group);
 
 }  // namespace magi::codegen

@@ -26,6 +26,7 @@ enum class OpClass : uint8_t {
   kLayerNorm,        ///< native_layer_norm over the last dim
   kSlice,            ///< slice of a constant-size last dim, step 1, constant bounds
   kCat,              ///< cat along the last dim of pieces of constant width
+  kView,  ///< view/reshape/unsqueeze/squeeze (fn "view"), permute/transpose/t ("permute")
 };
 
 struct OpInfo {
@@ -43,6 +44,13 @@ std::pair<int64_t, int64_t> slice_bounds(const Node& node);
 
 /// The pieces of a kCat (the values its list is built from).
 const std::vector<Value*>& cat_pieces(const Node& node);
+
+/// The dims of a kView "permute" (permute, transpose, t), in the order of its output.
+std::vector<int64_t> view_permutation(const Node& node);
+
+/// The size argument of a kView "view" as constants: its one symbolic entry, if any, as -1
+/// (which ATen infers from the element count).
+std::vector<int64_t> view_constant_sizes(const Node& node);
 
 /// k for a kColumnReduction over dims 0..k-1 of its input, else 0.
 int64_t column_reduced_dims(const Node& node);

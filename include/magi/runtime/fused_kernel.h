@@ -66,7 +66,22 @@ class FusedKernel {
                              const c10::Device& device) const;
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs) const;
 
+  /// One view between where an input is read and the index space (see input_view_chains).
+  struct ViewStep {
+    std::vector<ir::SymExpr> in_sizes, out_sizes;
+    std::vector<int64_t> permutation;  ///< permute/transpose/t; empty for a reshape
+  };
+  /// Sizes and strides of input `i` in the index space: its own, or through its views; false
+  /// when a view cannot be expressed with strides (eager would copy) or a size is unknown.
+  bool input_layout(size_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                    const ir::SymbolBindings& bindings, std::vector<int64_t>& out_sizes,
+                    std::vector<int64_t>& out_strides) const;
+  /// Values of the symbols that size the inputs (bare symbols in their traced sizes).
+  ir::SymbolBindings bind_symbols(const std::vector<at::Tensor>& inputs) const;
+
   codegen::KernelSpec spec_;
+  std::vector<std::vector<ViewStep>> input_views_;  ///< per input; all empty without views
+  bool has_views_ = false;
   c10::Device device_{c10::DeviceType::CPU};
   std::vector<ir::TensorType> input_types_;  ///< as traced; empty when one is not a tensor
   std::vector<OutputInfo> outputs_;

@@ -20,12 +20,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
   constexpr int K = 4;
   __shared__ A scratch[32];
   if (cols <= (long long)blockDim.x * V * K) {  // rows fit in registers: read once
-    for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;
-         row0 += (long long)gridDim.x * blockDim.y) {
-      // Every lane runs every iteration (its row's shuffles need it): lanes past the
-      // last row redo that row and store nothing.
-      const bool live = row0 + threadIdx.y < a.rows;
-      const long long row = live ? row0 + threadIdx.y : a.rows - 1;
+    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
       MagiVec<magi_bf16, V> c0[K];
       MagiVec<magi_bf16, V> c1[K];
       #pragma unroll
@@ -51,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
           }
         }
       }
-      const A r12 = magi_row_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
+      const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
       const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
       const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
       const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
@@ -75,18 +70,13 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
             o0[j] = e23;
             o1[j] = e5;
           }
-          if (live) magi_store<A, magi_bf16, V>(out0 + row * cols + col0, o0);
-          if (live) magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
+          magi_store<A, magi_bf16, V>(out0 + row * cols + col0, o0);
+          magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
         }
       }
     }
   } else {  // long rows: stream them once per pass
-    for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;
-         row0 += (long long)gridDim.x * blockDim.y) {
-      // Every lane runs every iteration (its row's shuffles need it): lanes past the
-      // last row redo that row and store nothing.
-      const bool live = row0 + threadIdx.y < a.rows;
-      const long long row = live ? row0 + threadIdx.y : a.rows - 1;
+    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
       A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
       for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long long)blockDim.x * V) {
         A t0[V];
@@ -102,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
           acc12 = acc12 + e10;
         }
       }
-      const A r12 = magi_row_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
+      const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
       const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
       const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
       const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
@@ -127,8 +117,8 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
           o0[j] = e23;
           o1[j] = e5;
         }
-        if (live) magi_store<A, magi_bf16, V>(out0 + row * cols + col0, o0);
-        if (live) magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
+        magi_store<A, magi_bf16, V>(out0 + row * cols + col0, o0);
+        magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
       }
     }
   }
