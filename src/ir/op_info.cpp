@@ -324,6 +324,13 @@ OpInfo op_info(const Node& node, std::string* reason) {
         if (!constant_dims) return reject(reason, "a permutation of non-constant dims");
         break;
       }
+      const std::string& op = node.op_name();
+      if (op != "aten::view" && op != "aten::_unsafe_view" && op != "aten::reshape") {
+        for (size_t i = 1; i < node.inputs().size(); ++i) {  // unsqueeze/squeeze dims
+          if (!constant_input(node, i)) return reject(reason, "a view over non-constant dims");
+        }
+        break;
+      }
       int symbolic = 0;
       for (const SymExpr& s : node.output()->tensor_type()->sizes) symbolic += !s.is_constant();
       if (symbolic > 1) return reject(reason, "a view to a shape of more than one symbolic size");

@@ -419,6 +419,10 @@ class Fuser {
     const Group& g = groups_[gi];
     const Group& o = groups_[oi];
     if ((g.reduces() && o.reduces()) || !same_shape(g.full, o.full)) return false;
+    // A group with a view computes its earlier values at the elements the view maps to the
+    // index space: a merged member reading one of them after the view (or a value of the other
+    // group read on both sides) would get it at the wrong element.
+    if (!g.region_of.empty() || !o.region_of.empty()) return false;
     if ((!g.narrow_nodes.empty() && o.reduces()) || (!o.narrow_nodes.empty() && g.reduces())) {
       return false;
     }
@@ -536,7 +540,7 @@ class Fuser {
         } else if (in->producer()->kind() == ir::NodeKind::kConstant) {
           if (!inner.count(in)) inner[in] = group->clone_node(*in->producer(), {})->output();
           mapped.push_back(inner.at(in));
-        } else if (is_view(*m) && i > 0) {
+        } else if (is_view(*m) && i == 1 && ir::op_info(*m).fn == "view") {
           // A view's symbolic size list: constants, with -1 for the symbolic size.
           std::vector<int64_t> sizes = ir::view_constant_sizes(*m);
           mapped.push_back(group->add_constant(c10::List<int64_t>(sizes), ir::ValueKind::kIntList));
@@ -655,7 +659,9 @@ class Fuser {
       if (it == group_of_.end() || it->second == si) continue;
       const size_t gi = it->second;
       Group& g = groups_[gi];
-      bool ok = cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
+      // Not into a group with a view: the cast's readers may lie on both sides of it.
+      bool ok = g.region_of.empty() &&
+                cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
       for (const Node* u : users) ok &= group_of_.count(u) && group_of_.at(u) == gi;
       for (size_t b : barriers_) ok &= !(b > position_[cast] && b < g.first_position);
       for (const Value* in : cast->inputs()) {

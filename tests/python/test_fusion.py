@@ -105,6 +105,29 @@ def test_view_of_a_value_also_read_outside_is_not_fused_and_right(assert_close_r
     assert "aten::view" in runs[0].magi_graph.op_names(), runs[0].magi_graph
 
 
+def test_value_read_before_and_after_a_view_is_right(assert_close_rel):
+    """Regression: a group with a view merged with another group (or adopted a lone cast) whose
+    value was read both before the view and after it; the kernel computed that value once, at
+    the elements the view maps to, and the read after the view got it transposed."""
+
+    def through_cast(x, w):
+        c = w.float()
+        return (x * c).t() + c
+
+    def through_merge(x, y):
+        c = y.sin()
+        return (x * c).transpose(1, 2).squeeze(0) + c
+
+    cases = [
+        (through_cast, (torch.randn(4, 4), torch.randn(4, dtype=torch.bfloat16))),
+        (through_merge, (torch.randn(1, 4, 4), torch.randn(4, 4))),
+    ]
+    for fn, args in cases:
+        compiled = magi_compile(fn, dynamic_arg_dims={})
+        with torch.no_grad():
+            assert_close_rel(compiled(*args), fn(*args), RTOL[torch.float32])
+
+
 def test_operand_without_strides_through_a_view_runs_through_aten(assert_close_rel, capfd):
     """An operand whose layout has no strided form through the view (a transposed input
     flattened) cannot be read in the index space: the kernel's ops run through ATen, right,
