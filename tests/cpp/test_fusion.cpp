@@ -729,6 +729,7 @@ TEST_P(PrintedKernel, CudaMatchesGoldenAndCompiles) {
 
 TEST_P(PrintedKernel, CppMatchesGoldenAndCompiles) {
   const Case& c = GetParam();
+  if (c.rows_in_warps) GTEST_SKIP() << "a GPU layout: the C++ printer has one row form";
   std::unique_ptr<Graph> group = c.build();
   codegen::KernelSpec spec = codegen::lower_group(*group, std::string("fused_") + c.name);
   codegen::KernelVariant v = variant(spec, c.access, 1);
