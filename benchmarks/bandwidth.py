@@ -14,9 +14,11 @@ GPU), and the device's copy bandwidth
 (``dst.copy_(src)`` of a buffer of the same size). Effective bandwidth is
 (bytes read + bytes written) / time, counting each input and output once, as a perfect fused
 kernel would move them; intermediates and re-reads are the implementation's cost. Each variant
-is checked against eager first, then timed: warm-up calls, then per-call CUDA events (the host
-clock on the CPU) over inputs rotating through two sets (each tensor is 256 MiB on the GPU, so
-the L2 cache holds nothing useful); the median counts.
+is checked against eager first, then all are timed together: warm-up calls of each, then five
+rounds in which every variant makes 20 calls in turn (interleaving puts any drift of the
+machine's clocks on every variant alike), each call timed with CUDA events (the host clock on
+the CPU), over inputs rotating through two sets (each tensor is 256 MiB on the GPU, so the L2
+cache holds nothing useful); the median of the 100 calls counts.
 
 **Compile latency.** All kernels of one LlamaBlock (``examples/blocks.py``, hidden 2048,
 bfloat16 on the GPU) compiled cold, in a fresh process with an empty kernel cache directory,
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,31 +149,60 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def time_block(fn: Callable, input_sets: list[tuple], device: str, iters: int) -> list[float]:
+    """Seconds of each of `iters` back-to-back calls of fn over rotating input sets."""
+    if device != "cuda":
+        times = []
+        for i in range(iters):
+            t0 = time.perf_counter()
+            fn(*input_sets[i % len(input_sets)])
+            times.append(time.perf_counter() - t0)
+        return times
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(*input_sets[i % len(input_sets)])
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) / 1e3 for start, end in events]
+
+
 def time_calls(fn: Callable, input_sets: list[tuple], device: str, warmup: int, iters: int):
     """Median seconds per call of fn over rotating input sets (after warm-up calls)."""
-    for i in range(warmup):
-        fn(*input_sets[i % len(input_sets)])
+    return time_interleaved({"fn": fn}, input_sets, device, warmup, iters, rounds=1)["fn"]
+
+
+def time_interleaved(
+    fns: dict[str, Callable],
+    input_sets: list[tuple],
+    device: str,
+    warmup: int,
+    iters: int,
+    rounds: int,
+) -> dict[str, float]:
+    """Median seconds per call of each fn: warm-up calls of each, then `rounds` rounds in which
+    every fn runs iters / rounds calls in turn, so a drift of the machine (clocks, temperature)
+    falls on every variant alike."""  # fmt: skip
+    for fn in fns.values():
+        for i in range(warmup):
+            fn(*input_sets[i % len(input_sets)])
     _sync(device)
-    times = []
-    if device == "cuda":
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(iters)
-        ]
-        for i, (start, end) in enumerate(events):
-            inputs = input_sets[i % len(input_sets)]
-            start.record()
-            fn(*inputs)
-            end.record()
-        torch.cuda.synchronize()
-        times = [start.elapsed_time(end) / 1e3 for start, end in events]
-    else:
-        for i in range(iters):
-            inputs = input_sets[i % len(input_sets)]
-            t0 = time.perf_counter()
-            fn(*inputs)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    per_round = max(1, iters // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name] += time_block(fn, input_sets, device, per_round)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def fresh_function(fn: Callable, tag: str) -> Callable:
+    """fn with a code object of its own: Dynamo keeps its caches per code object, so each
+    compiler traces it from nothing while the other variants' compiled code lives on."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 def relative_error(actual, expected) -> float:
@@ -183,14 +215,15 @@ def relative_error(actual, expected) -> float:
 def make_variant(name: str, wl: Workload) -> Callable:
     if name == "eager":
         return wl.fn
+    fn = fresh_function(wl.fn, name.replace(".", "_"))
     if name == "torch.compile":
-        return torch.compile(wl.fn)
+        return torch.compile(fn)
     from magi_compiler import magi_compile
 
     # The rows of every full-size and per-token input are dynamic (the weights' are static).
     params = list(inspect.signature(wl.fn).parameters)
     dynamic = params[: wl.full] + params[len(params) - wl.per_token :]
-    return magi_compile(wl.fn, dynamic_arg_dims={p: 0 for p in dynamic})
+    return magi_compile(fn, dynamic_arg_dims={p: 0 for p in dynamic})
 
 
 def copy_bandwidth(rows: int, cols: int, dtype, device: str, warmup: int, iters: int) -> dict:
@@ -218,8 +251,9 @@ def measure_bandwidth(args) -> dict:
         with torch.no_grad():
             expected = wl.fn(*input_sets[0])
             row = {"workload": wl.name, "bytes": nbytes, "variants": {}}
-            for v in args.variants:
-                torch._dynamo.reset()
+            torch._dynamo.reset()
+            timed: dict[str, Callable] = {}
+            for v in args.variants:  # each compiled and checked, then all timed together
                 r: dict[str, Any] = {}
                 try:
                     fn = make_variant(v, wl)
@@ -229,14 +263,19 @@ def measure_bandwidth(args) -> dict:
                     r["first_call_s"] = time.perf_counter() - t0
                     r["rel_error"] = relative_error(out, expected)
                     r["correct"] = r["rel_error"] <= TOLERANCE
-                    del out
-                    r["seconds"] = time_calls(fn, input_sets, device, args.warmup, args.iters)
-                    r["gbps"] = nbytes / r["seconds"] / 1e9
-                    r["pct_of_copy"] = 100.0 * r["gbps"] / copy["gbps"]
                     r["status"] = "ok"
+                    del out
+                    timed[v] = fn
                 except Exception as e:  # noqa: BLE001 - recorded, the table goes on
                     r = {"status": "error", "error": f"{type(e).__name__}: {e}"[:2000]}
                 row["variants"][v] = r
+            seconds = time_interleaved(timed, input_sets, device, args.warmup, args.iters,
+                                       args.rounds)  # fmt: skip
+            for v, t in seconds.items():
+                r = row["variants"][v]
+                r["seconds"] = t
+                r["gbps"] = nbytes / t / 1e9
+                r["pct_of_copy"] = 100.0 * r["gbps"] / copy["gbps"]
         results.append(row)
         print_row(row, args.variants)
         del input_sets, expected
@@ -385,6 +424,7 @@ def parse_args(argv):
     args.seq = args.seq or (512 if gpu else 16)
     args.warmup = 5 if big else 2
     args.iters = 100 if big else 5
+    args.rounds = 5 if big else 1
     variants = args.variants.split(",") if args.variants else (
         list(VARIANTS) if gpu else ["eager", "magi_compile"])  # fmt: skip
     bad = [v for v in variants if v not in VARIANTS]
