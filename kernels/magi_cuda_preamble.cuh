@@ -117,6 +117,16 @@ __device__ __forceinline__ A magi_round_f16(A v) {
   return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
 }
 
+// One 16-byte load through the read-only path. Written out because a 16-byte store written out
+// (magi_store16, an asm statement) keeps the compiler from proving the inputs read-only.
+__device__ __forceinline__ uint4 magi_load16(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
 // Vector loads/stores of V elements: 16-byte transactions when the bytes allow it.
 template <typename A, typename T, int V>
 __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
@@ -125,7 +135,7 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
     constexpr int kPer = 16 / static_cast<int>(sizeof(T));
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
-      uint4 raw = reinterpret_cast<const uint4*>(p)[c];
+      uint4 raw = magi_load16(reinterpret_cast<const uint4*>(p) + c);
       const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) out[c * kPer + j] = magi_to_acc<A>(e[j]);
@@ -136,10 +146,41 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
   }
 }
 
+// L2 eviction policies (sm_80+) for loads that say how long their lines should stay.
+__device__ __forceinline__ unsigned long long magi_l2_evict_last() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ unsigned long long magi_l2_evict_first() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// One 16-byte store. Written out because the compiler, given a uint4 store built from
+// converted values, sometimes split it into four 4-byte stores (SASS of RMSNorm for sm_90: two
+// of a thread's four row chunks stored that way).
+__device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
+                                             unsigned d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+
 template <typename A, typename T, int V>
 __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
-  if constexpr (kBytes % 16 == 0) {
+  if constexpr (kBytes % 16 == 0 && sizeof(T) == 2) {  // 16-bit values, two to a word
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) {
+      unsigned w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        w[q] = static_cast<unsigned>(MagiStore<T>::from(in[c * 8 + 2 * q]).x) |
+               (static_cast<unsigned>(MagiStore<T>::from(in[c * 8 + 2 * q + 1]).x) << 16);
+      }
+      magi_store16(p + c * 8, w[0], w[1], w[2], w[3]);
+    }
+  } else if constexpr (kBytes % 16 == 0) {
     constexpr int kPer = 16 / static_cast<int>(sizeof(T));
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
@@ -147,7 +188,7 @@ __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
       T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) e[j] = MagiStore<T>::from(in[c * kPer + j]);
-      reinterpret_cast<uint4*>(p)[c] = raw;
+      magi_store16(p + c * kPer, raw.x, raw.y, raw.z, raw.w);
     }
   } else {
 #pragma unroll
@@ -167,11 +208,29 @@ __device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
-      reinterpret_cast<uint4*>(out.v)[c] = reinterpret_cast<const uint4*>(p)[c];
+      reinterpret_cast<uint4*>(out.v)[c] = magi_load16(reinterpret_cast<const uint4*>(p) + c);
     }
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = p[j];
+  }
+}
+
+// magi_load_raw under an L2 eviction policy (16-byte vectors; other widths load plainly).
+template <typename T, int V>
+__device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, MagiVec<T, V>& out,
+                                                   unsigned long long policy) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) {
+      uint4& raw = reinterpret_cast<uint4*>(out.v)[c];
+      asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+          : "l"(reinterpret_cast<const uint4*>(p) + c), "l"(policy));
+    }
+  } else {
+    magi_load_raw(p, out);
   }
 }
 

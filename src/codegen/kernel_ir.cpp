@@ -98,7 +98,8 @@ std::string KernelSpec::str() const {
 std::string KernelVariant::symbol() const {
   std::string s = spec->name + "_";
   for (AccessClass a : access) s += static_cast<char>(a);
-  return s + "_v" + std::to_string(vector_width) + (rows_in_warps ? "_w" : "");
+  return s + "_v" + std::to_string(vector_width) + (rows_in_warps ? "_w" : "") +
+         (streamed_rows ? "_s" : "");
 }
 
 }  // namespace magi::codegen

@@ -264,13 +264,14 @@ std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::strin
               in = "in" + std::to_string(i);
   std::string V = std::to_string(v.vector_width);
   std::string vec_load = gpu ? "magi_load<A, " + T + ", " + V + ">(" : "";
+  const std::string tail = ");";
   switch (v.access[i]) {
     case AccessClass::kContiguous:
-      if (gpu) return vec_load + in + " + row * cols + col0, " + ti + ");";
+      if (gpu) return vec_load + in + " + row * cols + col0, " + ti + tail;
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
              "[row * cols + col0 + j]);";
     case AccessClass::kColumn:
-      if (gpu) return vec_load + in + " + col0, " + ti + ");";
+      if (gpu) return vec_load + in + " + col0, " + ti + tail;
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[col0 + j]);";
     case AccessClass::kRow:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[row]);";
@@ -303,7 +304,10 @@ struct RowTarget {
   bool gpu;
   std::string store_guard;  // GPU, rows in warps: "if (live) " (lanes past the last row)
   std::string args;         // "a." or "a->"
-  std::function<void(std::ostream&, const std::string& indent,
+  // `inputs`: the element inputs the body reads; `output_pass`: the row's last pass over its
+  // columns (the one writing the outputs)
+  std::function<void(std::ostream&, const std::string& indent, const std::vector<int>& inputs,
+                     bool output_pass,
                      const std::function<void(std::ostream&, const std::string&)>& body)>
       column_loop;
   std::function<void(std::ostream&, const std::string& indent, ReduceKind, const std::string& acc,
@@ -331,8 +335,9 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       std::vector<int> ops = element_closure(s, {op.args[0]});
       std::string acc = "acc" + std::to_string(i);
       os << ind << "A " << acc << " = " << init(op.reduce) << ";" << comment(op) << "\n";
-      t.column_loop(os, ind, [&](std::ostream& o, const std::string& in2) {
-        t.prepare_chunk(o, in2, element_inputs(s, ops));
+      const std::vector<int> inputs = element_inputs(s, ops);
+      t.column_loop(os, ind, inputs, false, [&](std::ostream& o, const std::string& in2) {
+        t.prepare_chunk(o, in2, inputs);
         o << in2 << "for (int j = 0; j < V; ++j) {\n";
         emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
         o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
@@ -348,8 +353,9 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
   std::vector<int> roots = full_output_roots(s);
   if (!roots.empty()) {
     std::vector<int> ops = element_closure(s, roots);
-    t.column_loop(os, ind, [&](std::ostream& o, const std::string& in2) {
-      t.prepare_chunk(o, in2, element_inputs(s, ops));
+    const std::vector<int> inputs = element_inputs(s, ops);
+    t.column_loop(os, ind, inputs, true, [&](std::ostream& o, const std::string& in2) {
+      t.prepare_chunk(o, in2, inputs);
       for (size_t k = 0; k < s.outputs.size(); ++k) {
         if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
       }
@@ -784,20 +790,25 @@ int max_threads_per_block() {
   return threads;
 }
 
+bool row_stream_hints() {
+  static const bool on = env_int("MAGI_ROW_STREAM_HINTS", 1, 0, 1) == 1;
+  return on;
+}
+
 namespace {
 // The loop over the rows of a GPU row kernel: one row per block, or (rows_in_warps) blockDim.y
 // rows per block, each row's lanes along x.
-void emit_gpu_row_loop(std::ostream& os, bool rows_in_warps) {
+void emit_gpu_row_loop(std::ostream& os, bool rows_in_warps, const std::string& ind) {
   if (!rows_in_warps) {
-    os << "    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
+    os << ind << "for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {\n";
     return;
   }
-  os << "    for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;\n"
-        "         row0 += (long long)gridDim.x * blockDim.y) {\n"
-        "      // Every lane runs every iteration (its row's shuffles need it): lanes past the\n"
-        "      // last row redo that row and store nothing.\n"
-        "      const bool live = row0 + threadIdx.y < a.rows;\n"
-        "      const long long row = live ? row0 + threadIdx.y : a.rows - 1;\n";
+  os << ind << "for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;\n"
+     << ind << "     row0 += (long long)gridDim.x * blockDim.y) {\n"
+     << ind << "  // Every lane runs every iteration (its row's shuffles need it): lanes past the\n"
+     << ind << "  // last row redo that row and store nothing.\n"
+     << ind << "  const bool live = row0 + threadIdx.y < a.rows;\n"
+     << ind << "  const long long row = live ? row0 + threadIdx.y : a.rows - 1;\n";
 }
 }  // namespace
 
@@ -879,27 +890,64 @@ std::string print_cuda(const KernelVariant& v) {
     o << ind << "  const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
     o << ind << "  if (col0 < cols) {\n" << body << ind << "  }\n" << ind << "}\n";
   };
+  // Inputs a streamed row pass loads as whole vectors ahead of its computation.
+  auto streamed = [&v, &s](int i) {
+    return !s.inputs[i].per_row &&
+           (v.access[i] == AccessClass::kContiguous || v.access[i] == AccessClass::kColumn);
+  };
   const bool warps = v.rows_in_warps;
   auto make_target = [&](bool cached) {
     RowTarget t;
     t.gpu = true;
     t.store_guard = warps ? "if (live) " : "";
     t.args = "a";
-    t.column_loop = [cached](std::ostream& o, const std::string& ind,
-                             const std::function<void(std::ostream&, const std::string&)>& body) {
+    // Streamed rows (not cached): each step of the column loop first loads K vectors of every
+    // whole-vector input (s<i>[K], in storage type), then computes, so that K loads per input
+    // are in flight (with each chunk's loads beside its computation, under its bounds check,
+    // the compiler issued one at a time). L2 keeps a row (evict_last) until the output pass,
+    // which reads it for the last time (evict_first); per-column inputs are kept throughout.
+    t.column_loop = [cached, streamed, raw_type, &v](
+                        std::ostream& o, const std::string& ind, const std::vector<int>& inputs,
+                        bool output_pass,
+                        const std::function<void(std::ostream&, const std::string&)>& body) {
       if (cached) {
         o << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < K; ++k) {\n";
         o << ind << "  const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;\n";
         o << ind << "  if (col0 < cols) {\n";
         body(o, ind + "    ");
         o << ind << "  }\n" << ind << "}\n";
-      } else {
-        o << ind
-          << "for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long "
-             "long)blockDim.x * V) {\n";
-        body(o, ind + "  ");
-        o << ind << "}\n";
+        return;
       }
+      o << ind
+        << "for (long long step = (long long)threadIdx.x * V; step < cols; step += (long "
+           "long)blockDim.x * V * K) {\n";
+      std::ostringstream loads;
+      for (int i : inputs) {
+        if (!streamed(i)) continue;
+        const std::string in = "in" + std::to_string(i), slot = "s" + std::to_string(i) + "[k]";
+        const std::string at =
+            v.access[i] == AccessClass::kColumn ? " + col0" : " + row * cols + col0";
+        o << ind << "  " << raw_type(i) << " s" << i << "[K];\n";
+        if (row_stream_hints()) {
+          const char* policy =
+              v.access[i] == AccessClass::kContiguous && output_pass ? "drop" : "keep";
+          loads << ind << "      magi_load_raw_hint(" << in << at << ", " << slot << ", " << policy
+                << ");\n";
+        } else {
+          loads << ind << "      magi_load_raw(" << in << at << ", " << slot << ");\n";
+        }
+      }
+      if (!loads.str().empty()) {
+        o << ind << "  #pragma unroll\n" << ind << "  for (int k = 0; k < K; ++k) {\n";
+        o << ind << "    const long long col0 = step + (long long)k * blockDim.x * V;\n";
+        o << ind << "    if (col0 < cols) {\n" << loads.str() << ind << "    }\n";
+        o << ind << "  }\n";
+      }
+      o << ind << "  #pragma unroll\n" << ind << "  for (int k = 0; k < K; ++k) {\n";
+      o << ind << "    const long long col0 = step + (long long)k * blockDim.x * V;\n";
+      o << ind << "    if (col0 < cols) {\n";
+      body(o, ind + "      ");
+      o << ind << "    }\n" << ind << "  }\n" << ind << "}\n";
     };
     t.reduce = [warps](std::ostream& o, const std::string& ind, ReduceKind r,
                        const std::string& acc, const std::string& result) {
@@ -915,49 +963,61 @@ std::string print_cuda(const KernelVariant& v) {
       o << ind << (warps ? "if (threadIdx.x == 0 && live) out" : "if (threadIdx.x == 0) out") << k
         << "[row] = MagiStore<" << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
-    t.element_load = [&v, cached, cached_input, column_mode](int i) {
+    t.element_load = [&v, cached, cached_input, column_mode, streamed](int i) {
       if (cached && cached_input(i)) return "magi_to_acc<A>(c" + std::to_string(i) + "[k].v[j])";
       if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l')
         return "magi_to_acc<A>(w" + std::to_string(i) + "[k].v[j])";
+      if (!cached && streamed(i)) return "magi_to_acc<A>(s" + std::to_string(i) + "[k].v[j])";
       return "t" + std::to_string(i) + "[j]";
     };
-    t.prepare_chunk = [&v, cached, cached_input, column_mode](
+    t.prepare_chunk = [&v, cached, cached_input, column_mode, streamed](
                           std::ostream& o, const std::string& ind, const std::vector<int>& inputs) {
       for (int i : inputs) {
         if (cached && cached_input(i)) continue;
         if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l') continue;
+        if (!cached && streamed(i)) continue;
         o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, true, "a") << "\n";
       }
     };
     return t;
   };
-  os << "  if (cols <= (long long)blockDim.x * V * K) {  // rows fit in registers: read once\n";
+  if (v.streamed_rows) {
+    // The launch picks this layout when cols > blockDim.x * V * K.
+    os << "  // Rows longer than the block holds in registers: streamed once per pass.\n";
+    if (row_stream_hints()) {
+      os << "  const unsigned long long keep = magi_l2_evict_last(), drop = "
+            "magi_l2_evict_first();\n  (void)keep;\n  (void)drop;\n";
+    }
+    emit_gpu_row_loop(os, v.rows_in_warps, "  ");
+    emit_row_body(os, v, make_target(false), "    ");
+    os << "  }\n}\n";
+    return unroll_lane_loops(os.str());
+  }
+  // The launch picks this layout when cols <= blockDim.x * V * K.
+  os << "  // Rows held in registers: each row read once.\n";
   std::ostringstream column_loads;
   if (column_mode == 'b') {
     for (int i : column_inputs) {
-      os << "    " << raw_type(i) << " w" << i << "[K];\n";
-      column_loads << "        " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
+      os << "  " << raw_type(i) << " w" << i << "[K];\n";
+      column_loads << "      " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
     }
-    if (!column_inputs.empty()) chunk_loop(os, "    ", column_loads.str());
+    if (!column_inputs.empty()) chunk_loop(os, "  ", column_loads.str());
   }
-  emit_gpu_row_loop(os, v.rows_in_warps);
+  emit_gpu_row_loop(os, v.rows_in_warps, "  ");
   std::ostringstream row_loads;
   if (column_mode == 'r') {
     for (int i : column_inputs) {
-      os << "      " << raw_type(i) << " w" << i << "[K];\n";
-      row_loads << "          " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
+      os << "    " << raw_type(i) << " w" << i << "[K];\n";
+      row_loads << "        " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
     }
   }
   for (int i : row_inputs) {
-    os << "      " << raw_type(i) << " c" << i << "[K];\n";
-    row_loads << "          " << raw_load(i, "c" + std::to_string(i) + "[k]") << "\n";
+    os << "    " << raw_type(i) << " c" << i << "[K];\n";
+    row_loads << "        " << raw_load(i, "c" + std::to_string(i) + "[k]") << "\n";
   }
-  if (!row_loads.str().empty()) chunk_loop(os, "      ", row_loads.str());
-  emit_row_body(os, v, make_target(true), "      ");
-  os << "    }\n  } else {  // long rows: stream them once per pass\n";
-  emit_gpu_row_loop(os, v.rows_in_warps);
-  emit_row_body(os, v, make_target(false), "      ");
-  os << "    }\n  }\n}\n";
+  if (!row_loads.str().empty()) chunk_loop(os, "    ", row_loads.str());
+  emit_row_body(os, v, make_target(true), "    ");
+  os << "  }\n}\n";
   return unroll_lane_loops(os.str());
 }
 
@@ -987,7 +1047,7 @@ std::string print_cpp(const KernelVariant& v) {
   RowTarget t;
   t.gpu = false;
   t.args = "(*a)";
-  t.column_loop = [](std::ostream& o, const std::string& ind,
+  t.column_loop = [](std::ostream& o, const std::string& ind, const std::vector<int>&, bool,
                      const std::function<void(std::ostream&, const std::string&)>& body) {
     o << ind << "for (long long col0 = 0; col0 < cols; col0 += V) {\n";
     body(o, ind + "  ");

@@ -160,6 +160,16 @@ int64_t threads_per_row(int64_t cols, int width) {
   return std::min<int64_t>(fit, codegen::max_threads_per_block());
 }
 
+// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules): rows
+// of at most 32 threads several to a block, and rows longer than the block's threads hold in
+// registers streamed once per pass.
+void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
+  if (kv.spec->schedule != codegen::Schedule::kRow) return;
+  const int64_t threads = threads_per_row(cols, kv.vector_width);
+  kv.rows_in_warps = threads <= 32;
+  kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
+}
+
 // A column kernel: blocks of 32 x 8 threads over tiles of 32 column vectors, and enough row
 // splits for about four blocks per SM while each thread row still walks at least 8 rows; with
 // more than one split, a second launch combines the splits' partials.
@@ -361,8 +371,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   for (int64_t n : space) numel *= n;
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
-  kv.rows_in_warps = spec_.schedule == codegen::Schedule::kRow &&
-                     threads_per_row(kernel_cols(spec_, space), kv.vector_width) <= 32;
+  choose_row_layout(kv, kernel_cols(spec_, space));
   return codegen::CudaSource{std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(kv),
                              kv.symbol()};
 }
@@ -392,10 +401,12 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
         codegen::KernelVariant gpu = v->variant;
         const int widest = vector_width_for(spec_, gpu.access, 0, 0, [](int) { return true; });
         std::string cuda;
-        // Row kernels in both forms: one row per block, and rows in warps.
-        for (bool warps : {false, true}) {
-          if (warps && spec_.schedule != codegen::Schedule::kRow) break;
-          gpu.rows_in_warps = warps;
+        // Row kernels in each layout: rows in registers one per block, rows in warps, and
+        // streamed rows.
+        for (int layout = 0; layout < 3; ++layout) {
+          if (layout > 0 && spec_.schedule != codegen::Schedule::kRow) break;
+          gpu.rows_in_warps = layout == 1;
+          gpu.streamed_rows = layout == 2;
           for (int width : {1, widest}) {
             gpu.vector_width = width;
             cuda += codegen::print_cuda(gpu) + "\n";
@@ -518,18 +529,17 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
     });
   }
   kv.vector_width = width;
-  kv.rows_in_warps = device.is_cuda() && spec_.schedule == codegen::Schedule::kRow &&
-                     threads_per_row(cols, width) <= 32;
+  if (device.is_cuda()) choose_row_layout(kv, cols);
 
-  // Per-call key: access classes, vector width, rows in warps and device type (the spec is
-  // fixed per FusedKernel, so its fingerprint need not be part of it).
+  // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
+  // per FusedKernel, so its fingerprint need not be part of it).
   std::string key(kv.access.size() + 5, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
   key[kv.access.size() + 2] = device.is_cuda() ? 'g' : 'c';
   key[kv.access.size() + 3] = static_cast<char>('0' + (device.is_cuda() ? device.index() : 0));
-  key[kv.access.size() + 4] = kv.rows_in_warps ? 'w' : 'b';
+  key[kv.access.size() + 4] = kv.rows_in_warps ? 'w' : (kv.streamed_rows ? 's' : 'b');
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
 

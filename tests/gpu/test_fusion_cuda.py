@@ -57,7 +57,7 @@ def no_fallback(capfd):
 
 
 def vector_widths(kernels) -> set[int]:
-    return {int(re.search(r"_v(\d+)(?:_w)?$", k["symbol"]).group(1)) for k in kernels}
+    return {int(re.search(r"_v(\d+)(?:_[ws])?$", k["symbol"]).group(1)) for k in kernels}
 
 
 @pytest.mark.usefixtures("no_fallback")
@@ -110,14 +110,16 @@ def test_vector_width(name, cols, widths, dtype, assert_close_rel):
 @pytest.mark.usefixtures("no_fallback")
 @DTYPES
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layer_norm"])
-@pytest.mark.parametrize("cols", [65536, 65535], ids=["cols65536", "cols65535"])
+@pytest.mark.parametrize("cols", [65536, 65535, 9000, 4095])
 def test_long_rows(name, cols, dtype, assert_close_rel):
-    """Beyond the register-cached row (1024 threads x 8 x 4 = 32768 elements): every pass
-    streams the row from memory."""
+    """Beyond the register-held row (256 threads x 4 chunks of 16 bytes: 8192 bf16 or 4096 f32
+    elements; odd rows, one element per access, 1024): the streamed layout (symbol suffix _s),
+    every pass reading the row, K vectors ahead, under L2 eviction hints."""
     pattern = width_pattern(name, cols, rows=2)
     pattern.batches = (2, 3)
     (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
-    assert_fused(run, pattern, dtype)
+    kernels = assert_fused(run, pattern, dtype)
+    assert all(k["symbol"].endswith("_s") for k in kernels), [k["symbol"] for k in kernels]
 
 
 def test_unaligned_views_fall_back_to_narrow_accesses(assert_close_rel):

@@ -125,6 +125,9 @@ struct KernelVariant {
   /// GPU row kernels: rows of at most 32 threads, several per block (blockDim.y of them),
   /// reduced by shuffles among each row's lanes; else one row per block.
   bool rows_in_warps = false;
+  /// GPU row kernels: rows longer than a block holds in registers, read once per pass over
+  /// them (each step of a pass loads K vectors ahead); else held in registers, read once.
+  bool streamed_rows = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

@@ -29,6 +29,10 @@ char row_column_loads();
 /// may give each thread up to 255 registers (a row kernel holds its row chunks in registers);
 /// MAGI_MAX_BLOCK_THREADS (a power of two, 32-1024).
 int max_threads_per_block();
+/// Whether a GPU row kernel whose rows do not fit in registers asks L2 to keep a row between its
+/// passes (evict_last loads, evict_first in the last pass): on by default,
+/// MAGI_ROW_STREAM_HINTS=0 turns it off.
+bool row_stream_hints();
 
 std::string print_cuda(const KernelVariant& variant);
 std::string print_cpp(const KernelVariant& variant);

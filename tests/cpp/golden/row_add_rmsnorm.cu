@@ -19,95 +19,48 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
   (void)rows;
   constexpr int K = 4;
   __shared__ A scratch[32];
-  if (cols <= (long long)blockDim.x * V * K) {  // rows fit in registers: read once
-    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
-      MagiVec<magi_bf16, V> c0[K];
-      MagiVec<magi_bf16, V> c1[K];
-      #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
-        if (col0 < cols) {
-          magi_load_raw(in0 + row * cols + col0, c0[k]);
-          magi_load_raw(in1 + row * cols + col0, c1[k]);
-        }
-      }
-      A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
-      #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
-        if (col0 < cols) {
-          _Pragma("unroll") for (int j = 0; j < V; ++j) {
-            const A e0 = magi_to_acc<A>(c0[k].v[j]);
-            const A e1 = magi_to_acc<A>(c1[k].v[j]);
-            const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
-            const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
-            const A e10 = (e5 * e5);  // aten::pow.Tensor_Scalar @ model.py:32 in forward
-            acc12 = acc12 + e10;
-          }
-        }
-      }
-      const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
-      const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
-      const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
-      const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
-      #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
-        if (col0 < cols) {
-          A t2[V];
-          magi_load<A, float, 8>(in2 + col0, t2);
-          A o0[V];
-          A o1[V];
-          _Pragma("unroll") for (int j = 0; j < V; ++j) {
-            const A e0 = magi_to_acc<A>(c0[k].v[j]);
-            const A e1 = magi_to_acc<A>(c1[k].v[j]);
-            const A e2 = t2[j];
-            const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
-            const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
-            const A e19 = (e5 * r18);  // aten::mul.Tensor @ model.py:33 in forward
-            const A e20 = (e19 * e2);  // aten::mul.Tensor @ model.py:34 in forward
-            const A e23 = magi_round_bf16(e20);  // aten::_to_copy @ model.py:34 in forward
-            o0[j] = e23;
-            o1[j] = e5;
-          }
-          magi_store<A, magi_bf16, V>(out0 + row * cols + col0, o0);
-          magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
-        }
+  // Rows held in registers: each row read once.
+  for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    MagiVec<magi_bf16, V> c0[K];
+    MagiVec<magi_bf16, V> c1[K];
+    #pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
+      if (col0 < cols) {
+        magi_load_raw(in0 + row * cols + col0, c0[k]);
+        magi_load_raw(in1 + row * cols + col0, c1[k]);
       }
     }
-  } else {  // long rows: stream them once per pass
-    for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
-      A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
-      for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long long)blockDim.x * V) {
-        A t0[V];
-        magi_load<A, magi_bf16, 8>(in0 + row * cols + col0, t0);
-        A t1[V];
-        magi_load<A, magi_bf16, 8>(in1 + row * cols + col0, t1);
+    A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
+    #pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
+      if (col0 < cols) {
         _Pragma("unroll") for (int j = 0; j < V; ++j) {
-          const A e0 = t0[j];
-          const A e1 = t1[j];
+          const A e0 = magi_to_acc<A>(c0[k].v[j]);
+          const A e1 = magi_to_acc<A>(c1[k].v[j]);
           const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
           const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
           const A e10 = (e5 * e5);  // aten::pow.Tensor_Scalar @ model.py:32 in forward
           acc12 = acc12 + e10;
         }
       }
-      const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
-      const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
-      const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
-      const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
-      for (long long col0 = (long long)threadIdx.x * V; col0 < cols; col0 += (long long)blockDim.x * V) {
-        A t0[V];
-        magi_load<A, magi_bf16, 8>(in0 + row * cols + col0, t0);
-        A t1[V];
-        magi_load<A, magi_bf16, 8>(in1 + row * cols + col0, t1);
+    }
+    const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
+    const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
+    const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
+    const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward
+    #pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
+      if (col0 < cols) {
         A t2[V];
         magi_load<A, float, 8>(in2 + col0, t2);
         A o0[V];
         A o1[V];
         _Pragma("unroll") for (int j = 0; j < V; ++j) {
-          const A e0 = t0[j];
-          const A e1 = t1[j];
+          const A e0 = magi_to_acc<A>(c0[k].v[j]);
+          const A e1 = magi_to_acc<A>(c1[k].v[j]);
           const A e2 = t2[j];
           const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
           const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
