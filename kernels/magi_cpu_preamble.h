@@ -22,6 +22,8 @@ struct MagiArgs {
   long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];
   void* workspace;  // unused on the CPU (see the CUDA preamble)
   long long splits, phase;
+  unsigned div_magic[MAGI_MAX_RANK], div_shift[MAGI_MAX_RANK];  // unused on the CPU
+  unsigned cols_magic, cols_shift;
 };
 
 static inline float magi_bf16_to_float(uint16_t h) {

@@ -22,6 +22,10 @@ struct MagiArgs {
   long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];  // per input, in elements, 0 where broadcast
   void* workspace;          // column kernels: partial results [reduction][split][cols]
   long long splits, phase;  // column kernels: row splits; 0 = pass over the rows, 1 = combine
+  // n / sizes[d] = (umulhi(n, div_magic[d]) + n) >> div_shift[d] for n < 2^31 (index spaces
+  // under 2^31 elements); the same for cols (cols_magic, cols_shift).
+  unsigned div_magic[MAGI_MAX_RANK], div_shift[MAGI_MAX_RANK];
+  unsigned cols_magic, cols_shift;
 };
 
 __device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {
@@ -248,16 +252,32 @@ __device__ __forceinline__ void magi_load_strided(const T* __restrict__ base, lo
   for (int j = 0; j < V; ++j) out[j] = magi_to_acc<A>(base[off + j * step]);
 }
 
+// n / d for n < 2^31 by the host's multiply-and-shift constants of d (see MagiArgs).
+__device__ __forceinline__ unsigned magi_udiv(unsigned n, unsigned magic, unsigned shift) {
+  return (__umulhi(n, magic) + n) >> shift;
+}
+
+// Linear index `i` divided by, and modulo, the row length. Index spaces under 2^31 elements
+// (nearly all) divide by multiply and shift: a 64-bit division is a long instruction sequence,
+// and a pointwise kernel that divides per vector ran compute-bound.
+__device__ __forceinline__ long long magi_div_cols(const MagiArgs& a, long long i) {
+  if (a.numel <= 0x7fffffffLL)
+    return magi_udiv(static_cast<unsigned>(i), a.cols_magic, a.cols_shift);
+  return i / a.cols;
+}
+__device__ __forceinline__ long long magi_mod_cols(const MagiArgs& a, long long i) {
+  return i - magi_div_cols(a, i) * a.cols;
+}
+
 // Element offset of linear index `i` of the index space in input `k` (general strides).
-// Index spaces under 2^31 elements (nearly all) divide in 32 bits, several times faster.
 __device__ __forceinline__ long long magi_offset(const MagiArgs& a, int k, long long i) {
   long long off = 0;
   if (a.numel <= 0x7fffffffLL) {
     unsigned u = static_cast<unsigned>(i);
     for (long long d = a.rank - 1; d >= 0; --d) {
-      const unsigned s = static_cast<unsigned>(a.sizes[d]);
-      off += static_cast<long long>(u % s) * a.strides[k][d];
-      u /= s;
+      const unsigned q = magi_udiv(u, a.div_magic[d], a.div_shift[d]);
+      off += static_cast<long long>(u - q * static_cast<unsigned>(a.sizes[d])) * a.strides[k][d];
+      u = q;
     }
     return off;
   }

@@ -396,10 +396,17 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
       if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base, " + ti + ");";
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[base + j]);";
     case AccessClass::kColumn:
-      if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base % cols, " + ti + ");";
+      if (gpu) {
+        return "magi_load<A, " + T + ", " + V + ">(" + in + " + magi_mod_cols(" + args +
+               ", base), " + ti + ");";
+      }
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
              "[(base + j) % cols]);";
-    case AccessClass::kRow:
+    case AccessClass::kRow:  // the vector width divides the row length: one row per vector
+      if (gpu) {
+        return "{ const A r = magi_to_acc<A>(" + in + "[magi_div_cols(" + args +
+               ", base)]); for (int j = 0; j < V; ++j) " + ti + "[j] = r; }";
+      }
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
              "[(base + j) / cols]);";
     case AccessClass::kScalar:
@@ -480,7 +487,8 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
   const bool columns = uses_columns(s);
   if (columns) {  // the V lanes lie in one row (the vector width divides the row length)
-    os << ind << "const long long col_base = base % cols;\n";
+    os << ind << "const long long col_base = "
+       << (gpu ? "magi_mod_cols(" + args + ", base)" : std::string("base % cols")) << ";\n";
     os << ind << "const long long row_start = base - col_base;\n";
     os << ind << "(void)row_start;\n";
     emit_shifted_vector_loads(os, v, ops, gpu, args, ind);
@@ -790,6 +798,20 @@ int max_threads_per_block() {
   return threads;
 }
 
+int stream_threads_per_block() {
+  static const int threads = [] {
+    int t = env_int("MAGI_ROW_STREAM_THREADS", 512, 32, 1024);
+    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_ROW_STREAM_THREADS=", t, " is not a power of two");
+    return t;
+  }();
+  return threads;
+}
+
+int stream_chunks_per_thread() {
+  static const int chunks = env_int("MAGI_ROW_STREAM_CHUNKS", 2, 1, 16);
+  return chunks;
+}
+
 bool row_stream_hints() {
   static const bool on = env_int("MAGI_ROW_STREAM_HINTS", 1, 0, 1) == 1;
   return on;
@@ -817,8 +839,9 @@ std::string print_cuda(const KernelVariant& v) {
   const KernelSpec& s = *v.spec;
   std::ostringstream os;
   emit_header_comment(os, v);
-  os << "extern \"C\" __global__ void __launch_bounds__(" << max_threads_per_block() << ") "
-     << v.symbol() << "(const MagiArgs a) {\n";
+  const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
+  os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads << ") " << v.symbol()
+     << "(const MagiArgs a) {\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
   emit_pointers(os, s, "a.");
@@ -849,7 +872,8 @@ std::string print_cuda(const KernelVariant& v) {
     os << "      }\n    }\n  }\n}\n";
     return unroll_lane_loops(os.str());
   }
-  os << "  constexpr int K = " << row_chunks_per_thread() << ";\n";
+  os << "  constexpr int K = "
+     << (v.streamed_rows ? stream_chunks_per_thread() : row_chunks_per_thread()) << ";\n";
   os << "  __shared__ A scratch[32];\n";
   // When a row fits (cols <= threads * V * K), each thread owns the same K chunks of V columns
   // in every row: inputs with one value per element are read once per row into registers, in

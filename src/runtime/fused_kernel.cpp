@@ -31,7 +31,20 @@ struct MagiArgs {
   long long strides[kMaxIO][codegen::kMaxRank];
   void* workspace;
   long long splits, phase;
+  unsigned div_magic[codegen::kMaxRank], div_shift[codegen::kMaxRank];
+  unsigned cols_magic, cols_shift;
 };
+
+// Division by a size as a multiply and a shift, exact for dividends under 2^31
+// (Granlund-Montgomery): shift = ceil(log2(d)), magic = 2^32 (2^shift - d) / d + 1, and
+// n / d = (umulhi(n, magic) + n) >> shift.
+void division_constants(int64_t divisor, unsigned& magic, unsigned& shift) {
+  const uint64_t d = static_cast<uint64_t>(std::clamp<int64_t>(divisor, 1, int64_t{1} << 31));
+  uint64_t s = 0;
+  while ((uint64_t{1} << s) < d) ++s;
+  magic = static_cast<unsigned>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - d)) / d + 1);
+  shift = static_cast<unsigned>(s);
+}
 
 using codegen::AccessClass;
 
@@ -512,7 +525,11 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   args.rows = rows;
   args.cols = cols;
   args.rank = rank;
-  for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.sizes[d] = space[d];
+  for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) {
+    args.sizes[d] = space[d];
+    division_constants(space[d], args.div_magic[d], args.div_shift[d]);
+  }
+  division_constants(cols, args.cols_magic, args.cols_shift);
 
   // Vector width: 16-byte accesses when every vectorised pointer and the row length allow it.
   int width = 1;
@@ -557,7 +574,8 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
       int64_t cap = grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};
       blocks = static_cast<unsigned>(std::min<int64_t>((vectors + threads - 1) / threads, cap));
     } else {
-      const int64_t row_threads = threads_per_row(cols, width);
+      const int64_t row_threads =
+          kv.streamed_rows ? codegen::stream_threads_per_block() : threads_per_row(cols, width);
       if (kv.rows_in_warps) {
         rows_per_block = static_cast<unsigned>(codegen::max_threads_per_block() / row_threads);
       }

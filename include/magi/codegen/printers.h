@@ -29,6 +29,12 @@ char row_column_loads();
 /// may give each thread up to 255 registers (a row kernel holds its row chunks in registers);
 /// MAGI_MAX_BLOCK_THREADS (a power of two, 32-1024).
 int max_threads_per_block();
+/// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
+/// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
+int stream_threads_per_block();
+/// Vectors of each input a thread of a streamed-row kernel loads ahead of each step's
+/// arithmetic: 2 by default, MAGI_ROW_STREAM_CHUNKS (1-16).
+int stream_chunks_per_thread();
 /// Whether a GPU row kernel whose rows do not fit in registers asks L2 to keep a row between its
 /// passes (evict_last loads, evict_first in the last pass): on by default,
 /// MAGI_ROW_STREAM_HINTS=0 turns it off.

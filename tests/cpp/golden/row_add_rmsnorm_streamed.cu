@@ -5,7 +5,7 @@
 //   from model.py:33 in forward
 //   from model.py:34 in forward
 // input access: in0=c in1=c in2=l, vector width 8
-extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_streamed_ccl_v8_s(const MagiArgs a) {
+extern "C" __global__ void __launch_bounds__(512) fused_row_add_rmsnorm_streamed_ccl_v8_s(const MagiArgs a) {
   typedef float A;
   constexpr int V = 8;
   const magi_bf16* __restrict__ in0 = static_cast<const magi_bf16*>(a.ptr[0]);
@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_streamed
   const long long rows = a.rows;
   (void)cols;
   (void)rows;
-  constexpr int K = 4;
+  constexpr int K = 2;
   __shared__ A scratch[32];
   // Rows longer than the block holds in registers: streamed once per pass.
   const unsigned long long keep = magi_l2_evict_last(), drop = magi_l2_evict_first();
