@@ -285,6 +285,21 @@ def rotate_computed(x, y):
     return torch.cat([h[..., C // 2 :], -h[..., : C // 2]], -1) * h
 
 
+def silu_grad(g, x):
+    # A SwiGLU backward: the gate's gradient from the up projection's, as autograd emits it.
+    return torch.ops.aten.silu_backward(g * x.sigmoid(), x)
+
+
+def sigmoid_tanh_grads(g, x):
+    aten = torch.ops.aten
+    return aten.sigmoid_backward(g, torch.sigmoid(x)) + aten.tanh_backward(g, torch.tanh(x))
+
+
+def gelu_grads(g, x):
+    aten = torch.ops.aten
+    return aten.gelu_backward(g, x) - 0.5 * aten.gelu_backward(g, x, approximate="tanh")
+
+
 def column_sum(x, y):
     return (x * y).sum(0)
 
@@ -370,6 +385,12 @@ PATTERNS = [
     Pattern("swiglu_chunk", swiglu_chunk, _inputs(("B", 4, 2 * C)), ("aten::silu", "aten::mul")),
     Pattern("gelu", gelu, _inputs(ROWS, (C,)), ("aten::add", "aten::gelu")),
     Pattern("gelu_tanh", gelu_tanh, _inputs(ROWS, (C,)), ("aten::add", "aten::gelu")),
+    Pattern("silu_grad", silu_grad, _inputs(ROWS, ROWS), ("aten::sigmoid", "aten::silu_backward"),
+            dynamic={"g": 0, "x": 0}),
+    Pattern("sigmoid_tanh_grads", sigmoid_tanh_grads, _inputs(ROWS, ROWS),
+            ("aten::sigmoid_backward", "aten::tanh_backward", "aten::add"), dynamic={"g": 0, "x": 0}),
+    Pattern("gelu_grads", gelu_grads, _inputs(ROWS, ROWS), ("aten::gelu_backward", "aten::sub"),
+            dynamic={"g": 0, "x": 0}),
     Pattern("residual_chain", residual_chain, _inputs(ROWS, ROWS, ROWS),
             ("aten::add", "aten::mul", "aten::relu", "aten::sub"),
             dynamic={"x": 0, "y": 0, "z": 0}),

@@ -160,6 +160,44 @@ class Lowering {
     op.args = {a, b};
     return add(std::move(op));
   }
+  // The gradient of an activation from the gradient of its output `g` and `x` (the input; for
+  // sigmoid and tanh, the output), as ATen's *_backward ops compute it, in the accumulation
+  // type with one rounding at the end (the caller's).
+  int activation_grad(const std::string& fn, int g, int x) {
+    const int one = constant(1.0);
+    if (fn == "silu_backward") {  // g * s * (1 + x * (1 - s)), s = sigmoid(x)
+      const int sig = unary("sigmoid", x);
+      const int inner = binary("add", one, binary("mul", x, binary("sub", one, sig)));
+      return binary("mul", g, binary("mul", sig, inner));
+    }
+    if (fn == "sigmoid_backward") return binary("mul", binary("mul", g, binary("sub", one, x)), x);
+    if (fn == "tanh_backward") return binary("mul", g, binary("sub", one, binary("mul", x, x)));
+    const double sqrt1_2 = 0.70710678118654752440, two_over_sqrt_pi = 1.12837916709551257390;
+    if (fn == "gelu_backward") {  // g * (cdf + x * pdf)
+      const int cdf = binary("mul", constant(0.5),
+                             binary("add", one, unary("erf", binary("mul", x, constant(sqrt1_2)))));
+      const int pdf =
+          binary("mul", unary("exp", binary("mul", constant(-0.5), binary("mul", x, x))),
+                 constant(two_over_sqrt_pi * sqrt1_2 * 0.5));
+      return binary("mul", g, binary("add", cdf, binary("mul", x, pdf)));
+    }
+    MAGI_ASSERT(fn == "gelu_tanh_backward", "no gradient form for ", fn);
+    // t = tanh(beta * (x + kappa x^3)); d/dx [x/2 (1 + t)] = (1 + t)/2 + x/2 (1 - t^2) beta
+    // (1 + 3 kappa x^2)
+    const double beta = 1.41421356237309504880 * two_over_sqrt_pi * 0.5, kappa = 0.044715;
+    const int x_sq = binary("mul", x, x);
+    const int inner =
+        binary("mul", constant(beta),
+               binary("add", x, binary("mul", constant(kappa), binary("mul", x_sq, x))));
+    const int t = unary("tanh", inner);
+    const int left = binary("mul", constant(0.5), binary("add", one, t));
+    const int slope =
+        binary("mul", binary("sub", one, binary("mul", t, t)),
+               binary("mul", constant(beta),
+                      binary("add", one, binary("mul", constant(3.0 * kappa), x_sq))));
+    const int right = binary("mul", binary("mul", constant(0.5), x), slope);
+    return binary("mul", g, binary("add", left, right));
+  }
   int reduce(ReduceKind kind, int a) {
     KOp op;
     op.kind = KOpKind::kReduce;
@@ -308,6 +346,10 @@ class Lowering {
         set(&out, round_as(unary(info.fn, in(node, 0)), out));
         break;
       case ir::OpClass::kBinary: {
+        if (info.fn.size() > 9 && info.fn.compare(info.fn.size() - 9, 9, "_backward") == 0) {
+          set(&out, round_as(activation_grad(info.fn, in(node, 0), in(node, 1)), out));
+          break;
+        }
         int a = in(node, 0);
         int b = info.fn == "pow" ? constant(scalar_of(const_arg(node, 1))) : in(node, 1);
         if (info.fn == "rsub") {  // rsub(self, other, alpha) = other - alpha * self

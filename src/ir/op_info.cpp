@@ -29,6 +29,10 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::log1p", {OpClass::kUnary, "log1p"}},
       {"aten::expm1", {OpClass::kUnary, "expm1"}},
       {"aten::gelu", {OpClass::kUnary, "gelu"}},
+      {"aten::silu_backward", {OpClass::kBinary, "silu_backward"}},
+      {"aten::sigmoid_backward", {OpClass::kBinary, "sigmoid_backward"}},
+      {"aten::tanh_backward", {OpClass::kBinary, "tanh_backward"}},
+      {"aten::gelu_backward", {OpClass::kBinary, "gelu_backward"}},
       {"aten::pow.Tensor_Scalar", {OpClass::kBinary, "pow"}},
       {"aten::add.Tensor", {OpClass::kBinary, "add"}},
       {"aten::sub.Tensor", {OpClass::kBinary, "sub"}},
@@ -221,6 +225,18 @@ OpInfo op_info(const Node& node, std::string* reason) {
     case OpClass::kBinary:
       if (info.fn == "pow" && !constant_input(node, 1)) {
         return reject(reason, "pow with a non-constant exponent");
+      }
+      if (info.fn == "gelu_backward") {  // gelu_backward(grad_output, self, approximate)
+        const c10::IValue* approx = constant_input(node, 2);
+        if (!approx || !approx->isString()) {
+          return reject(reason, "gelu_backward approximation not constant");
+        }
+        const std::string& a = approx->toStringRef();
+        if (a == "tanh") {
+          info.fn = "gelu_tanh_backward";
+        } else if (a != "none") {
+          return reject(reason, "gelu_backward approximation '" + a + "'");
+        }
       }
       break;
     case OpClass::kCast: {
