@@ -35,17 +35,6 @@ struct MagiArgs {
   unsigned cols_magic, cols_shift;
 };
 
-// Division by a size as a multiply and a shift, exact for dividends under 2^31
-// (Granlund-Montgomery): shift = ceil(log2(d)), magic = 2^32 (2^shift - d) / d + 1, and
-// n / d = (umulhi(n, magic) + n) >> shift.
-void division_constants(int64_t divisor, unsigned& magic, unsigned& shift) {
-  const uint64_t d = static_cast<uint64_t>(std::clamp<int64_t>(divisor, 1, int64_t{1} << 31));
-  uint64_t s = 0;
-  while ((uint64_t{1} << s) < d) ++s;
-  magic = static_cast<unsigned>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - d)) / d + 1);
-  shift = static_cast<unsigned>(s);
-}
-
 using codegen::AccessClass;
 
 // How an input of `sizes` and `strides` is addressed in the index space `space`; `expanded`
@@ -218,6 +207,14 @@ void launch_columns(const codegen::KernelSpec& spec, const codegen::CudaKernel& 
 }
 
 }  // namespace
+
+void division_constants(int64_t divisor, unsigned& magic, unsigned& shift) {
+  const uint64_t d = static_cast<uint64_t>(std::clamp<int64_t>(divisor, 1, int64_t{1} << 31));
+  uint64_t s = 0;
+  while ((uint64_t{1} << s) < d) ++s;
+  magic = static_cast<unsigned>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - d)) / d + 1);
+  shift = static_cast<unsigned>(s);
+}
 
 struct FusedKernel::Variant {
   codegen::KernelVariant variant;

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -846,3 +847,43 @@ INSTANTIATE_TEST_SUITE_P(Golden, PrintedKernel, ::testing::ValuesIn(kCases),
 
 }  // namespace
 }  // namespace magi::passes
+
+// The multiply-and-shift division of the generated kernels' index arithmetic against integer
+// division: small divisors exhaustively at their edges, random ones anywhere up to 2^31, and
+// the largest dividends.
+TEST(DivisionConstants, MultiplyAndShiftDividesExactlyBelowTwoToThe31) {
+  std::mt19937_64 rng(20261124);
+  std::vector<int64_t> divisors = {1,
+                                   2,
+                                   3,
+                                   7,
+                                   64,
+                                   127,
+                                   128,
+                                   129,
+                                   4095,
+                                   4096,
+                                   8192,
+                                   65535,
+                                   (int64_t{1} << 30) + 1,
+                                   (int64_t{1} << 31) - 1,
+                                   int64_t{1} << 31};
+  for (int64_t d = 1; d <= 2048; ++d) divisors.push_back(d);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(1 + static_cast<int64_t>(rng() % (1u << 31)));
+  const uint64_t top = (uint64_t{1} << 31) - 1;
+  for (int64_t d : divisors) {
+    unsigned magic = 0, shift = 0;
+    magi::runtime::division_constants(d, magic, shift);
+    std::vector<uint64_t> dividends = {0, 1, top, top - 1};
+    for (uint64_t k : {1, 2, 3, 1000}) {
+      if (k * d - 1 <= top) dividends.insert(dividends.end(), {k * d - 1, k * d});
+    }
+    for (int i = 0; i < 64; ++i) dividends.push_back(rng() % (top + 1));
+    for (uint64_t n : dividends) {
+      if (n > top) continue;
+      const uint64_t high = (n * magic) >> 32;
+      const uint64_t q = ((high + n) & 0xffffffffu) >> shift;
+      ASSERT_EQ(q, n / static_cast<uint64_t>(d)) << n << " / " << d;
+    }
+  }
+}

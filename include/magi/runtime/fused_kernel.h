@@ -34,6 +34,12 @@ struct GeneratedKernel {
   std::vector<std::string> fused_ops;
 };
 
+/// Constants for dividing by `divisor` (1 to 2^31) as a multiply and a shift, as generated
+/// GPU kernels do their index arithmetic: for 0 <= n < 2^31,
+/// n / divisor == (umulhi(n, magic) + n) >> shift, umulhi the high 32 bits of the 64-bit
+/// product (Granlund-Montgomery; shift = ceil(log2(divisor))).
+void division_constants(int64_t divisor, unsigned& magic, unsigned& shift);
+
 class FusedKernel {
  public:
   FusedKernel(const ir::Graph& group, const std::string& name);
