@@ -1,0 +1,263 @@
+// The bodies of row and pointwise kernels, shared by the CUDA and C++ printers (the loops
+// around them differ: printers.cpp).
+#include "magi/common/error.h"
+#include "printer_parts.h"
+
+namespace magi::codegen::printer {
+
+// Fills `dest`[V] (default t<i>) from input i through its strides, for the V elements from
+// linear index `first`: they lie in one row (the vector width divides the row length), so the
+// offset is computed once and the lanes step by the last dim's stride (on the GPU one vector
+// load when that stride is 1 and the address aligned).
+std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
+                                const std::string& first, std::string dest) {
+  const std::string k = std::to_string(i), in = "in" + k;
+  if (dest.empty()) dest = "t" + k;
+  const std::string off = "magi_offset(" + args + ", " + k + ", " + first + ")";
+  const std::string step = args + ".strides[" + k + "][" + args + ".rank - 1]";
+  if (gpu) {
+    return "magi_load_strided<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V>(" + in +
+           ", " + off + ", " + step + ", " + dest + ");";
+  }
+  return "{ const long long off = " + off + "; const long long step = " + step +
+         "; for (int j = 0; j < V; ++j) " + dest + "[j] = magi_to_acc<A>(" + in +
+         "[off + j * step]); }";
+}
+
+// Fills t<i>[V] for the chunk starting at column `col0` of row `row`.
+std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::string& args) {
+  const KernelSpec& s = *v.spec;
+  std::string T = ctype(s.inputs[i].dtype), ti = "t" + std::to_string(i),
+              in = "in" + std::to_string(i);
+  std::string V = std::to_string(v.vector_width);
+  std::string vec_load = gpu ? "magi_load<A, " + T + ", " + V + ">(" : "";
+  const std::string tail = ");";
+  switch (v.access[i]) {
+    case AccessClass::kContiguous:
+      if (gpu) return vec_load + in + " + row * cols + col0, " + ti + tail;
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[row * cols + col0 + j]);";
+    case AccessClass::kColumn:
+      if (gpu) return vec_load + in + " + col0, " + ti + tail;
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[col0 + j]);";
+    case AccessClass::kRow:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[row]);";
+    case AccessClass::kScalar:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
+    case AccessClass::kStrided:
+      return strided_vector_load(v, i, gpu, args, "row * cols + col0");
+  }
+  return "";
+}
+
+// Per-row load of a per-row input.
+std::string load_row_value(const KernelVariant& v, int i, const std::string& args) {
+  std::string in = "in" + std::to_string(i);
+  switch (v.access[i]) {
+    case AccessClass::kScalar:
+      return "magi_to_acc<A>(" + in + "[0])";
+    case AccessClass::kStrided:
+      return "magi_to_acc<A>(" + in + "[magi_offset(" + args + ", " + std::to_string(i) +
+             ", row * cols)])";
+    default:
+      return "magi_to_acc<A>(" + in + "[row])";
+  }
+}
+
+void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
+                   const std::string& ind) {
+  const KernelSpec& s = *v.spec;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const KOp& op = s.ops[i];
+    if (!op.per_row || op.kind == KOpKind::kConst) continue;
+    if (op.kind == KOpKind::kLoad) {
+      os << ind << "const A r" << i << " = " << load_row_value(v, op.input, t.args) << ";"
+         << comment(op) << "\n";
+    } else if (op.kind == KOpKind::kReduce) {
+      std::vector<int> ops = element_closure(s, {op.args[0]});
+      std::string acc = "acc" + std::to_string(i);
+      os << ind << "A " << acc << " = " << init(op.reduce) << ";" << comment(op) << "\n";
+      const std::vector<int> inputs = element_inputs(s, ops);
+      t.column_loop(os, ind, inputs, false, [&](std::ostream& o, const std::string& in2) {
+        t.prepare_chunk(o, in2, inputs);
+        o << in2 << "for (int j = 0; j < V; ++j) {\n";
+        emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
+        o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
+        o << in2 << "}\n";
+      });
+      t.reduce(os, ind, op.reduce, acc, "r" + std::to_string(i));
+    } else {
+      os << ind << "const A r" << i << " = "
+         << expr(s, static_cast<int>(i), nullptr, t.gpu && s.fast_math) << ";" << comment(op)
+         << "\n";
+    }
+  }
+  std::vector<int> roots = full_output_roots(s);
+  if (!roots.empty()) {
+    std::vector<int> ops = element_closure(s, roots);
+    const std::vector<int> inputs = element_inputs(s, ops);
+    t.column_loop(os, ind, inputs, true, [&](std::ostream& o, const std::string& in2) {
+      t.prepare_chunk(o, in2, inputs);
+      for (size_t k = 0; k < s.outputs.size(); ++k) {
+        if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
+      }
+      o << in2 << "for (int j = 0; j < V; ++j) {\n";
+      emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
+      for (size_t k = 0; k < s.outputs.size(); ++k) {
+        if (!s.outputs[k].per_row)
+          o << in2 << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+      }
+      o << in2 << "}\n";
+      for (size_t k = 0; k < s.outputs.size(); ++k) {
+        if (s.outputs[k].per_row) continue;
+        std::string T = ctype(s.outputs[k].dtype);
+        if (t.gpu) {
+          o << in2 << t.store_guard << "magi_store<A, " << T << ", V>(out" << k
+            << " + row * cols + col0, o" << k << ");\n";
+        } else {
+          o << in2 << "for (int j = 0; j < V; ++j) out" << k
+            << "[row * cols + col0 + j] = MagiStore<" << T << ">::from(o" << k << "[j]);\n";
+        }
+      }
+    });
+  }
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    if (s.outputs[k].per_row) t.store_row(os, ind, static_cast<int>(k), name(s, s.outputs[k].op));
+  }
+}
+
+// ---- pointwise body --------------------------------------------------------------------------
+
+std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args) {
+  const KernelSpec& s = *v.spec;
+  std::string T = ctype(s.inputs[i].dtype), ti = "t" + std::to_string(i),
+              in = "in" + std::to_string(i);
+  std::string V = std::to_string(v.vector_width);
+  switch (v.access[i]) {
+    case AccessClass::kContiguous:
+      if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base, " + ti + ");";
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[base + j]);";
+    case AccessClass::kColumn:
+      if (gpu) {
+        return "magi_load<A, " + T + ", " + V + ">(" + in + " + magi_mod_cols(" + args +
+               ", base), " + ti + ");";
+      }
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[(base + j) % cols]);";
+    case AccessClass::kRow:  // the vector width divides the row length: one row per vector
+      if (gpu) {
+        return "{ const A r = magi_to_acc<A>(" + in + "[magi_div_cols(" + args +
+               ", base)]); for (int j = 0; j < V; ++j) " + ti + "[j] = r; }";
+      }
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[(base + j) / cols]);";
+    case AccessClass::kScalar:
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
+    case AccessClass::kStrided:
+      return strided_vector_load(v, i, gpu, args, "base");
+  }
+  return "";
+}
+
+// Input i read at column `col + shift` of the lane's row (clamped to the row: a cat's
+// select discards the loads of its other pieces, whose columns may fall outside).
+std::string shifted_load(const KernelVariant& v, int i, int64_t shift, const std::string& args) {
+  const std::string c = "magi_col(col + " + std::to_string(shift) + "LL, cols)";
+  const std::string in = "in" + std::to_string(i);
+  std::string offset;
+  switch (v.access[i]) {
+    case AccessClass::kContiguous:
+      offset = "row_start + " + c;
+      break;
+    case AccessClass::kColumn:
+      offset = c;
+      break;
+    case AccessClass::kRow:
+      offset = "row_start / cols";
+      break;
+    case AccessClass::kScalar:
+      offset = "0";
+      break;
+    case AccessClass::kStrided:
+      offset = "magi_offset(" + args + ", " + std::to_string(i) + ", row_start) + " + c + " * " +
+               args + ".strides[" + std::to_string(i) + "][" + args + ".rank - 1]";
+      break;
+  }
+  return "magi_to_acc<A>(" + in + "[" + offset + "])";
+}
+
+// Loads at a column shift that is a multiple of V read whole vectors: with V dividing the row
+// length, a vector's shifted columns are all inside the row or all outside it (then clamped:
+// a cat's select discards them). They fill s<op>[V] before the lane loop.
+bool vector_shift(const KernelVariant& v, const KOp& op) {
+  return op.kind == KOpKind::kLoad && op.shift != 0 && op.shift % v.vector_width == 0 &&
+         (v.access[op.input] == AccessClass::kContiguous ||
+          v.access[op.input] == AccessClass::kStrided);
+}
+
+void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
+                               const std::vector<int>& ops, bool gpu, const std::string& args,
+                               const std::string& ind) {
+  const KernelSpec& s = *v.spec;
+  for (int n : ops) {
+    const KOp& op = s.ops[n];
+    if (!vector_shift(v, op)) continue;
+    const std::string k = std::to_string(op.input), T = ctype(s.inputs[op.input].dtype);
+    const std::string first =
+        "row_start + magi_col(col_base + " + std::to_string(op.shift) + "LL, cols - V + 1)";
+    const std::string dest = "s" + std::to_string(n);
+    os << ind << "A " << dest << "[V];\n";
+    if (v.access[op.input] == AccessClass::kStrided) {
+      os << ind << strided_vector_load(v, op.input, gpu, args, first, dest) << "\n";
+    } else if (gpu) {
+      os << ind << "magi_load<A, " << T << ", V>(in" << k << " + " << first << ", " << dest
+         << ");\n";
+    } else {
+      os << ind << "{ const long long off = " << first << "; for (int j = 0; j < V; ++j) " << dest
+         << "[j] = magi_to_acc<A>(in" << k << "[off + j]); }\n";
+    }
+  }
+}
+
+void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
+                         const std::string& args, const std::string& ind) {
+  const KernelSpec& s = *v.spec;
+  std::vector<int> ops = element_closure(s, full_output_roots(s));
+  for (int i : element_inputs(s, ops)) {
+    os << ind << "A t" << i << "[V];\n" << ind << load_pointwise(v, i, gpu, args) << "\n";
+  }
+  for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
+  const bool columns = uses_columns(s);
+  if (columns) {  // the V lanes lie in one row (the vector width divides the row length)
+    os << ind << "const long long col_base = "
+       << (gpu ? "magi_mod_cols(" + args + ", base)" : std::string("base % cols")) << ";\n";
+    os << ind << "const long long row_start = base - col_base;\n";
+    os << ind << "(void)row_start;\n";
+    emit_shifted_vector_loads(os, v, ops, gpu, args, ind);
+  }
+  os << ind << "for (int j = 0; j < V; ++j) {\n";
+  if (columns) os << ind << "  const long long col = col_base + j;\n";
+  emit_ops(
+      os, s, ops,
+      [&](const KOp& op) {
+        if (op.shift == 0) return "t" + std::to_string(op.input) + "[j]";
+        if (vector_shift(v, op)) return "s" + std::to_string(&op - s.ops.data()) + "[j]";
+        return shifted_load(v, op.input, op.shift, args);
+      },
+      ind + "  ", gpu && s.fast_math);
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+  }
+  os << ind << "}\n";
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    std::string T = ctype(s.outputs[k].dtype);
+    if (gpu) {
+      os << ind << "magi_store<A, " << T << ", V>(out" << k << " + base, o" << k << ");\n";
+    } else {
+      os << ind << "for (int j = 0; j < V; ++j) out" << k << "[base + j] = MagiStore<" << T
+         << ">::from(o" << k << "[j]);\n";
+    }
+  }
+}
+
+}  // namespace magi::codegen::printer

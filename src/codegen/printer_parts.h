@@ -1,0 +1,87 @@
+// Internal to the printers (src/codegen/printer_*.cpp, printers.cpp): the pieces both targets
+// share. Naming and scalar expressions (printer_parts.cpp), the bodies of row and pointwise
+// kernels (printer_bodies.cpp), column kernels (printer_columns.cpp).
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "magi/codegen/kernel_ir.h"
+
+namespace magi::codegen::printer {
+
+// How a printer reads a Load op (its input at its column shift) inside a lane loop.
+using LoadFn = std::function<std::string(const KOp&)>;
+
+// The load of a schedule without column shifts (slices and cats only join pointwise kernels).
+LoadFn unshifted(std::function<std::string(int)> load);
+
+// Emits the body of one row (shared by both targets). `column_loop(os, body)` wraps a body in
+// the target's loop over this thread's chunks; `reduce(os, kind, acc, result)` finishes a
+// reduction; `store_row(os, k, value)` stores a per-row output.
+struct RowTarget {
+  bool gpu;
+  std::string store_guard;  // GPU, rows in warps: "if (live) " (lanes past the last row)
+  std::string args;         // "a." or "a->"
+  // `inputs`: the element inputs the body reads; `output_pass`: the row's last pass over its
+  // columns (the one writing the outputs)
+  std::function<void(std::ostream&, const std::string& indent, const std::vector<int>& inputs,
+                     bool output_pass,
+                     const std::function<void(std::ostream&, const std::string&)>& body)>
+      column_loop;
+  std::function<void(std::ostream&, const std::string& indent, ReduceKind, const std::string& acc,
+                     const std::string& result)>
+      reduce;
+  std::function<void(std::ostream&, const std::string& indent, int k, const std::string& value)>
+      store_row;
+  // load of element input i inside a chunk, lane j
+  std::function<std::string(int)> element_load;
+  // statements making the element inputs available inside a chunk (streaming: load them)
+  std::function<void(std::ostream&, const std::string& indent, const std::vector<int>& inputs)>
+      prepare_chunk;
+};
+
+const char* ctype(c10::ScalarType t);
+std::string literal(double v);
+std::string name(const KernelSpec& s, int i);
+// `fast`: print the GPU's fast forms of exp, log, division, sigmoid and silu
+// (KernelSpec::fast_math).
+std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast);
+std::string combine(ReduceKind r, const std::string& x, const std::string& y);
+std::string init(ReduceKind r);
+std::vector<int> element_closure(const KernelSpec& s, const std::vector<int>& roots);
+std::vector<int> element_inputs(const KernelSpec& s, const std::vector<int>& ops);
+bool uses_columns(const KernelSpec& s);
+std::string comment(const KOp& op);
+// Statements computing `ops` for lane j, loads reading `load(input)`.
+void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
+              const LoadFn& load, const std::string& indent, bool fast);
+std::vector<int> full_output_roots(const KernelSpec& s);
+void emit_header_comment(std::ostream& os, const KernelVariant& v);
+void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& args);
+
+std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
+                                const std::string& first, std::string dest = "");
+std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::string& args);
+std::string load_row_value(const KernelVariant& v, int i, const std::string& args);
+void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
+                   const std::string& ind);
+std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args);
+std::string shifted_load(const KernelVariant& v, int i, int64_t shift, const std::string& args);
+bool vector_shift(const KernelVariant& v, const KOp& op);
+void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
+                               const std::vector<int>& ops, bool gpu, const std::string& args,
+                               const std::string& ind);
+void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
+                         const std::string& args, const std::string& ind);
+
+void check_variant(const KernelVariant& v);
+std::string unroll_lane_loops(std::string code);
+
+/// Column kernels: the body after the pointers, for each target.
+void emit_column_cuda(std::ostream& os, const KernelVariant& v);
+void emit_column_cpp(std::ostream& os, const KernelVariant& v);
+
+}  // namespace magi::codegen::printer

@@ -1,0 +1,72 @@
+// The tuning variables of the printed kernels (MAGI_ROW_CHUNKS and friends, docs/config.md):
+// each read once per process; part of the printed source, hence of the kernel cache key.
+#include <cstdlib>
+#include <string>
+
+#include "magi/codegen/printers.h"
+#include "magi/common/error.h"
+
+namespace magi::codegen {
+
+namespace {
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  MAGI_CHECK(*end == '\0' && v >= lo && v <= hi, name, "=", text, " is not an integer in [", lo,
+             ", ", hi, "]");
+  return static_cast<int>(v);
+}
+}  // namespace
+
+int row_chunks_per_thread() {
+  static const int chunks = env_int("MAGI_ROW_CHUNKS", 4, 1, 16);
+  return chunks;
+}
+
+int pointwise_unroll() {
+  static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 1, 1, 8);
+  return unroll;
+}
+
+char row_column_loads() {
+  static const char mode = [] {
+    const char* text = std::getenv("MAGI_ROW_COLUMN_LOADS");
+    std::string m = text == nullptr || *text == '\0' ? "late" : text;
+    MAGI_CHECK(m == "block" || m == "row" || m == "late", "MAGI_ROW_COLUMN_LOADS=", m,
+               " is not one of block, row, late");
+    return m[0];
+  }();
+  return mode;
+}
+
+int max_threads_per_block() {
+  static const int threads = [] {
+    int t = env_int("MAGI_MAX_BLOCK_THREADS", 256, 32, 1024);
+    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_MAX_BLOCK_THREADS=", t, " is not a power of two");
+    return t;
+  }();
+  return threads;
+}
+
+int stream_threads_per_block() {
+  static const int threads = [] {
+    int t = env_int("MAGI_ROW_STREAM_THREADS", 512, 32, 1024);
+    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_ROW_STREAM_THREADS=", t, " is not a power of two");
+    return t;
+  }();
+  return threads;
+}
+
+int stream_chunks_per_thread() {
+  static const int chunks = env_int("MAGI_ROW_STREAM_CHUNKS", 2, 1, 16);
+  return chunks;
+}
+
+bool row_stream_hints() {
+  static const bool on = env_int("MAGI_ROW_STREAM_HINTS", 1, 0, 1) == 1;
+  return on;
+}
+
+}  // namespace magi::codegen
