@@ -163,8 +163,8 @@ int64_t threads_per_row(int64_t cols, int width) {
 }
 
 // The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules): rows
-// of at most 32 threads several to a block, and rows longer than the block's threads hold in
-// registers streamed once per pass.
+// of at most 32 threads run several to a block; rows longer than a block holds in registers
+// are streamed, once per pass over them.
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
   if (kv.spec->schedule != codegen::Schedule::kRow) return;
   const int64_t threads = threads_per_row(cols, kv.vector_width);

@@ -1,0 +1,327 @@
+// The printed kernels of a pointwise, a row-reduction (three GPU layouts) and a
+// column-reduction group against golden files in tests/cpp/golden (MAGI_UPDATE_GOLDEN=1
+// rewrites them from the current output). The golden CUDA kernels are NVRTC-compiled for
+// sm_90, the C++ ones host-compiled, and the groups run as FusedKernels against ATen. Also the
+// division constants of the generated index arithmetic.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "magi/codegen/compiler.h"
+#include "magi/codegen/lower_group.h"
+#include "magi/codegen/printers.h"
+#include "magi/ir/verifier.h"
+#include "magi/passes/passes.h"
+#include "magi/runtime/executor.h"
+#include "magi/runtime/fused_kernel.h"
+
+#include "fusion_builder.h"
+#include "test_helpers.h"
+
+namespace magi::passes {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::NodeKind;
+using ir::SymExpr;
+using ir::TensorType;
+using ir::Value;
+using ir::ValueKind;
+using test::sym;
+using test::tensor_type;
+
+using test::Builder;
+using test::kBF16;
+using test::kF32;
+
+std::string golden_path(const std::string& name) {
+  return std::string(MAGI_GOLDEN_DIR) + "/" + name;
+}
+
+// Compares `text` with golden file `name`, or rewrites the file when MAGI_UPDATE_GOLDEN=1.
+void expect_golden(const std::string& text, const std::string& name) {
+  const char* update = std::getenv("MAGI_UPDATE_GOLDEN");
+  if (update != nullptr && std::string(update) == "1") {
+    std::ofstream(golden_path(name)) << text;
+    return;
+  }
+  std::ifstream in(golden_path(name));
+  ASSERT_TRUE(in.good()) << golden_path(name) << " is missing; run with MAGI_UPDATE_GOLDEN=1";
+  std::stringstream expected;
+  expected << in.rdbuf();
+  EXPECT_EQ(text, expected.str()) << "printed kernel differs from " << golden_path(name)
+                                  << " (MAGI_UPDATE_GOLDEN=1 rewrites it after review)";
+}
+
+// silu(x + bias) * u in bfloat16; u is read through general strides.
+std::unique_ptr<Graph> silu_mul_group() {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  SymExpr rows = sym("s0"), cols = sym("s1");
+  Value* x = b.input("x", {rows, cols}, kBF16);
+  Value* bias = b.input("bias", {cols}, kBF16);
+  Value* u = b.input("u", {rows, cols}, kBF16);
+  Value* h = b.unary("aten::silu", b.add(x, bias, "add", 20), "silu", 20);
+  g->set_outputs({b.mul(h, u, "mul", 21)});
+  return g;
+}
+
+// h = x + residual; out = rmsnorm(h) * w, in bfloat16 with float32 math; returns (out, h).
+std::unique_ptr<Graph> add_rmsnorm_group() {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  SymExpr rows = sym("s0");
+  Value* x = b.input("x", {rows, 64}, kBF16);
+  Value* residual = b.input("residual", {rows, 64}, kBF16);
+  Value* w = b.input("w", {64});
+  Value* h = b.add(x, residual, "add", 30);
+  Value* hf = b.cast(h, kF32, "float", 31);
+  Value* sq = b.op("aten::pow", "Tensor_Scalar", {hf, b.scalar(2)}, *hf->tensor_type(), "pow", 32);
+  Value* var = b.row_reduce("aten::mean", "dim", sq, true, "mean", 32);
+  Value* r = b.unary("aten::rsqrt", b.add(var, b.number(1e-6), "add_eps", 33), "rsqrt", 33);
+  Value* y = b.mul(b.mul(hf, r, "mul", 33), w, "mul_w", 34);
+  g->set_outputs({b.cast(y, kBF16, "out", 34), h});
+  return g;
+}
+
+// A weight gradient in bfloat16: p = g * xn (also an output), dw = sum(p, 0) * w cast to
+// bfloat16, w one value per column.
+std::unique_ptr<Graph> column_weight_grad_group() {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  SymExpr rows = sym("s0");
+  Value* grad = b.input("grad", {rows, 64}, kBF16);
+  Value* xn = b.input("xn", {rows, 64}, kBF16);
+  Value* w = b.input("w", {64});
+  Value* p = b.mul(grad, xn, "mul", 40);
+  Value* pf = b.cast(p, kF32, "float", 41);
+  Value* dw = b.column_reduce("aten::sum", "dim_IntList", pf, 1, false, "sum", 41);
+  Value* scaled = b.binary("aten::mul", dw, w, *dw->tensor_type(), "mul_w", 42);
+  g->set_outputs({b.cast(scaled, kBF16, "dw", 42), p});
+  return g;
+}
+
+using codegen::AccessClass;
+
+codegen::KernelVariant variant(const codegen::KernelSpec& spec, std::vector<AccessClass> access,
+                               int width) {
+  codegen::KernelVariant v;
+  v.spec = &spec;
+  v.access = std::move(access);
+  v.vector_width = width;
+  return v;
+}
+
+struct Case {
+  const char* name;
+  std::unique_ptr<Graph> (*build)();
+  std::vector<AccessClass> access;
+  int cuda_width;
+  bool rows_in_warps = false;  // the GPU form for rows of at most 32 threads
+  bool streamed_rows = false;  // the GPU form for rows too long for registers
+};
+
+const Case kCases[] = {
+    {"pointwise_silu_mul",
+     &silu_mul_group,
+     {AccessClass::kContiguous, AccessClass::kColumn, AccessClass::kStrided},
+     8},
+    {"row_add_rmsnorm",
+     &add_rmsnorm_group,
+     {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
+     8},
+    {"column_weight_grad",
+     &column_weight_grad_group,
+     {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
+     8},
+    {"row_add_rmsnorm_warps",
+     &add_rmsnorm_group,
+     {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
+     8,
+     true},
+    {"row_add_rmsnorm_streamed",
+     &add_rmsnorm_group,
+     {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
+     8,
+     false,
+     true},
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class PrintedKernel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PrintedKernel, CudaMatchesGoldenAndCompiles) {
+  const Case& c = GetParam();
+  std::unique_ptr<Graph> group = c.build();
+  ir::verify(*group);
+  codegen::KernelSpec spec = codegen::lower_group(*group, std::string("fused_") + c.name);
+  codegen::KernelVariant v = variant(spec, c.access, c.cuda_width);
+  v.rows_in_warps = c.rows_in_warps;
+  v.streamed_rows = c.streamed_rows;
+  std::string source = codegen::print_cuda(v);
+  expect_golden(source, std::string(c.name) + ".cu");
+  if (!codegen::nvrtc_available()) GTEST_SKIP() << "NVRTC is not installed on this machine";
+  std::vector<char> cubin = codegen::compile_cuda_to_cubin(
+      std::string(codegen::kCudaPreamble) + "\n" + source, v.symbol(), 90);
+  EXPECT_FALSE(cubin.empty());
+}
+
+TEST_P(PrintedKernel, CppMatchesGoldenAndCompiles) {
+  const Case& c = GetParam();
+  if (c.rows_in_warps || c.streamed_rows) {
+    GTEST_SKIP() << "a GPU layout: the C++ printer has one row form";
+  }
+  std::unique_ptr<Graph> group = c.build();
+  codegen::KernelSpec spec = codegen::lower_group(*group, std::string("fused_") + c.name);
+  codegen::KernelVariant v = variant(spec, c.access, 1);
+  std::string source = codegen::print_cpp(v);
+  expect_golden(source, std::string(c.name) + ".cpp");
+  EXPECT_NE(
+      codegen::get_cpu_function(std::string(codegen::kCpuPreamble) + "\n" + source, v.symbol()),
+      nullptr);
+}
+
+// The group as a FusedKernel (the golden variants: a transposed u, a [cols] bias or weight)
+// against the same group run op by op through ATen.
+TEST_P(PrintedKernel, RunsLikeAten) {
+  const Case& c = GetParam();
+  std::unique_ptr<Graph> group = c.build();
+  runtime::FusedKernel kernel(*group, std::string("fused_") + c.name);
+  runtime::Executable reference(*group);
+  const int64_t rows = 7, cols = 64;
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < c.access.size(); ++i) {
+    const auto& type = *group->inputs()[i]->tensor_type();
+    auto options = at::TensorOptions().dtype(type.dtype);
+    switch (c.access[i]) {
+      case AccessClass::kColumn:
+        inputs.push_back(at::randn({cols}, options));
+        break;
+      case AccessClass::kStrided:
+        inputs.push_back(at::randn({cols, rows}, options).t());
+        break;
+      default:
+        inputs.push_back(at::randn({rows, cols}, options));
+    }
+  }
+  std::vector<at::Tensor> got = kernel.run(inputs);
+  std::vector<c10::IValue> want = reference.run({inputs.begin(), inputs.end()});
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    at::Tensor e = want[k].toTensor().to(at::kDouble), a = got[k].to(at::kDouble);
+    ASSERT_EQ(a.sizes(), e.sizes());
+    double rel = (a - e).abs().max().item<double>() / e.abs().max().item<double>();
+    EXPECT_LE(rel, 1e-2) << "output " << k;
+  }
+  std::string access;
+  for (AccessClass a : c.access) access += static_cast<char>(a);
+  ASSERT_EQ(kernel.generated().size(), 1u);
+  EXPECT_EQ(kernel.generated()[0].symbol, std::string("fused_") + c.name + "_" + access + "_v1");
+}
+
+// Moves every tensor of `g` to `device`, keeping sizes and dtypes; `strides` (when given)
+// replaces the first input's strides.
+void place_on(Graph& g, c10::Device device, std::vector<SymExpr> strides = {}) {
+  auto move = [&](Value* v, bool first_input) {
+    if (!v->tensor_type()) return;
+    TensorType t = *v->tensor_type();
+    t.device = device;
+    if (first_input && !strides.empty()) t.strides = strides;
+    v->set_tensor_type(std::move(t));
+  };
+  for (size_t i = 0; i < g.inputs().size(); ++i) move(g.inputs()[i], i == 0);
+  for (Node* n : g.nodes()) {
+    if (n->kind() == NodeKind::kInput) continue;
+    for (Value* out : n->outputs()) move(out, false);
+  }
+}
+
+// Before the first call, the variant it will need is predicted from the traced layouts and its
+// source printed exactly as the call prints it, so compiling it ahead makes the call a cache
+// hit: contiguous activations and a per-column weight give 16-byte vectors; rows of 64 values
+// take 8 lanes each, several rows to a block; a transposed activation is read through strides;
+// a graph on the CPU has nothing to precompile.
+TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  auto g = add_rmsnorm_group();
+  place_on(*g, cuda);
+  runtime::FusedKernel kernel(*g, "fused_add_rmsnorm");
+  auto expected = kernel.expected_cuda_source();
+  ASSERT_TRUE(expected.has_value());
+  auto call = variant(
+      kernel.spec(), {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+  call.rows_in_warps = true;
+  EXPECT_EQ(expected->name, call.symbol());
+  EXPECT_EQ(expected->source,
+            std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(call));
+  if (codegen::nvrtc_available()) {
+    EXPECT_FALSE(codegen::compile_cuda_batch({*expected}, 90).front().empty());
+  }
+
+  auto transposed = add_rmsnorm_group();
+  place_on(*transposed, cuda, {SymExpr(1), sym("s0")});
+  runtime::FusedKernel strided(*transposed, "fused_add_rmsnorm_t");
+  auto expected_strided = strided.expected_cuda_source();
+  ASSERT_TRUE(expected_strided.has_value());
+  auto strided_call = variant(
+      strided.spec(), {AccessClass::kStrided, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+  strided_call.rows_in_warps = true;
+  EXPECT_EQ(expected_strided->name, strided_call.symbol());
+
+  auto on_cpu = add_rmsnorm_group();
+  EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, PrintedKernel, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace magi::passes
+
+// The multiply-and-shift division of the generated kernels' index arithmetic against integer
+// division: small divisors exhaustively at their edges, random ones anywhere up to 2^31, and
+// the largest dividends.
+TEST(DivisionConstants, MultiplyAndShiftDividesExactlyBelowTwoToThe31) {
+  std::mt19937_64 rng(20261124);
+  std::vector<int64_t> divisors = {1,
+                                   2,
+                                   3,
+                                   7,
+                                   64,
+                                   127,
+                                   128,
+                                   129,
+                                   4095,
+                                   4096,
+                                   8192,
+                                   65535,
+                                   (int64_t{1} << 30) + 1,
+                                   (int64_t{1} << 31) - 1,
+                                   int64_t{1} << 31};
+  for (int64_t d = 1; d <= 2048; ++d) divisors.push_back(d);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(1 + static_cast<int64_t>(rng() % (1u << 31)));
+  const uint64_t top = (uint64_t{1} << 31) - 1;
+  for (int64_t d : divisors) {
+    unsigned magic = 0, shift = 0;
+    magi::runtime::division_constants(d, magic, shift);
+    std::vector<uint64_t> dividends = {0, 1, top, top - 1};
+    for (uint64_t k : {1, 2, 3, 1000}) {
+      if (k * d - 1 <= top) dividends.insert(dividends.end(), {k * d - 1, k * d});
+    }
+    for (int i = 0; i < 64; ++i) dividends.push_back(rng() % (top + 1));
+    for (uint64_t n : dividends) {
+      if (n > top) continue;
+      const uint64_t high = (n * magic) >> 32;
+      const uint64_t q = ((high + n) & 0xffffffffu) >> shift;
+      ASSERT_EQ(q, n / static_cast<uint64_t>(d)) << n << " / " << d;
+    }
+  }
+}
