@@ -123,12 +123,19 @@ __device__ __forceinline__ A magi_round_f16(A v) {
 
 // One 16-byte load through the read-only path. Written out because a 16-byte store written out
 // (magi_store16, an asm statement) keeps the compiler from proving the inputs read-only.
+// MAGI_VECTOR_IO=ldg|plain (docs/config.md) swaps both back to what the compiler chooses.
 __device__ __forceinline__ uint4 magi_load16(const void* p) {
+#if defined(MAGI_VECTOR_IO_LDG)
+  return __ldg(reinterpret_cast<const uint4*>(p));
+#elif defined(MAGI_VECTOR_IO_PLAIN)
+  return *reinterpret_cast<const uint4*>(p);
+#else
   uint4 r;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p));
   return r;
+#endif
 }
 
 // Vector loads/stores of V elements: 16-byte transactions when the bytes allow it.
@@ -167,7 +174,16 @@ __device__ __forceinline__ unsigned long long magi_l2_evict_first() {
 // of a thread's four row chunks stored that way).
 __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {
+#if defined(MAGI_VECTOR_IO_LDG) || defined(MAGI_VECTOR_IO_PLAIN)
+  uint4 v;
+  v.x = a;
+  v.y = b;
+  v.z = c;
+  v.w = d;
+  *reinterpret_cast<uint4*>(p) = v;
+#else
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
+#endif
 }
 
 template <typename A, typename T, int V>

@@ -69,4 +69,24 @@ bool row_stream_hints() {
   return on;
 }
 
+char vector_io_mode() {
+  static const char mode = [] {
+    const char* text = std::getenv("MAGI_VECTOR_IO");
+    std::string m = text == nullptr || *text == '\0' ? "asm" : text;
+    MAGI_CHECK(m == "asm" || m == "ldg" || m == "plain", "MAGI_VECTOR_IO=", m,
+               " is not one of asm, ldg, plain");
+    return m[0];
+  }();
+  return mode;
+}
+
+std::string cuda_preamble() {
+  std::string defines;
+  if (vector_io_mode() != 'a') {
+    defines = std::string("#define MAGI_VECTOR_IO_") + (vector_io_mode() == 'l' ? "LDG" : "PLAIN") +
+              " 1\n";
+  }
+  return defines + kCudaPreamble + "\n";
+}
+
 }  // namespace magi::codegen

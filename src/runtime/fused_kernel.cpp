@@ -382,8 +382,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
   choose_row_layout(kv, kernel_cols(spec_, space));
-  return codegen::CudaSource{std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(kv),
-                             kv.symbol()};
+  return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
 }
 
 const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
@@ -398,8 +397,8 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
   try {
     if (device.is_cuda()) {
       v->source = codegen::print_cuda(v->variant);
-      v->cuda = &codegen::get_cuda_kernel(std::string(codegen::kCudaPreamble) + "\n" + v->source,
-                                          v->variant.symbol(), device.index());
+      v->cuda = &codegen::get_cuda_kernel(codegen::cuda_preamble() + v->source, v->variant.symbol(),
+                                          device.index());
     } else {
       v->source = codegen::print_cpp(v->variant);
       v->cpu = reinterpret_cast<void (*)(const MagiArgs*)>(codegen::get_cpu_function(
@@ -423,8 +422,7 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
             if (widest == 1) break;
           }
         }
-        codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + cuda,
-                                       gpu.symbol(), 90);
+        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda, gpu.symbol(), 90);
       }
     }
   } catch (const std::exception& e) {
