@@ -486,6 +486,8 @@ def extra_section(doc: dict, source: str) -> str:
         return "\n".join(lines) + "\n"
     if doc.get("benchmark") == "kernel_sweep":
         return _sweep_section(doc, source)
+    if doc.get("benchmark") == "env_sweep":
+        return _env_sweep_section(doc, source)
     if doc.get("benchmark") == "gpu_tests":
         lines = [
             f"## CUDA test tier: {doc['device']}",
@@ -585,6 +587,33 @@ def _sweep_section(doc: dict, source: str) -> str:
             else:
                 cells.append(f"{c['pct_of_copy']:.1f}%" + ("" if c["correct"] else " ⚠"))
         lines.append(f"| `{name}` | {s['shape']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _env_sweep_section(doc: dict, source: str) -> str:
+    meta = doc.get("meta", {})
+    workloads = list(doc["runs"][0]["workloads"])
+    lines = [
+        f"## Generated kernels: settings measured apart, {meta.get('device_name', '?')}",
+        "",
+        f"`scripts/gpu/sweep_env.sh` · torch {meta.get('torch')} · date {meta.get('date')} · "
+        f"source `{source}`",
+        "",
+        doc.get("note", ""),
+        "",
+        "One process per row, in the order run; each cell is magi_compile / torch.compile as % of "
+        "that process's copy bandwidth, timed interleaved.",
+        "",
+        "| setting | shape | " + " | ".join(workloads) + " |",
+        "|---|---|" + "---|" * len(workloads),
+    ]
+    for r in doc["runs"]:
+        cells = []
+        for w in workloads:
+            c = r["workloads"].get(w, {})
+            m, t = c.get("magi_compile"), c.get("torch.compile")
+            cells.append(f"{m:.1f}% / {t:.1f}%" if m is not None and t is not None else "error")
+        lines.append(f"| `{r['setting']}` | {r['shape']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -121,20 +121,19 @@ __device__ __forceinline__ A magi_round_f16(A v) {
   return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
 }
 
-// One 16-byte load through the read-only path. Written out because a 16-byte store written out
-// (magi_store16, an asm statement) keeps the compiler from proving the inputs read-only.
-// MAGI_VECTOR_IO=ldg|plain (docs/config.md) swaps both back to what the compiler chooses.
+// One 16-byte load through the read-only path (__ldg). MAGI_VECTOR_IO (docs/config.md) can
+// instead write the PTX out (asm) or leave the choice to the compiler (plain).
 __device__ __forceinline__ uint4 magi_load16(const void* p) {
-#if defined(MAGI_VECTOR_IO_LDG)
-  return __ldg(reinterpret_cast<const uint4*>(p));
-#elif defined(MAGI_VECTOR_IO_PLAIN)
-  return *reinterpret_cast<const uint4*>(p);
-#else
+#if defined(MAGI_VECTOR_IO_ASM)
   uint4 r;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p));
   return r;
+#elif defined(MAGI_VECTOR_IO_PLAIN)
+  return *reinterpret_cast<const uint4*>(p);
+#else
+  return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
 }
 
@@ -169,20 +168,22 @@ __device__ __forceinline__ unsigned long long magi_l2_evict_first() {
   return policy;
 }
 
-// One 16-byte store. Written out because the compiler, given a uint4 store built from
-// converted values, sometimes split it into four 4-byte stores (SASS of RMSNorm for sm_90: two
-// of a thread's four row chunks stored that way).
+// One 16-byte store of four words. Built from words rather than from converted elements:
+// given a uint4 filled element by element, the compiler sometimes split the store into four
+// 4-byte stores. Not written out in PTX by default: an asm volatile store orders a kernel's
+// stores among themselves, and add+RMSNorm (two outputs) lost 1.9% of copy bandwidth to it
+// (H100, MAGI_VECTOR_IO=asm against the default).
 __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {
-#if defined(MAGI_VECTOR_IO_LDG) || defined(MAGI_VECTOR_IO_PLAIN)
+#if defined(MAGI_VECTOR_IO_ASM)
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
+#else
   uint4 v;
   v.x = a;
   v.y = b;
   v.z = c;
   v.w = d;
   *reinterpret_cast<uint4*>(p) = v;
-#else
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
 #endif
 }
 

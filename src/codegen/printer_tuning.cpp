@@ -72,7 +72,7 @@ bool row_stream_hints() {
 char vector_io_mode() {
   static const char mode = [] {
     const char* text = std::getenv("MAGI_VECTOR_IO");
-    std::string m = text == nullptr || *text == '\0' ? "asm" : text;
+    std::string m = text == nullptr || *text == '\0' ? "ldg" : text;
     MAGI_CHECK(m == "asm" || m == "ldg" || m == "plain", "MAGI_VECTOR_IO=", m,
                " is not one of asm, ldg, plain");
     return m[0];
@@ -82,8 +82,8 @@ char vector_io_mode() {
 
 std::string cuda_preamble() {
   std::string defines;
-  if (vector_io_mode() != 'a') {
-    defines = std::string("#define MAGI_VECTOR_IO_") + (vector_io_mode() == 'l' ? "LDG" : "PLAIN") +
+  if (vector_io_mode() != 'l') {
+    defines = std::string("#define MAGI_VECTOR_IO_") + (vector_io_mode() == 'a' ? "ASM" : "PLAIN") +
               " 1\n";
   }
   return defines + kCudaPreamble + "\n";

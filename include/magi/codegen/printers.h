@@ -39,8 +39,8 @@ int stream_chunks_per_thread();
 /// passes (evict_last loads, evict_first in the last pass): on by default,
 /// MAGI_ROW_STREAM_HINTS=0 turns it off.
 bool row_stream_hints();
-/// How generated CUDA kernels move 16-byte vectors: 'a' (default) written-out PTX
-/// (ld.global.nc / st.global.v4), 'l' __ldg loads with plain stores, 'p' plain loads and stores
+/// How generated CUDA kernels move 16-byte vectors: 'l' (default) __ldg loads and plain
+/// stores, 'a' written-out PTX (ld.global.nc / st.global.v4), 'p' plain loads and stores
 /// (the compiler picks). MAGI_VECTOR_IO=asm|ldg|plain; kept for measuring one against another.
 char vector_io_mode();
 /// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
