@@ -13,5 +13,6 @@ void bind_import(py::module_& m);
 void bind_runtime(py::module_& m);
 void bind_ops(py::module_& m);
 void bind_codegen(py::module_& m);
+void bind_recompute(py::module_& m);
 
 }  // namespace magi::bindings

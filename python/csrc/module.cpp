@@ -9,4 +9,5 @@ PYBIND11_MODULE(_C, m) {
   magi::bindings::bind_runtime(m);
   magi::bindings::bind_ops(m);
   magi::bindings::bind_codegen(m);
+  magi::bindings::bind_recompute(m);
 }

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from magi_compiler import _C, _counters, _dump, inspection
+from magi_compiler import _C, _counters, _dump, _recompute, inspection
 from magi_compiler._decompositions import decomposition_table
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
@@ -112,11 +112,8 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         return compile_fn
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any):
-        # Our hook for splitting the joint graph into forward and backward. For now it keeps
-        # PyTorch's default choice of saved values; the recompute planner replaces it.
-        from torch._functorch.partitioners import default_partition
-
-        return default_partition(joint_module, joint_inputs, **kwargs)
+        # The C++ recompute planner decides what the backward recomputes (_recompute.py).
+        return _recompute.partition(joint_module, joint_inputs, config=config, **kwargs)
 
     aot = aot_autograd(
         fw_compiler=compiler("forward"),

@@ -127,6 +127,7 @@ class Report:
         self.stages: list[Stage] = []  # inside the compile, in order
         self.later: list[Stage] = []  # after it: page writing, first runs, lazy backward
         self.lowerings: list[Lowering] = []
+        self.recompute_plans: list[dict[str, Any]] = []  # training compiles: _recompute.py
         self.dump_ms = 0.0  # time spent writing dump files during the compile
         self.error: str | None = None
         self.in_scope = True
@@ -254,6 +255,23 @@ def compile_scope(gm: Any, config: Any) -> Iterator[Report]:
         end = time.perf_counter()
         _tls.report = previous
         report.finish(end)
+
+
+def recompute_plan(plan: dict[str, Any]) -> None:
+    """Records a training compile's recompute plan on its report; with dumps on, writes it to
+    recompute_plan.txt (the report) and recompute_plan.json."""
+    report = getattr(_tls, "report", None)
+    if report is None:
+        return
+    report.recompute_plans.append(plan)
+    if report.dir is None:
+        return
+    n = len(report.recompute_plans)
+    stem = "recompute_plan" if n == 1 else f"recompute_plan_{n}"
+    figures = {k: v for k, v in plan.items() if k not in ("report", "forward_names", "kept")}
+    with report.writing():
+        report.write(stem + ".txt", plan["report"])
+        report.write(stem + ".json", json.dumps(figures, indent=2))
 
 
 def lowering(kind: str, gm: Any, config: Any) -> Lowering:

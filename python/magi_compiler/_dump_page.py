@@ -227,6 +227,15 @@ def _files(directory: str) -> str:
     return "<ul>" + "".join(items) + "</ul>"
 
 
+def _plans(report: Any) -> str:
+    if report.recompute_plans:
+        parts = [f"<pre>{_e(p['report'])}</pre>" for p in report.recompute_plans]
+        recompute = "".join(parts)
+    else:
+        recompute = '<p id="plans-note">Recompute plan: none (not a training compile).</p>'
+    return recompute + "<p>Offload plan: not planned by this version.</p>"
+
+
 def render(report: Any) -> str:
     from magi_compiler import _dump
 
@@ -239,8 +248,7 @@ def render(report: Any) -> str:
         (
             "plans",
             "Recompute and offload plans",
-            '<p id="plans-note">Recompute plan: not planned by this version. '
-            "Offload plan: not planned by this version.</p>",
+            _plans(report),
         ),
         ("timeline-section", "Compile timeline", _timeline(report)),
         ("files", "Files", _files(report.dir)),

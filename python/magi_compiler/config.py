@@ -56,7 +56,8 @@ class OffloadConfig:
 class RecomputeConfig:
     recompute_policy: RecomputePolicy = RecomputePolicy.HEURISTIC
     custom_compute_sensitive_ops: list[str] = field(default_factory=list)
-    memory_budget: float = 0.5
+    memory_budget: float = 0.5  # HANDCRAFT: fraction of the no-recompute plan's saved bytes
+    memory_budget_bytes: int = 0  # AUTOSEARCH: simulated activation peak to fit, in bytes
 
 
 @dataclass
@@ -93,7 +94,6 @@ NOT_YET_ACTED_ON = {
     "disable_cache",
     "offload_config",
     "compile_sizes",
-    "recompute_config",
 }
 _warned: set[str] = set()
 

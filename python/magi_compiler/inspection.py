@@ -21,7 +21,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CompiledGraphInfo", "last_compiled", "compiled_graphs", "clear"]
+__all__ = [
+    "CompiledGraphInfo",
+    "last_compiled",
+    "compiled_graphs",
+    "last_recompute_plan",
+    "recompute_plans",
+    "clear",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class CompiledGraphInfo:
 
 _lock = threading.Lock()
 _records: collections.deque[CompiledGraphInfo] = collections.deque(maxlen=64)
+_plans: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
 
 
 def record(kind: str, run: Callable, splitting_ops: Sequence[str]) -> CompiledGraphInfo:
@@ -84,7 +92,29 @@ def compiled_graphs() -> list[CompiledGraphInfo]:
         return list(_records)
 
 
+def record_recompute_plan(plan: dict[str, Any]) -> None:
+    """Called by the partitioner (_recompute.py) for each training graph it plans."""
+    with _lock:
+        _plans.append(plan)
+
+
+def last_recompute_plan() -> dict[str, Any] | None:
+    """The recompute plan of the most recent training compile, or None. Keys: ``policy``,
+    ``recomputed`` and ``saved`` (FX node names), ``saved_bytes``, ``no_recompute_bytes``,
+    ``recomputed_bytes``, ``predicted_peak_bytes``, ``no_recompute_peak_bytes``,
+    ``recompute_seconds``, ``budget_met``, ``note`` and ``report`` (the text table)."""
+    with _lock:
+        return _plans[-1] if _plans else None
+
+
+def recompute_plans() -> list[dict[str, Any]]:
+    """Every kept recompute plan, oldest first."""
+    with _lock:
+        return list(_plans)
+
+
 def clear() -> None:
-    """Forgets every record."""
+    """Forgets every record and plan."""
     with _lock:
         _records.clear()
+        _plans.clear()

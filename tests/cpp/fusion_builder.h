@@ -2,6 +2,8 @@
 // importer adds them (typed, named outputs, constant arguments, a source line).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <string>
 #include <vector>
 

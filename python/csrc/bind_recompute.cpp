@@ -1,0 +1,55 @@
+// The recompute planner for Python's partition_fn: plan_recompute over an imported joint graph,
+// returning the FX names to recompute and the figures of the report.
+#include "bindings.h"
+
+#include <pybind11/stl.h>
+
+#include "magi/passes/plan_recompute.h"
+
+namespace magi::bindings {
+
+void bind_recompute(py::module_& m) {
+  m.def(
+      "plan_recompute",
+      [](const ir::Graph& joint, const std::string& policy, double memory_budget,
+         int64_t memory_budget_bytes, const std::vector<std::string>& compute_sensitive_ops,
+         const std::unordered_map<std::string, int64_t>& size_hints,
+         const std::vector<std::string>& forward_names, size_t num_forward_outputs) {
+        passes::RecomputeOptions options;
+        options.policy = passes::parse_recompute_policy(policy);
+        options.memory_budget = memory_budget;
+        options.peak_budget_bytes = memory_budget_bytes;
+        options.compute_sensitive_ops = compute_sensitive_ops;
+        options.size_hints = ir::SymbolBindings(size_hints.begin(), size_hints.end());
+        options.forward_names.insert(forward_names.begin(), forward_names.end());
+        options.num_forward_outputs = num_forward_outputs;
+        const passes::RecomputePlan plan = passes::plan_recompute(joint, options);
+        py::dict d;
+        d["policy"] = passes::recompute_policy_name(plan.policy);
+        d["recomputed"] = plan.recomputed_names();
+        d["num_recomputed_ops"] = plan.recomputed_ops.size();
+        d["saved"] = plan.saved_names();
+        std::vector<std::string> kept;
+        for (const ir::Node* n : plan.kept) kept.push_back(n->provenance().fx_name);
+        d["kept"] = kept;
+        d["saved_bytes"] = plan.saved_bytes;
+        d["no_recompute_bytes"] = plan.no_recompute_bytes;
+        d["recomputed_bytes"] = plan.recomputed_bytes;
+        d["predicted_peak_bytes"] = plan.predicted_peak_bytes;
+        d["no_recompute_peak_bytes"] = plan.no_recompute_peak_bytes;
+        d["recompute_seconds"] = plan.recompute_seconds;
+        d["budget_met"] = plan.budget_met;
+        d["note"] = plan.note;
+        d["report"] = plan.report();
+        return d;
+      },
+      py::arg("joint"), py::arg("policy") = "HEURISTIC", py::arg("memory_budget") = 0.5,
+      py::arg("memory_budget_bytes") = 0,
+      py::arg("compute_sensitive_ops") = std::vector<std::string>{},
+      py::arg("size_hints") = std::unordered_map<std::string, int64_t>{},
+      py::arg("forward_names") = std::vector<std::string>{}, py::arg("num_forward_outputs") = 0,
+      "Plans recomputation for a joint forward+backward graph (passes/plan_recompute.h): which "
+      "forward nodes (FX names) the backward recomputes, which values it saves, and the report.");
+}
+
+}  // namespace magi::bindings

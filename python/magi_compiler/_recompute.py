@@ -1,0 +1,153 @@
+"""AOTAutograd's ``partition_fn``: the joint forward+backward graph goes to the C++ recompute
+planner (``passes/plan_recompute.h``), which decides what the backward recomputes; this module
+tags the FX nodes with that decision and lets PyTorch's partitioner cut the graph where the tags
+say (it recomputes just in time, in the order the autograd engine would run the backward).
+
+Glue only: the plan is made in C++. Policies and budgets: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from magi_compiler import _C, _dump, inspection
+from magi_compiler._logging import logger
+from magi_compiler.config import CompileConfig
+
+
+def partition(
+    joint_module: torch.fx.GraphModule,
+    joint_inputs: Any,
+    *,
+    num_fwd_outputs: int,
+    config: CompileConfig,
+    **kwargs: Any,
+):
+    from torch._functorch import partitioners
+
+    plan = plan_for(joint_module, num_fwd_outputs, config)
+    if plan is not None:
+        _tag(joint_module, plan)
+    return partitioners.default_partition(
+        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
+    )
+
+
+def forward_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The joint graph's forward nodes, as PyTorch's default partitioner counts them: every
+    node but the tangents up to the last node tagged forward (or the last primal)."""
+    from torch._functorch import partitioners as p
+
+    last = None
+    for node in graph.nodes:
+        if p._has_tag_is_forward(node) or p._is_primal(node) or p._is_fwd_seed_offset(node):
+            last = node
+    out = []
+    for node in graph.nodes:
+        if node.op == "output":
+            break
+        if not p._is_tangent(node):
+            out.append(node)
+        if node is last:
+            break
+    return out
+
+
+def size_hints(graph: torch.fx.Graph) -> dict[str, int]:
+    """The example value of every symbolic dim, from the graph's shape environment."""
+    for node in graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        env = None
+        if isinstance(val, torch.SymInt):
+            env = val.node.shape_env
+        elif isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
+            env = val.fake_mode.shape_env
+        if env is not None:
+            values = getattr(env, "backed_var_to_val", None) or env.var_to_val
+            return {str(sym): int(v) for sym, v in values.items()}
+    return {}
+
+
+def plan_for(
+    joint_module: torch.fx.GraphModule, num_fwd_outputs: int, config: CompileConfig
+) -> dict[str, Any] | None:
+    """The C++ planner's plan for this joint graph, or None (with a log line saying why) when
+    the graph cannot be planned: then every value the backward reads is saved."""
+    from torch._functorch import partitioners
+
+    rc = config.recompute_config
+    graph = joint_module.graph
+    if partitioners._is_functional_graph(graph)[0] is not None:
+        logger.info(
+            "recompute planner: the training graph mutates a tensor in place; saving every value "
+            "the backward reads (no recomputation) for this graph"
+        )
+        return None
+    forward = forward_nodes(graph)
+    joint = _C.import_fx_graph(joint_module)
+    plan = _C.plan_recompute(
+        joint,
+        policy=rc.recompute_policy.name,
+        memory_budget=float(rc.memory_budget),
+        memory_budget_bytes=int(rc.memory_budget_bytes),
+        compute_sensitive_ops=list(rc.custom_compute_sensitive_ops),
+        size_hints=size_hints(graph),
+        forward_names=[n.name for n in forward],
+        num_forward_outputs=num_fwd_outputs,
+    )
+    plan["forward_names"] = [n.name for n in forward]
+    _report(plan)
+    return plan
+
+
+def _tag(joint_module: torch.fx.GraphModule, plan: dict[str, Any]) -> None:
+    """Marks each forward op MUST_RECOMPUTE or MUST_SAVE. An output read through getitem of a
+    multi-output op follows the op (the importer folds such getitems into the op's node)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    recompute = set(plan["recomputed"])
+    known = recompute | set(plan["kept"])
+    forward = set(plan["forward_names"])
+    for node in joint_module.graph.nodes:
+        if node.name not in forward or node.op != "call_function":
+            continue
+        name = node.name
+        if name not in known and node.target is operator.getitem:
+            source = node.args[0]
+            if isinstance(source, torch.fx.Node):
+                name = source.name
+        recomputed = name in recompute
+        node.meta["recompute"] = (
+            CheckpointPolicy.MUST_RECOMPUTE if recomputed else CheckpointPolicy.MUST_SAVE
+        )
+
+
+def _report(plan: dict[str, Any]) -> None:
+    line = (
+        f"recompute plan ({plan['policy']}): saves {_size(plan['saved_bytes'])} "
+        f"({_pct(plan['saved_bytes'], plan['no_recompute_bytes'])} of "
+        f"{_size(plan['no_recompute_bytes'])} without recomputation), recomputes "
+        f"{plan['num_recomputed_ops']} ops (~{plan['recompute_seconds'] * 1e3:.3f} ms), predicted "
+        f"activation peak {_size(plan['predicted_peak_bytes'])}"
+    )
+    if not plan["budget_met"]:
+        logger.warning("%s; budget not met: %s", line, plan["note"])
+    else:
+        logger.info("%s", line)
+    logger.debug("%s", plan["report"])
+    inspection.record_recompute_plan(plan)
+    _dump.recompute_plan(plan)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n / 1024:.1f} KiB"
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100.0 * a / b:.0f}%" if b else "100%"
