@@ -16,6 +16,7 @@ import torch
 from magi_compiler import _C, _dump, inspection
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
+from magi_compiler.errors import InternalError, UnsupportedError
 
 
 def partition(
@@ -66,7 +67,9 @@ def size_hints(graph: torch.fx.Graph) -> dict[str, int]:
         elif isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
             env = val.fake_mode.shape_env
         if env is not None:
-            values = getattr(env, "backed_var_to_val", None) or env.var_to_val
+            values = getattr(env, "backed_var_to_val", None)
+            if values is None:  # PyTorch before backed_var_to_val
+                values = env.var_to_val
             return {str(sym): int(v) for sym, v in values.items()}
     return {}
 
@@ -87,7 +90,16 @@ def plan_for(
         )
         return None
     forward = forward_nodes(graph)
-    joint = _C.import_fx_graph(joint_module)
+    try:
+        joint = _C.import_fx_graph(joint_module)
+    except (UnsupportedError, InternalError) as e:
+        # The forward and backward graphs still compile (or fall back) one by one.
+        logger.warning(
+            "recompute planner: cannot read the joint training graph (%s); saving every value "
+            "the backward reads (no recomputation) for this graph",
+            e,
+        )
+        return None
     plan = _C.plan_recompute(
         joint,
         policy=rc.recompute_policy.name,
