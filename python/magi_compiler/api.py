@@ -275,6 +275,7 @@ def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, 
     # replace it (magi_compiler.config.set_compile_config).
     cfg = _config.patched(_config.get_compile_config(), owner_patch)
     cfg = _config.patched(cfg, config_patch)
+    _config.validate(cfg)
     _config.warn_not_yet_acted_on(cfg)
     return cfg
 

@@ -235,6 +235,25 @@ def warn_not_yet_acted_on(cfg: CompileConfig) -> None:
             )
 
 
+def validate(cfg: CompileConfig) -> None:
+    """Rejects values no compile could use, at decoration time rather than at the first
+    training call (the C++ planner checks the same bounds)."""
+    from magi_compiler.errors import UserError
+
+    rc = cfg.recompute_config
+    policy = rc.recompute_policy
+    if policy is RecomputePolicy.HANDCRAFT and not 0.0 <= rc.memory_budget <= 1.0:
+        raise UserError(
+            f"recompute_config.memory_budget={rc.memory_budget} is outside [0, 1]; it is the "
+            "fraction of the no-recompute plan's saved bytes (docs/training.md)"
+        )
+    if policy is RecomputePolicy.AUTOSEARCH and rc.memory_budget_bytes <= 0:
+        raise UserError(
+            "recompute_policy=AUTOSEARCH needs recompute_config.memory_budget_bytes > 0 (the "
+            f"activation peak to fit, in bytes); got {rc.memory_budget_bytes}"
+        )
+
+
 _default: CompileConfig | None = None
 
 

@@ -208,7 +208,8 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
           static_cast<double>(fewest)) {
         out.budget_met = false;
         out.note = "no plan saves fewer than " + mib(fewest) +
-                   " (random ops' outputs and ops with side effects are always saved)";
+                   " (the outputs of random ops, attention ops among them, and of ops with side effects are always "
+                   "saved)";
       }
       break;
     }

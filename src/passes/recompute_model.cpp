@@ -38,7 +38,11 @@ namespace {
 bool has_prefix(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
 // Does output `k` of an operator alias one of its inputs (a view: aten::view, t, detach, ...)?
+// _unsafe_view returns a view without saying so in its schema (AOTAutograd emits it after
+// matmuls); likewise _reshape_alias.
 bool output_aliases_input(const ir::Node& node, size_t k) {
+  const std::string& name = node.op().operator_name().name;
+  if (name == "aten::_unsafe_view" || name == "aten::_reshape_alias") return k == 0;
   const auto& returns = node.schema().returns();
   if (k >= returns.size()) return false;
   const auto* alias = returns[k].alias_info();
@@ -46,6 +50,9 @@ bool output_aliases_input(const ir::Node& node, size_t k) {
 }
 
 bool is_random_op(const ir::Node& node) {
+  // Attention ops carry the tag too (for their dropout), even with dropout_p=0. They stay
+  // random here: PyTorch's partitioner would wrap a recomputed tagged op in run_and_save_rng_state,
+  // which the C++ importer does not take.
   if (node.op().hasTag(at::Tag::nondeterministic_seeded)) return true;
   const std::string name = node.op().operator_name().name;
   for (const char* r : {"aten::native_dropout", "aten::bernoulli", "aten::rand", "aten::randn",
