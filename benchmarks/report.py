@@ -488,6 +488,8 @@ def extra_section(doc: dict, source: str) -> str:
         return _sweep_section(doc, source)
     if doc.get("benchmark") == "env_sweep":
         return _env_sweep_section(doc, source)
+    if doc.get("benchmark") == "recompute":
+        return _recompute_section(doc, source)
     if doc.get("benchmark") == "gpu_tests":
         lines = [
             f"## CUDA test tier: {doc['device']}",
@@ -614,6 +616,89 @@ def _env_sweep_section(doc: dict, source: str) -> str:
             m, t = c.get("magi_compile"), c.get("torch.compile")
             cells.append(f"{m:.1f}% / {t:.1f}%" if m is not None and t is not None else "error")
         lines.append(f"| `{r['setting']}` | {r['shape']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _recompute_section(doc: dict, source: str) -> str:
+    """benchmarks/recompute.py: training steps with recomputation, one table pair per model."""
+    meta, st = doc.get("meta", {}), doc.get("settings", {})
+
+    def mib(b: float | None) -> str:
+        return "–" if b is None else f"{b / 2**20:,.0f}" if b >= 2**24 else f"{b / 2**20:,.2f}"
+
+    def yes(flag: bool | None) -> str:
+        return "–" if flag is None else "yes" if flag else "**no**"
+
+    lines = [
+        f"## Recomputation in training: {meta.get('device_name', meta.get('device', '?'))}",
+        "",
+        f"`benchmarks/recompute.py` · torch {meta.get('torch')} · CUDA {meta.get('cuda')} · "
+        f"{meta.get('dtype')} · magi_compiler {meta.get('magi_compiler')} (commit "
+        f"{meta.get('git_commit')}) · date {meta.get('date')} · source `{source}`",
+        "",
+        f"One training step (forward, loss `{st.get('loss', '?')}`, backward; no optimizer), "
+        f"median of {st.get('steps')} steps after {st.get('warmup')} warm-up. *Act. peak*: "
+        "`max_memory_allocated` during a step less what was allocated before it (activations, "
+        "backward temporaries and the gradients produced). *Predicted*: the planner's simulated "
+        "activation peak. *Saved*: bytes autograd saved for the backward (measured through "
+        "saved-tensor hooks), beside the plan's. `tc`: torch.compile, `budget b`: its "
+        "`activation_memory_budget`; AUTOSEARCH budgets are fractions of the no-recompute plan's "
+        "predicted peak. Error: worst normwise gradient error against eager.",
+        "",
+    ]
+    for m in doc.get("models", []):
+        lines += [f"### {m.get('title', m.get('name'))}: {m.get('shape', '')}", ""]
+        if m.get("error"):
+            lines += [f"Could not be built: `{m['error'].splitlines()[0][:200]}`", ""]
+            continue
+        vs = m.get("variants", {})
+        tc = vs.get("tc", {}) if vs.get("tc", {}).get("status") == "ok" else {}
+        rows = []
+        for r in vs.values():
+            if r.get("status") != "ok":
+                err = (r.get("error") or "").strip().splitlines() or [""]
+                rows.append([r.get("label", "?"), f"{r.get('status')}: `{err[0][:120]}`"]
+                            + [""] * 8)  # fmt: skip
+                continue
+            plan = r.get("plan") or {}
+            ms, peak = r.get("median_ms"), r.get("act_peak_bytes")
+            t_ratio = f"{ms / tc['median_ms']:.2f}×" if ms and tc.get("median_ms") else "–"
+            p_ratio = f"{peak / tc['act_peak_bytes']:.2f}×" if peak and tc.get("act_peak_bytes") else "–"  # fmt: skip
+            err = r.get("grad_rel_err_max")
+            err_text = (
+                "–" if err is None else f"{err:.1e}" + (" ⚠" if r.get("correct") is False else "")
+            )
+            rows.append([
+                r.get("label", "?"), f"{ms:.2f}" if ms else "–", t_ratio, mib(peak), p_ratio,
+                mib(plan.get("predicted_peak_bytes")), mib(r.get("saved_bytes_measured")),
+                mib(plan.get("saved_bytes")), f"{r.get('first_step_s', 0):.1f}", err_text,
+            ])  # fmt: skip
+        header = ["variant", "step ms", "time / tc", "act. peak MiB", "peak / tc",
+                  "predicted MiB", "saved MiB", "plan saved MiB", "first step s", "error"]  # fmt: skip
+        lines.append(_table(header, rows))
+        derived = m.get("derived", {})
+        rows = []
+        for name, d in derived.items():
+            r = vs.get(name, {})
+            same = d.get("tc_same_peak")
+            ratio = d.get("time_ratio_vs_tc_same_peak")
+            rows.append([
+                r.get("label", name), mib(d.get("budget_bytes")), yes(d.get("predicted_fits_budget")),
+                yes(d.get("measured_fits_budget")),
+                f"{d['measured_over_predicted']:.2f}" if d.get("measured_over_predicted") else "–",
+                vs[same]["label"] if same else "none this low" if "tc_same_peak" in d else "–",
+                f"{ratio:.2f}×" if ratio else "–",
+            ])  # fmt: skip
+        if rows:
+            on = next(iter(derived.values())).get("matched_on", "act_peak_bytes")
+            what = "measured activation peak" if on == "act_peak_bytes" else "measured saved bytes"
+            lines += [
+                f"Budgets, and the fastest torch.compile variant whose {what} is at most magi's "
+                "(time magi / it: below 1 means magi is faster at no more memory):",
+                "",
+                _table(["magi variant", "budget MiB", "predicted fits", "measured fits",
+                        "measured / predicted", "tc at ≤ the same peak", "time magi / it"], rows),
+            ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -208,7 +208,8 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
           static_cast<double>(fewest)) {
         out.budget_met = false;
         out.note = "no plan saves fewer than " + mib(fewest) +
-                   " (the outputs of random ops, attention ops among them, and of ops with side effects are always "
+                   " (the outputs of random ops, attention ops among them, and of ops with side "
+                   "effects are always "
                    "saved)";
       }
       break;
@@ -221,6 +222,11 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
       const int64_t budget = options.peak_budget_bytes;
       std::vector<Candidate> pool = plan_sequence(m);
       pool.push_back(cut_and_knapsack(m, budget));
+      // Also the heuristic plan and the fewest saved bytes of all, in case no plan fits.
+      for (NodeSet extra : {heuristic(m), m.min_cut(/*allow_compute_bound=*/true)}) {
+        Evaluation ev = m.evaluate(extra);
+        pool.push_back({std::move(extra), std::move(ev)});
+      }
       const Candidate* best = nullptr;
       const Candidate* smallest = nullptr;
       for (auto& c : pool) {
