@@ -52,6 +52,16 @@ py::object to_python(const c10::IValue& v) {
   return py::none();
 }
 
+// The inputs of one run. With `steal`, a list argument is emptied once they are taken, so the
+// graph holds the only references and frees each input after its last use.
+std::vector<c10::IValue> take_inputs(py::sequence args, bool steal) {
+  std::vector<c10::IValue> inputs;
+  inputs.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) inputs.push_back(to_ivalue(args[i], i));
+  if (steal && py::isinstance<py::list>(args)) args.attr("clear")();
+  return inputs;
+}
+
 std::vector<std::optional<at::Tensor>> guard_inputs(py::sequence args) {
   std::vector<std::optional<at::Tensor>> out;
   out.reserve(args.size());
@@ -74,10 +84,8 @@ void bind_runtime(py::module_& m) {
            py::arg("graph"))
       .def(
           "run",
-          [](const runtime::Executable& exe, py::sequence args) {
-            std::vector<c10::IValue> inputs;
-            inputs.reserve(args.size());
-            for (size_t i = 0; i < args.size(); ++i) inputs.push_back(to_ivalue(args[i], i));
+          [](const runtime::Executable& exe, py::sequence args, bool steal_inputs) {
+            std::vector<c10::IValue> inputs = take_inputs(args, steal_inputs);
             std::vector<c10::IValue> outputs;
             {
               py::gil_scoped_release no_gil;
@@ -87,7 +95,10 @@ void bind_runtime(py::module_& m) {
             for (size_t i = 0; i < outputs.size(); ++i) result[i] = to_python(outputs[i]);
             return result;
           },
-          py::arg("args"), "Runs the graph; returns the list of its outputs.")
+          py::arg("args"), py::arg("steal_inputs") = false,
+          "Runs the graph; returns the list of its outputs. With steal_inputs, `args` (a list) is "
+          "emptied before the run, so each input is freed after its last use in the graph (the "
+          "boxed calling convention; a backward's saved tensors).")
       .def(
           "precompile_kernels",
           [](const runtime::Executable& exe) {
@@ -132,10 +143,8 @@ void bind_runtime(py::module_& m) {
            py::arg("max_graphs") = 32, py::keep_alive<1, 2>())
       .def(
           "run",
-          [](runtime::CudaGraphRunner& runner, py::sequence args) {
-            std::vector<c10::IValue> inputs;
-            inputs.reserve(args.size());
-            for (size_t i = 0; i < args.size(); ++i) inputs.push_back(to_ivalue(args[i], i));
+          [](runtime::CudaGraphRunner& runner, py::sequence args, bool steal_inputs) {
+            std::vector<c10::IValue> inputs = take_inputs(args, steal_inputs);
             std::vector<c10::IValue> outputs;
             {
               py::gil_scoped_release no_gil;
@@ -145,7 +154,7 @@ void bind_runtime(py::module_& m) {
             for (size_t i = 0; i < outputs.size(); ++i) result[i] = to_python(outputs[i]);
             return result;
           },
-          py::arg("args"))
+          py::arg("args"), py::arg("steal_inputs") = false)
       .def_property_readonly("num_graphs", &runtime::CudaGraphRunner::num_graphs)
       .def_property_readonly("num_captures", &runtime::CudaGraphRunner::num_captures)
       .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)

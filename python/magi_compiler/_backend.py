@@ -52,9 +52,10 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     call = lowering.first_call_hook(runner.run if runner is not None else executable.run)
 
     def run(args: list[Any]) -> list[Any]:
-        outputs = call(args)
-        args.clear()  # boxed calling convention: drop our references to the inputs early
-        return outputs
+        # Boxed calling convention: the list is ours to empty. The C++ side takes the inputs and
+        # clears it before running, so each input (a backward's saved tensors) is freed after
+        # its last use rather than when the call returns.
+        return call(args, steal_inputs=True)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     run.magi_graph = graph  # type: ignore[attr-defined]  # for inspection and tests

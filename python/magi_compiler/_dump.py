@@ -382,13 +382,13 @@ class Lowering:
             return call
         done = False
 
-        def first(args: list[Any]) -> list[Any]:
+        def first(args: list[Any], **kwargs: Any) -> list[Any]:
             nonlocal done
             if done:
-                return call(args)
+                return call(args, **kwargs)
             done = True
             before, t = _C.compiler_stats(), time.perf_counter()
-            outputs = call(args)
+            outputs = call(args, **kwargs)
             ms = (time.perf_counter() - t) * 1e3
             after = _C.compiler_stats()
             self.first_run = {"ms": ms, **{k: after[k] - before[k] for k in after}}
