@@ -36,6 +36,7 @@ void bind_recompute(py::module_& m) {
         d["no_recompute_bytes"] = plan.no_recompute_bytes;
         d["recomputed_bytes"] = plan.recomputed_bytes;
         d["predicted_peak_bytes"] = plan.predicted_peak_bytes;
+        d["predicted_forward_peak_bytes"] = plan.predicted_forward_peak_bytes;
         d["no_recompute_peak_bytes"] = plan.no_recompute_peak_bytes;
         d["recompute_seconds"] = plan.recompute_seconds;
         d["budget_met"] = plan.budget_met;

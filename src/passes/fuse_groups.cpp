@@ -34,6 +34,7 @@
 // (adopt_lone_casts), where it is loaded and cast per column like any broadcast operand.
 #include <algorithm>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -57,6 +58,9 @@ bool same_shape(const std::vector<SymExpr>& a, const std::vector<SymExpr>& b) {
   }
   return true;
 }
+
+// Tensors one generated kernel takes (inputs and outputs together); printer_parts.cpp checks it.
+constexpr size_t kMaxKernelArgs = 16;
 
 struct Group {
   std::vector<Node*> members;
@@ -316,6 +320,42 @@ class Fuser {
   }
 
   bool can_join(const Group& g, const Node& node) {
+    return can_join_shape(g, node) && within_arity({&g}, &node);
+  }
+
+  // A generated kernel takes at most kMaxKernelArgs tensors (inputs and outputs together;
+  // MagiArgs holds that many pointers). Counts the tensors the members of `groups` (and
+  // `extra`) would read from outside them and the values they make that are read outside.
+  bool within_arity(std::initializer_list<const Group*> groups, const Node* extra) const {
+    auto inside = [&](const Node* n) {
+      if (n == extra) return true;
+      for (const Group* g : groups) {
+        if (g->member_set.count(n)) return true;
+      }
+      return false;
+    };
+    std::unordered_set<const Value*> args;
+    auto visit = [&](const Node* m) {
+      for (const Value* in : m->inputs()) {
+        if (in->kind() == ir::ValueKind::kTensor && !inside(in->producer())) args.insert(in);
+      }
+      for (const Value* out : m->outputs()) {
+        for (const Node* user : out->users()) {
+          if (!inside(user)) {
+            args.insert(out);
+            break;
+          }
+        }
+      }
+    };
+    for (const Group* g : groups) {
+      for (const Node* m : g->members) visit(m);
+    }
+    if (extra != nullptr) visit(extra);
+    return args.size() <= kMaxKernelArgs;
+  }
+
+  bool can_join_shape(const Group& g, const Node& node) {
     for (size_t b : barriers_) {
       if (b > g.first_position && b < position_[&node]) return false;
     }
@@ -416,6 +456,10 @@ class Fuser {
   // depends on the other through a node outside both (the merged group would both feed and
   // wait for that node).
   bool can_merge(size_t gi, size_t oi) {
+    return can_merge_shape(gi, oi) && within_arity({&groups_[gi], &groups_[oi]}, nullptr);
+  }
+
+  bool can_merge_shape(size_t gi, size_t oi) {
     const Group& g = groups_[gi];
     const Group& o = groups_[oi];
     if ((g.reduces() && o.reduces()) || !same_shape(g.full, o.full)) return false;

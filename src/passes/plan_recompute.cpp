@@ -248,7 +248,7 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
   const Evaluation e = m.evaluate(plan);
   out.saved_bytes = e.saved_bytes;
   out.recompute_seconds = e.seconds;
-  out.predicted_peak_bytes = m.simulate_peak(plan, e);
+  out.predicted_peak_bytes = m.simulate_peak(plan, e, &out.predicted_forward_peak_bytes);
   for (int id : e.saved) out.saved.push_back(m.value(id));
   for (size_t i = 0; i < m.size(); ++i) {
     if (!plan[i]) out.kept.push_back(m.node(i));
@@ -289,8 +289,9 @@ std::string RecomputePlan::report() const {
   std::snprintf(ms, sizeof ms, "%.3f ms", recompute_seconds * 1e3);
   s << "  recomputed: " << recomputed_ops.size() << " ops writing " << mib(recomputed_bytes)
     << ", about " << ms << " per step (roofline)\n";
-  s << "  predicted activation peak: " << mib(predicted_peak_bytes)
-    << " (no-recompute plan: " << mib(no_recompute_peak_bytes) << ")\n";
+  s << "  predicted activation peak: " << mib(predicted_peak_bytes) << " (in the forward "
+    << mib(predicted_forward_peak_bytes) << "; no-recompute plan: " << mib(no_recompute_peak_bytes)
+    << ")\n";
   if (!budget_met) s << "  budget not met: " << note << "\n";
   s << "saved values:\n";
   for (const ir::Value* v : saved) {

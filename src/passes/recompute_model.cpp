@@ -322,7 +322,8 @@ Evaluation JointModel::evaluate(const NodeSet& plan) const {
   return e;
 }
 
-int64_t JointModel::simulate_peak(const NodeSet& plan, const Evaluation& eval) const {
+int64_t JointModel::simulate_peak(const NodeSet& plan, const Evaluation& eval,
+                                  int64_t* forward_peak) const {
   (void)plan;
   const size_t nv = values_.size();
   std::vector<char> keep(nv, 0);  // roots that outlive the forward
@@ -348,6 +349,7 @@ int64_t JointModel::simulate_peak(const NodeSet& plan, const Evaluation& eval) c
     peak = std::max(peak, live);
     for (int r : dies[i]) live -= value_bytes_[r];
   }
+  if (forward_peak != nullptr) *forward_peak = peak;
 
   // Backward: recomputed nodes run just before their first use.
   std::vector<std::pair<const std::vector<int>*, const std::vector<int>*>> schedule;

@@ -55,6 +55,27 @@ TEST(FuseGroups, PointwiseChainBecomesOneGroup) {
   EXPECT_EQ(g.outputs()[0], fusions[0]->output());
 }
 
+TEST(FuseGroups, AGroupTakesAtMostSixteenTensors) {
+  // x0 + x1 + ... + x19: one chain, but a kernel takes at most 16 tensors (inputs and outputs).
+  Graph g;
+  Builder b(g);
+  Value* acc = b.input("x0", {sym("s0"), 16});
+  for (int i = 1; i < 20; ++i) {
+    acc = b.add(acc, b.input("x" + std::to_string(i), {sym("s0"), 16}), "add" + std::to_string(i));
+  }
+  g.set_outputs({acc});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 2u);
+  size_t ops = 0;
+  for (Node* f : fusions) {
+    EXPECT_LE(f->inputs().size() + f->outputs().size(), 16u);
+    ops += nodes_of_kind(*f->piece(), NodeKind::kAtenOp).size();
+  }
+  EXPECT_EQ(ops, 19u);  // every add still fused
+}
+
 TEST(FuseGroups, RmsNormIsOneRowGroup) {
   Graph g;
   Builder b(g);

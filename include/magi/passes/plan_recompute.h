@@ -71,10 +71,11 @@ struct RecomputePlan {
   std::vector<const ir::Node*> kept;
   /// Forward values the backward reads as saved, in forward order.
   std::vector<const ir::Value*> saved;
-  int64_t saved_bytes = 0;           ///< storage of `saved`
-  int64_t no_recompute_bytes = 0;    ///< storage a plan without recomputation saves
-  int64_t recomputed_bytes = 0;      ///< storage the recomputed ops write (views excluded)
-  int64_t predicted_peak_bytes = 0;  ///< simulated activation peak of forward + backward
+  int64_t saved_bytes = 0;                   ///< storage of `saved`
+  int64_t no_recompute_bytes = 0;            ///< storage a plan without recomputation saves
+  int64_t recomputed_bytes = 0;              ///< storage the recomputed ops write (views excluded)
+  int64_t predicted_peak_bytes = 0;          ///< simulated activation peak of forward + backward
+  int64_t predicted_forward_peak_bytes = 0;  ///< the forward's part of it
   int64_t no_recompute_peak_bytes = 0;
   double recompute_seconds = 0;  ///< roofline time of `recomputed`
   bool budget_met = true;        ///< false when no plan fits the budget (the smallest is used)
