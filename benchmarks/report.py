@@ -645,6 +645,7 @@ def _recompute_section(doc: dict, source: str) -> str:
         "`activation_memory_budget`; AUTOSEARCH budgets are fractions of the no-recompute plan's "
         "predicted peak. Error: worst normwise gradient error against eager.",
         "",
+        *([doc["note"], ""] if doc.get("note") else []),
     ]
     for m in doc.get("models", []):
         lines += [f"### {m.get('title', m.get('name'))}: {m.get('shape', '')}", ""]
