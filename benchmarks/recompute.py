@@ -109,8 +109,8 @@ SMOKE: dict[str, dict[str, Any]] = {  # tiny shapes, float32 (the 8B-shaped one 
 }  # fmt: skip
 SHARE = {"llama4": 0.6, "llama8b": 0.4}  # of --budget-s; what one model leaves goes on
 TC_BUDGETS = (0.1, 0.3, 0.5, 0.7)
-FRACTIONS = (0.9, 0.7, 0.5)  # AUTOSEARCH budgets: of the no-recompute plan's predicted peak
-SMOKE_TC_BUDGETS, SMOKE_FRACTIONS = (0.1,), (0.9, 0.5)  # fewer compiles: CPU Inductor is slow
+FRACTIONS = (0.8, 0.5, 0.2)  # AUTOSEARCH budgets: floor + f * (no-recompute peak - floor)
+SMOKE_TC_BUDGETS, SMOKE_FRACTIONS = (0.1,), (0.8, 0.2)  # fewer compiles: CPU Inductor is slow
 KINDS = ("eager", "tc", "magi_heuristic", "magi_auto", "tc_amb")
 
 
@@ -174,7 +174,7 @@ class Variant:
     kind: str  # one of KINDS
     label: str
     tc_budget: float | None = None  # torch._functorch.config.activation_memory_budget
-    fraction: float | None = None  # AUTOSEARCH: of the no-recompute plan's predicted peak
+    fraction: float | None = None  # AUTOSEARCH: of the range floor .. no-recompute peak
     recompute: dict[str, Any] = field(default_factory=dict)  # magi recompute_config
 
     def context(self):
@@ -329,7 +329,8 @@ def plan_summary(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not plans:
         return None
     keys = ("saved_bytes", "no_recompute_bytes", "recomputed_bytes", "predicted_peak_bytes",
-            "no_recompute_peak_bytes", "recompute_seconds", "num_recomputed_ops")  # fmt: skip
+            "no_recompute_peak_bytes", "lowest_peak_bytes", "predicted_forward_peak_bytes",
+            "recompute_seconds", "num_recomputed_ops")  # fmt: skip
     out: dict[str, Any] = {k: sum(p.get(k) or 0 for p in plans) for k in keys}
     out["policy"] = plans[-1].get("policy")
     out["budget_met"] = all(p.get("budget_met", True) for p in plans)
@@ -608,7 +609,8 @@ def parse_args(argv: list[str]):
         "--fractions",
         type=_floats,
         default=None,
-        help="AUTOSEARCH budgets as fractions of the no-recompute predicted peak",
+        help="AUTOSEARCH budgets: floor + f * (no-recompute predicted peak - floor), the floor "
+        "being the lowest predicted peak the planner found",
     )
     p.add_argument("--tolerance", type=float,
                    help="normwise relative error of loss and gradients vs eager that counts as "
@@ -663,14 +665,22 @@ def write(doc: dict, path: str) -> None:
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
-def budgets_from(heuristic: dict | None, eager: dict | None) -> tuple[int | None, str]:
-    """The reference the AUTOSEARCH budgets are fractions of."""
+def budgets_from(heuristic: dict | None, eager: dict | None) -> tuple[int | None, int, str]:
+    """(reference, floor, what they are): the AUTOSEARCH budgets lie at fractions of the range
+    from the floor (the lowest simulated peak the planner found, so a budget there is reachable)
+    to the reference (the no-recompute plan's predicted peak)."""
     plan = (heuristic or {}).get("plan") or {}
     if plan.get("no_recompute_peak_bytes"):
-        return int(plan["no_recompute_peak_bytes"]), "magi no-recompute plan's predicted peak"
+        floor = int(plan.get("lowest_peak_bytes") or 0)
+        return (
+            int(plan["no_recompute_peak_bytes"]),
+            floor,
+            "the range from the lowest predicted peak the planner found to the no-recompute "
+            "plan's predicted peak",
+        )
     if (eager or {}).get("act_peak_bytes"):
-        return int(eager["act_peak_bytes"]), "eager's measured activation peak (no plan)"
-    return None, "none: neither a HEURISTIC plan nor eager's measured peak"
+        return int(eager["act_peak_bytes"]), 0, "eager's measured activation peak (no plan)"
+    return None, 0, "none: neither a HEURISTIC plan nor eager's measured peak"
 
 
 def prewarm(args) -> float:
@@ -750,8 +760,9 @@ def run_model(name: str, args, doc: dict, deadline: float) -> None:
     heuristic = run(Variant("magi_heuristic", "magi_heuristic", "magi HEURISTIC",
                             recompute={"recompute_policy": "HEURISTIC"}))  # fmt: skip
     if "magi_auto" in args.kinds:
-        reference, source = budgets_from(heuristic, eager)
+        reference, floor, source = budgets_from(heuristic, eager)
         model["autosearch_reference_bytes"], model["autosearch_reference"] = reference, source
+        model["autosearch_floor_bytes"] = floor
         for f in args.fractions:
             name_f = f"magi_auto{f:g}"
             label = f"magi AUTOSEARCH {f:g}x"
@@ -760,7 +771,7 @@ def run_model(name: str, args, doc: dict, deadline: float) -> None:
                                              "status": "skipped", "error": source}  # fmt: skip
                 print(row_text(model["variants"][name_f]), flush=True)
                 continue
-            budget = int(f * reference)
+            budget = int(floor + f * (reference - floor))
             run(Variant(name_f, "magi_auto", label, fraction=f,
                         recompute={"recompute_policy": "AUTOSEARCH",
                                    "memory_budget_bytes": budget}))  # fmt: skip

@@ -642,8 +642,10 @@ def _recompute_section(doc: dict, source: str) -> str:
         "backward temporaries and the gradients produced). *Predicted*: the planner's simulated "
         "activation peak. *Saved*: bytes autograd saved for the backward (measured through "
         "saved-tensor hooks), beside the plan's. `tc`: torch.compile, `budget b`: its "
-        "`activation_memory_budget`; AUTOSEARCH budgets are fractions of the no-recompute plan's "
-        "predicted peak. Error: worst normwise gradient error against eager.",
+        "`activation_memory_budget`; AUTOSEARCH budgets (`AUTOSEARCH f`) are the floor plus f of "
+        "the range from the floor (the lowest predicted peak the planner found) to the "
+        "no-recompute plan's predicted peak (before 2026-11-24 04:00: f of that peak alone). "
+        "Error: worst normwise gradient error against eager.",
         "",
         *([doc["note"], ""] if doc.get("note") else []),
     ]

@@ -38,6 +38,7 @@ void bind_recompute(py::module_& m) {
         d["predicted_peak_bytes"] = plan.predicted_peak_bytes;
         d["predicted_forward_peak_bytes"] = plan.predicted_forward_peak_bytes;
         d["no_recompute_peak_bytes"] = plan.no_recompute_peak_bytes;
+        d["lowest_peak_bytes"] = plan.lowest_peak_bytes;
         d["recompute_seconds"] = plan.recompute_seconds;
         d["budget_met"] = plan.budget_met;
         d["note"] = plan.note;

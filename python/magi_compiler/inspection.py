@@ -101,7 +101,8 @@ def record_recompute_plan(plan: dict[str, Any]) -> None:
 def last_recompute_plan() -> dict[str, Any] | None:
     """The recompute plan of the most recent training compile, or None. Keys: ``policy``,
     ``recomputed`` and ``saved`` (FX node names), ``saved_bytes``, ``no_recompute_bytes``,
-    ``recomputed_bytes``, ``predicted_peak_bytes``, ``no_recompute_peak_bytes``,
+    ``recomputed_bytes``, ``predicted_peak_bytes``, ``predicted_forward_peak_bytes``,
+    ``no_recompute_peak_bytes``, ``lowest_peak_bytes`` (about how low a peak budget can go),
     ``recompute_seconds``, ``budget_met``, ``note`` and ``report`` (the text table)."""
     with _lock:
         return _plans[-1] if _plans else None

@@ -184,6 +184,7 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
   out.no_recompute_peak_bytes = m.simulate_peak(none, none_eval);
 
   NodeSet plan;
+  int64_t lowest_peak = 0;  // AUTOSEARCH's candidates' lowest, when it ran
   switch (options.policy) {
     case RecomputePolicy::kHeuristic:
       plan = heuristic(m);
@@ -234,6 +235,7 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
         if (smallest == nullptr || c.peak < smallest->peak) smallest = &c;
         if (c.peak <= budget && (best == nullptr || c.eval.seconds < best->eval.seconds)) best = &c;
       }
+      lowest_peak = smallest->peak;
       if (best == nullptr) {
         best = smallest;
         out.budget_met = false;
@@ -246,6 +248,12 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
   }
 
   const Evaluation e = m.evaluate(plan);
+  out.lowest_peak_bytes = lowest_peak;
+  for (NodeSet other : {heuristic(m), m.min_cut(false), m.min_cut(true), plan}) {
+    const Evaluation oe = m.evaluate(other);
+    const int64_t peak = m.simulate_peak(other, oe);
+    if (out.lowest_peak_bytes == 0 || peak < out.lowest_peak_bytes) out.lowest_peak_bytes = peak;
+  }
   out.saved_bytes = e.saved_bytes;
   out.recompute_seconds = e.seconds;
   out.predicted_peak_bytes = m.simulate_peak(plan, e, &out.predicted_forward_peak_bytes);

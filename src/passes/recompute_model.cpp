@@ -236,6 +236,16 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
       for (int id : inputs) {
         if (producer_[id] >= 0) backward_needs_.push_back(id);
       }
+      // Attention backwards accumulate dq in float32 in a buffer of their own.
+      int64_t workspace = 0;
+      if (n->is_operator() &&
+          n->op().operator_name().name.find("attention_backward") != std::string::npos &&
+          n->inputs().size() > 1) {
+        if (const auto* q = tensor_type(n->input(1))) {
+          workspace = static_cast<int64_t>(numel_of(*q, options_.size_hints)) * 4;
+        }
+      }
+      bw_workspace_.push_back(workspace);
       bw_inputs_.push_back(std::move(inputs));
       bw_outputs_.push_back(std::move(outputs));
       continue;
@@ -352,22 +362,27 @@ int64_t JointModel::simulate_peak(const NodeSet& plan, const Evaluation& eval,
   if (forward_peak != nullptr) *forward_peak = peak;
 
   // Backward: recomputed nodes run just before their first use.
-  std::vector<std::pair<const std::vector<int>*, const std::vector<int>*>> schedule;
+  struct Step {
+    const std::vector<int>* inputs;
+    const std::vector<int>* outputs;
+    int64_t workspace;
+  };
+  std::vector<Step> schedule;
   std::vector<char> done(size(), 0);
   std::function<void(int)> ensure = [&](int id) {
     const int p = producer_[id];
     if (p < 0 || !eval.recomputed[p] || done[p]) return;
     done[p] = 1;
     for (int in : node_inputs_[p]) ensure(in);
-    schedule.emplace_back(&node_inputs_[p], &node_outputs_[p]);
+    schedule.push_back({&node_inputs_[p], &node_outputs_[p], 0});
   };
   for (size_t b = 0; b < bw_inputs_.size(); ++b) {
     for (int in : bw_inputs_[b]) ensure(in);
-    schedule.emplace_back(&bw_inputs_[b], &bw_outputs_[b]);
+    schedule.push_back({&bw_inputs_[b], &bw_outputs_[b], bw_workspace_[b]});
   }
   std::fill(last_use.begin(), last_use.end(), -1);
   for (size_t k = 0; k < schedule.size(); ++k) {
-    for (const auto* list : {schedule[k].first, schedule[k].second}) {
+    for (const auto* list : {schedule[k].inputs, schedule[k].outputs}) {
       for (int id : *list) last_use[root_[id]] = static_cast<int>(k);
     }
   }
@@ -382,13 +397,13 @@ int64_t JointModel::simulate_peak(const NodeSet& plan, const Evaluation& eval,
     if (last_use[r] >= 0) bw_dies[last_use[r]].push_back(r);
   }
   for (size_t k = 0; k < schedule.size(); ++k) {
-    for (int id : *schedule[k].second) {
+    for (int id : *schedule[k].outputs) {
       if (value_bytes_[id] == 0 || counted[id]) continue;
       counted[id] = 1;
       live += value_bytes_[id];
       if (!is_graph_output_[id]) bw_dies[last_use[id]].push_back(id);
     }
-    peak = std::max(peak, live);
+    peak = std::max(peak, live + schedule[k].workspace);
     for (int r : bw_dies[k]) live -= value_bytes_[r];
   }
   return peak;

@@ -92,7 +92,8 @@ class JointModel {
   // The backward, in order: each node's input ids and output ids.
   std::vector<std::vector<int>> bw_inputs_;
   std::vector<std::vector<int>> bw_outputs_;
-  std::vector<int> forward_outputs_;  // value ids the forward returns
+  std::vector<int64_t> bw_workspace_;  // bytes an op allocates for itself while it runs
+  std::vector<int> forward_outputs_;   // value ids the forward returns
 };
 
 }  // namespace magi::passes::recompute

@@ -77,6 +77,9 @@ struct RecomputePlan {
   int64_t predicted_peak_bytes = 0;          ///< simulated activation peak of forward + backward
   int64_t predicted_forward_peak_bytes = 0;  ///< the forward's part of it
   int64_t no_recompute_peak_bytes = 0;
+  /// The lowest simulated peak among the plans the planner weighed (the heuristic plan and the
+  /// minimum cuts, and AUTOSEARCH's candidates): about how low a peak budget can go.
+  int64_t lowest_peak_bytes = 0;
   double recompute_seconds = 0;  ///< roofline time of `recomputed`
   bool budget_met = true;        ///< false when no plan fits the budget (the smallest is used)
   std::string note;              ///< why, when the budget is not met
