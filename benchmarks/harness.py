@@ -97,15 +97,20 @@ class _Entry(nn.Module):
 _fresh_ids = itertools.count()
 
 
-def _fresh_entry(model: nn.Module) -> nn.Module:
-    """An :class:`_Entry` whose ``forward`` has a new code object: Dynamo keeps its caches per
-    code object, so compiling it starts from nothing while other compiled variants live on."""
+def fresh_instance(cls: type[nn.Module], *args: Any) -> nn.Module:
+    """``cls(*args)`` through a subclass whose ``forward`` has a new code object: Dynamo keeps
+    its caches per code object, so compiling it starts from nothing while other compiled
+    variants live on."""
     n = next(_fresh_ids)
-    base = _Entry.forward
+    base = cls.forward
     code = base.__code__.replace(co_name=f"forward_{n}")
     forward = types.FunctionType(code, base.__globals__, code.co_name, base.__defaults__)
-    forward.__qualname__ = f"_Entry{n}.forward"
-    return type(f"_Entry{n}", (_Entry,), {"forward": forward})(model)
+    forward.__qualname__ = f"{cls.__name__}{n}.forward"
+    return type(f"{cls.__name__}{n}", (cls,), {"forward": forward})(*args)
+
+
+def _fresh_entry(model: nn.Module) -> nn.Module:
+    return fresh_instance(_Entry, model)
 
 
 def _noop() -> None:
@@ -149,7 +154,7 @@ def reset_compilers() -> None:
         torch.cuda.empty_cache()
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -215,11 +220,11 @@ def _first_call(case: Case, variant: str, settings: Settings, args: tuple):
         import magi_compiler
 
         magi_before = magi_compiler.get_counters()
-    _sync(settings.device)
+    sync(settings.device)
     start = time.perf_counter()
     fn, before = make_variant(variant, case.module)
     outs = case.check(fn, args, before)
-    _sync(settings.device)
+    sync(settings.device)
     seconds = time.perf_counter() - start
     notes = _compiler_notes(variant, fn, magi_before) if variant != "eager" else {}
     return fn, before, outs, seconds, notes
@@ -377,7 +382,7 @@ def prewarm(settings: Settings, variants: list[str]) -> float:
             except Exception:  # noqa: BLE001 - the real variant will report it
                 pass
     reset_compilers()
-    _sync(settings.device)
+    sync(settings.device)
     return time.perf_counter() - start
 
 
@@ -407,7 +412,7 @@ def run_workload(
     emit({"event": "case", "workload": wl.name, "kind": case.kind, "shape": case.shape,
           "tokens": case.tokens, "bytes_moved": case.bytes_moved,
           "params": sum(p.numel() for p in case.module.parameters())})  # fmt: skip
-    _sync(settings.device)
+    sync(settings.device)
     static_bytes = _allocated(settings.device)
     refs, lives = None, []
     for v in variants if case.compile else ["eager"]:

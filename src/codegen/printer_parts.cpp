@@ -5,6 +5,7 @@
 #include <set>
 
 #include "magi/common/error.h"
+#include "magi/passes/passes.h"
 #include "printer_parts.h"
 
 namespace magi::codegen::printer {
@@ -225,8 +226,8 @@ void check_variant(const KernelVariant& v) {
   MAGI_ASSERT(v.spec != nullptr, "variant without a spec");
   MAGI_ASSERT(v.access.size() == v.spec->inputs.size(), "variant has ", v.access.size(),
               " access classes for ", v.spec->inputs.size(), " inputs");
-  MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= 16,
-              "kernel with more than 16 inputs and outputs");
+  MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= passes::kMaxKernelArgs,
+              "kernel with more than ", passes::kMaxKernelArgs, " inputs and outputs");
 }
 
 // Lane loops index the per-thread register arrays (c<i>[k][j], t<i>[j], o<k>[j]); unless they

@@ -59,9 +59,6 @@ bool same_shape(const std::vector<SymExpr>& a, const std::vector<SymExpr>& b) {
   return true;
 }
 
-// Tensors one generated kernel takes (inputs and outputs together); printer_parts.cpp checks it.
-constexpr size_t kMaxKernelArgs = 16;
-
 struct Group {
   std::vector<Node*> members;
   std::unordered_set<const Node*> member_set;

@@ -120,7 +120,7 @@ Candidate cut_and_knapsack(const JointModel& m, int64_t budget) {
   Candidate base;
   base.plan = m.min_cut(/*allow_compute_bound=*/false);
   base.eval = m.evaluate(base.plan);
-  base.peak = m.simulate_peak(base.plan, base.eval);
+  base.peak = m.simulate_peak(base.eval);
   if (base.peak > budget) return base;
   std::vector<int> items;
   for (size_t i = 0; i < m.size(); ++i) {
@@ -149,7 +149,7 @@ Candidate cut_and_knapsack(const JointModel& m, int64_t budget) {
       c -= static_cast<int>(std::ceil(static_cast<double>(m.own_bytes(items[k])) / unit));
     }
     trial.eval = m.evaluate(trial.plan);
-    trial.peak = m.simulate_peak(trial.plan, trial.eval);
+    trial.peak = m.simulate_peak(trial.eval);
     if (trial.peak <= budget) {
       if (trial.eval.seconds < best.eval.seconds) best = std::move(trial);
       break;
@@ -181,7 +181,7 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
   const NodeSet none = m.no_recompute();
   const Evaluation none_eval = m.evaluate(none);
   out.no_recompute_bytes = none_eval.saved_bytes;
-  out.no_recompute_peak_bytes = m.simulate_peak(none, none_eval);
+  out.no_recompute_peak_bytes = m.simulate_peak(none_eval);
 
   NodeSet plan;
   int64_t lowest_peak = 0;  // AUTOSEARCH's candidates' lowest, when it ran
@@ -231,7 +231,7 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
       const Candidate* best = nullptr;
       const Candidate* smallest = nullptr;
       for (auto& c : pool) {
-        if (c.peak < 0) c.peak = m.simulate_peak(c.plan, c.eval);
+        if (c.peak < 0) c.peak = m.simulate_peak(c.eval);
         if (smallest == nullptr || c.peak < smallest->peak) smallest = &c;
         if (c.peak <= budget && (best == nullptr || c.eval.seconds < best->eval.seconds)) best = &c;
       }
@@ -251,12 +251,12 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
   out.lowest_peak_bytes = lowest_peak;
   for (NodeSet other : {heuristic(m), m.min_cut(false), m.min_cut(true), plan}) {
     const Evaluation oe = m.evaluate(other);
-    const int64_t peak = m.simulate_peak(other, oe);
+    const int64_t peak = m.simulate_peak(oe);
     if (out.lowest_peak_bytes == 0 || peak < out.lowest_peak_bytes) out.lowest_peak_bytes = peak;
   }
   out.saved_bytes = e.saved_bytes;
   out.recompute_seconds = e.seconds;
-  out.predicted_peak_bytes = m.simulate_peak(plan, e, &out.predicted_forward_peak_bytes);
+  out.predicted_peak_bytes = m.simulate_peak(e, &out.predicted_forward_peak_bytes);
   for (int id : e.saved) out.saved.push_back(m.value(id));
   for (size_t i = 0; i < m.size(); ++i) {
     if (!plan[i]) out.kept.push_back(m.node(i));

@@ -332,9 +332,7 @@ Evaluation JointModel::evaluate(const NodeSet& plan) const {
   return e;
 }
 
-int64_t JointModel::simulate_peak(const NodeSet& plan, const Evaluation& eval,
-                                  int64_t* forward_peak) const {
-  (void)plan;
+int64_t JointModel::simulate_peak(const Evaluation& eval, int64_t* forward_peak) const {
   const size_t nv = values_.size();
   std::vector<char> keep(nv, 0);  // roots that outlive the forward
   for (int id : eval.saved) keep[root_[id]] = 1;

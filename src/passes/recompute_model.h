@@ -62,8 +62,7 @@ class JointModel {
   /// Simulated activation peak: the forward, then the backward with each recomputed node
   /// run just before its first use. Graph inputs are not counted.
   /// `forward_peak`, when given, receives the forward's part.
-  int64_t simulate_peak(const NodeSet& plan, const Evaluation& eval,
-                        int64_t* forward_peak = nullptr) const;
+  int64_t simulate_peak(const Evaluation& eval, int64_t* forward_peak = nullptr) const;
   /// The plan saving the fewest bytes, with random, impure and (unless allowed) compute-bound
   /// nodes kept: a minimum cut between the graph inputs and the backward's needs.
   NodeSet min_cut(bool allow_compute_bound) const;

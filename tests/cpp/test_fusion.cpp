@@ -16,24 +16,10 @@
 #include "fusion_builder.h"
 #include "test_helpers.h"
 
-namespace magi::passes {
+namespace magi::test {
 namespace {
 
-using ir::Graph;
-using ir::Node;
-using ir::NodeKind;
-using ir::SymExpr;
-using ir::TensorType;
-using ir::Value;
-using ir::ValueKind;
-using test::sym;
-using test::tensor_type;
-
-using test::Builder;
-using test::kBF16;
-using test::kF32;
-using test::nodes_of_kind;
-using test::op_list;
+using passes::fuse_groups;
 
 // ---- grouping decisions ----------------------------------------------------------------------
 
@@ -469,4 +455,4 @@ TEST(FuseGroups, OperandsKernelsCannotLoadAreNotFusible) {
 // ---- printed kernels -------------------------------------------------------------------------
 
 }  // namespace
-}  // namespace magi::passes
+}  // namespace magi::test

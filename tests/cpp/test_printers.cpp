@@ -24,22 +24,10 @@
 #include "fusion_builder.h"
 #include "test_helpers.h"
 
-namespace magi::passes {
+namespace magi::test {
 namespace {
 
-using ir::Graph;
-using ir::Node;
-using ir::NodeKind;
-using ir::SymExpr;
-using ir::TensorType;
-using ir::Value;
-using ir::ValueKind;
-using test::sym;
-using test::tensor_type;
-
-using test::Builder;
-using test::kBF16;
-using test::kF32;
+using passes::fuse_groups;
 
 std::string golden_path(const std::string& name) {
   return std::string(MAGI_GOLDEN_DIR) + "/" + name;
@@ -284,7 +272,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, PrintedKernel, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
-}  // namespace magi::passes
+}  // namespace magi::test
 
 // The multiply-and-shift division of the generated kernels' index arithmetic against integer
 // division: small divisors exhaustively at their edges, random ones anywhere up to 2^31, and

@@ -69,8 +69,8 @@ struct MlpJoint : Joint {
     Value* y = mm(r, w2, "y");
     Value* dw2 = mm(t(r, "t_r"), dy, "dw2");
     Value* dr = mm(dy, t(w2, "t_w2"), "dr");
-    Value* da = b.op("aten::threshold_backward", "", {dr, r, b.scalar(0)}, *dr->tensor_type(),
-                     "da");
+    Value* da =
+        b.op("aten::threshold_backward", "", {dr, r, b.scalar(0)}, *dr->tensor_type(), "da");
     Value* dw1 = mm(t(h, "t_h"), da, "dw1");
     g.set_outputs({y, dw1, dw2});
   }
@@ -153,7 +153,7 @@ TEST(Recompute, AViewIsRecomputedAndItsBaseSavedOnce) {
   Value* flat = b.view(a, {kN * kH}, "flat");
   Value* y = b.mul(flat, flat, "y");
   Value* gy = b.mul(dy, flat, "gy");  // the backward reads the view
-  Value* wt = j.t(w, "t_w");  // a view of a parameter: free
+  Value* wt = j.t(w, "t_w");          // a view of a parameter: free
   Value* ga = b.view(gy, {kN, kH}, "ga");
   Value* gx = j.mm(ga, j.t(wt, "t_t_w"), "gx");
   j.g.set_outputs({y, gx});

@@ -50,15 +50,20 @@ def test_policies_give_eager_gradients_bf16(rc):
 
 
 def test_recomputation_lowers_the_measured_activation_peak():
+    """HEURISTIC against no recomputation: at least half of the saved bytes it drops shows in
+    the measured peak, and the peak is within 25% of the planner's prediction. (Weight
+    gradients and backward temporaries are in the peak too, and recomputed values live in the
+    backward, so not all of the saved bytes come off it.)"""
     base = init_weights_(LlamaStack(2, **STACK), seed=0).to("cuda", torch.bfloat16)
     x = torch.randn(4, 512, STACK["hidden"], device="cuda", dtype=torch.bfloat16)
-    peaks = {}
+    peaks, plans = {}, {}
     for name, rc in [
         ("none", {"recompute_policy": "HANDCRAFT", "memory_budget": 1.0}),
         ("heuristic", {"recompute_policy": "HEURISTIC"}),
     ]:
         model = magi_compile(copy.deepcopy(base), config_patch={"recompute_config": rc})
         _step(model, x)
+        plans[name] = inspection.last_recompute_plan()
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -67,9 +72,12 @@ def test_recomputation_lowers_the_measured_activation_peak():
         torch.cuda.synchronize()
         peaks[name] = torch.cuda.max_memory_allocated() - before
         del model
-    # Gradients and backward temporaries are part of the peak too, so the ratio is well above
-    # the ratio of saved bytes.
-    assert peaks["heuristic"] < 0.95 * peaks["none"], peaks
+    dropped = plans["none"]["saved_bytes"] - plans["heuristic"]["saved_bytes"]
+    assert dropped > 0
+    print(f"measured peaks {peaks}, saved bytes dropped {dropped}")
+    assert peaks["none"] - peaks["heuristic"] >= 0.5 * dropped, (peaks, dropped)
+    for name, plan in plans.items():
+        assert peaks[name] <= 1.25 * plan["predicted_peak_bytes"], (name, peaks, plan["report"])
 
 
 class _DropoutMlp(torch.nn.Module):

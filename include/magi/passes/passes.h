@@ -1,6 +1,7 @@
 // Entry points of the individual passes. Each returns whether it changed the graph.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@ bool eliminate_dead_code(ir::Graph& graph);
 /// boundary calls stay in the graph between the calls. Structurally identical pieces are stored
 /// once. Unknown names in `splitting_ops` are logged once and ignored.
 bool split_at_boundaries(ir::Graph& graph, const std::vector<std::string>& splitting_ops = {});
+
+/// Tensors one generated kernel takes, inputs and outputs together (the pointers MagiArgs
+/// holds): fuse_groups makes no larger group, and the printers check it.
+constexpr size_t kMaxKernelArgs = 16;
 
 /// Groups chains of fusible ops (ir/op_info.h) with one index space into Fusion nodes, each
 /// run as one generated kernel; recurses into pieces. See src/passes/fuse_groups.cpp.
