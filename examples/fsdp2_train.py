@@ -73,11 +73,15 @@ def main() -> int:
     plan = inspection.last_recompute_plan()
     planned = plan["policy"] if plan else "none"
     ok = worst <= tol and plan is not None
-    print(
+    line = (
         f"rank {rank}/{world}: {args.layers} magi-compiled layers under fully_shard on {device}, "
         f"{args.steps} steps, recompute plan {planned}, worst gradient error {worst:.2e} "
         f"(tolerance {tol}): {'ok' if ok else 'FAILED'}"
     )
+    # One write per line: the ranks share stdout, and a print's text and newline can be two
+    # writes that another rank's line lands between.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     return 0 if ok else 1
 

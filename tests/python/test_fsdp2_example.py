@@ -4,6 +4,7 @@ sharded with fully_shard, gradients compared with an uncompiled, unsharded copy.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -24,7 +25,9 @@ def test_fsdp2_layers_train_like_the_uncompiled_model():
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    lines = [line for line in out.splitlines() if "magi-compiled layers under fully_shard" in line]
-    assert len(lines) == 2, out[-4000:]
-    for line in lines:
-        assert "recompute plan HEURISTIC" in line and line.endswith(": ok"), line
+    results = re.findall(
+        r"rank (\d)/2: 2 magi-compiled layers under fully_shard on cpu, 2 steps, "
+        r"recompute plan (\w+), worst gradient error \S+ \(tolerance \S+\): (ok|FAILED)",
+        out,
+    )
+    assert sorted(results) == [("0", "HEURISTIC", "ok"), ("1", "HEURISTIC", "ok")], out[-4000:]
