@@ -64,14 +64,35 @@ from blocks import LlamaStack, init_weights_  # noqa: E402
 FULL = dict(n_layers=4, hidden=2048, n_heads=16, n_kv_heads=8, intermediate=8192)
 QUICK = dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, intermediate=512)
 BATCH, TOKENS = 4, 32
-VARIANTS = ("eager", "magi", "magi_per_layer", "inductor", "inductor_ro")
+VARIANTS = (
+    "eager",
+    "magi",
+    "magi_per_layer",
+    "magi_no_direct",
+    "magi_cg",
+    "magi_cg_no_direct",
+    "inductor",
+    "inductor_ro",
+)
 LABELS = {
     "eager": "eager",
     "magi": "magi_compile (stack)",
     "magi_per_layer": "magi_compile (per layer)",
+    "magi_no_direct": "magi_compile (stack, fast_dispatch off)",
+    "magi_cg": "magi_compile CUDA graphs (stack)",
+    "magi_cg_no_direct": "magi_compile CUDA graphs (fast_dispatch off)",
     "inductor": "torch.compile",
     "inductor_ro": "torch.compile reduce-overhead",
 }
+# config_patch of the magi variants
+MAGI_PATCHES = {
+    "magi": {},
+    "magi_per_layer": {},
+    "magi_no_direct": {"fast_dispatch": False},
+    "magi_cg": {"cudagraph_mode": "FULL"},
+    "magi_cg_no_direct": {"cudagraph_mode": "FULL", "fast_dispatch": False},
+}
+CUDA_ONLY = ("inductor_ro", "magi_cg", "magi_cg_no_direct")
 
 
 @dataclass
@@ -103,13 +124,14 @@ def build(variant: str, eager: nn.Module) -> Callable[[torch.Tensor], torch.Tens
         return eager
     torch._dynamo.reset()
     model = copy.deepcopy(eager)
-    if variant in ("magi", "magi_per_layer"):
+    if variant in MAGI_PATCHES:
         from magi_compiler import magi_compile
 
-        if variant == "magi":
-            return magi_compile(model)
+        patch = MAGI_PATCHES[variant] or None
+        if variant != "magi_per_layer":
+            return magi_compile(model, config_patch=patch)
         for layer in model.layers:
-            magi_compile(layer)
+            magi_compile(layer, config_patch=patch)
         return model
     if variant == "inductor":
         return torch.compile(model)
@@ -235,13 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         default_variants = VARIANTS
     else:  # no CUDA graphs; Inductor's C++ compile takes a minute on a small CPU machine
-        default_variants = VARIANTS[:3] if args.quick else VARIANTS[:4]
+        cpu = [v for v in VARIANTS if v not in CUDA_ONLY]
+        default_variants = [v for v in cpu if v != "inductor"] if args.quick else cpu
     variants = args.variants.split(",") if args.variants else list(default_variants)
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
-    if device.type == "cpu" and "inductor_ro" in variants:
-        parser.error("inductor_ro (CUDA graphs) needs --device cuda")
+    if device.type == "cpu" and set(variants) & set(CUDA_ONLY):
+        parser.error(f"{', '.join(sorted(set(variants) & set(CUDA_ONLY)))} need --device cuda")
 
     torch.manual_seed(0)
     eager = init_weights_(LlamaStack(**shape), seed=0).to(device=device, dtype=dtype).eval()

@@ -7,6 +7,7 @@
 
 #include <pybind11/stl.h>
 #include "magi/common/error.h"
+#include "magi/runtime/attention_choice.h"
 #include "magi/runtime/cuda_graph.h"
 #include "magi/runtime/executor.h"
 #include "magi/runtime/fused_kernel.h"
@@ -62,12 +63,26 @@ std::vector<c10::IValue> take_inputs(py::sequence args, bool steal) {
   return inputs;
 }
 
-std::vector<std::optional<at::Tensor>> guard_inputs(py::sequence args) {
-  std::vector<std::optional<at::Tensor>> out;
+// Tensors and scalars as the guard compares them; other objects are not compared.
+std::vector<runtime::GuardInput> guard_inputs(py::sequence args) {
+  std::vector<runtime::GuardInput> out;
   out.reserve(args.size());
   for (py::handle h : args) {
-    if (THPVariable_Check(h.ptr())) {
-      out.emplace_back(THPVariable_Unpack(h.ptr()));
+    PyObject* obj = h.ptr();
+    if (THPVariable_Check(obj)) {
+      out.emplace_back(THPVariable_Unpack(obj));
+    } else if (h.is_none()) {
+      out.emplace_back(c10::IValue());
+    } else if (PyBool_Check(obj)) {
+      out.emplace_back(c10::IValue(obj == Py_True));
+    } else if (PyLong_CheckExact(obj)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+      out.emplace_back(overflow ? std::nullopt : runtime::GuardInput(c10::IValue(int64_t(v))));
+    } else if (PyFloat_CheckExact(obj)) {
+      out.emplace_back(c10::IValue(PyFloat_AS_DOUBLE(obj)));
+    } else if (PyUnicode_CheckExact(obj)) {
+      out.emplace_back(c10::IValue(h.cast<std::string>()));
     } else {
       out.emplace_back(std::nullopt);
     }
@@ -80,8 +95,14 @@ std::vector<std::optional<at::Tensor>> guard_inputs(py::sequence args) {
 void bind_runtime(py::module_& m) {
   py::class_<runtime::Executable>(m, "Executable",
                                   "A graph lowered for the C++ executor (boxed ATen calls).")
-      .def(py::init([](const ir::Graph& g) { return std::make_unique<runtime::Executable>(g); }),
-           py::arg("graph"))
+      .def(py::init([](const ir::Graph& g, const std::string& attention_backend) {
+             runtime::ExecutorOptions options;
+             options.attention = runtime::parse_attention_backend(attention_backend);
+             return std::make_unique<runtime::Executable>(g, options);
+           }),
+           py::arg("graph"), py::arg("attention_backend") = "auto",
+           "Lowers `graph`. attention_backend: how CUDA SDPA calls of inference graphs pick "
+           "their kernel (auto, graph, flash, cudnn, efficient; docs/config.md).")
       .def(
           "run",
           [](const runtime::Executable& exe, py::sequence args, bool steal_inputs) {
@@ -159,6 +180,28 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_captures", &runtime::CudaGraphRunner::num_captures)
       .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
       .def_static("available", &runtime::CudaGraphRunner::available);
+
+  m.def(
+      "attention_choices",
+      [] {
+        py::list out;
+        for (const auto& c : runtime::attention_choices()) {
+          py::dict d;
+          d["shape"] = c.shape;
+          d["traced"] = c.traced;
+          d["chosen"] = c.chosen;
+          py::dict ms;
+          for (const auto& [name, t] : c.ms) ms[py::str(name)] = t;
+          d["ms"] = ms;
+          d["rejected"] = c.rejected;
+          out.append(d);
+        }
+        return out;
+      },
+      "The attention kernels chosen by probing (attention_backend=auto) in this process: shape, "
+      "traced backend, chosen backend, median ms per backend timed, backends left out and why.");
+  m.def("clear_attention_choices", &runtime::clear_attention_choices,
+        "Forgets the attention choices; the next call of each shape probes again.");
 
   py::class_<runtime::GuardSignature>(m, "GuardSignature",
                                       "The input signature a compiled entry was captured for.")

@@ -7,13 +7,14 @@ in ``magi_compiler._C``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from magi_compiler import _C, _counters, _dump, _recompute, inspection
+from magi_compiler import _C, _counters, _dump, _fast_dispatch, _recompute, inspection
 from magi_compiler._decompositions import decomposition_table
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
@@ -33,7 +34,7 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         after_pass=lowering.after_pass,
     )
     lowering.passes_done(records)
-    executable = _C.Executable(graph)
+    executable = _C.Executable(graph, attention_backend=config.attention_backend)
     # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
     executable.precompile_kernels()
     lowering.built(executable)
@@ -55,12 +56,22 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         # Boxed calling convention: the list is ours to empty. The C++ side takes the inputs and
         # clears it before running, so each input (a backward's saved tensors) is freed after
         # its last use rather than when the call returns.
-        return call(args, steal_inputs=True)
+        slot = _fast_dispatch.observe_inputs(run, args)
+        outputs = call(args, steal_inputs=True)
+        if slot is not None:
+            _fast_dispatch.observe_outputs(slot, outputs)
+        return outputs
 
     run._boxed_call = True  # type: ignore[attr-defined]
     run.magi_graph = graph  # type: ignore[attr-defined]  # for inspection and tests
     run.magi_executable = executable  # type: ignore[attr-defined]
     run.magi_cuda_graphs = runner  # type: ignore[attr-defined]
+    run.magi_kind = kind  # type: ignore[attr-defined]
+    # Where Dynamo found each input (source expressions) and whether the capture had Python
+    # side effects: what a direct call needs (_fast_dispatch.py). Inference graphs only.
+    capture = getattr(_capturing, "info", None) if kind == "inference" else None
+    run.magi_sources = capture["sources"] if capture else None  # type: ignore[attr-defined]
+    run.magi_side_effect_free = bool(capture and capture["side_effect_free"])  # type: ignore[attr-defined]
     inspection.record(kind, run, config.splitting_ops)
     return run
 
@@ -96,6 +107,43 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     return _C.CudaGraphRunner(executable, config.max_cuda_graphs)
 
 
+_capturing = threading.local()  # .info: _capture_info of the Dynamo graph being compiled
+
+
+def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
+    """The source expression of each input of Dynamo's graph (``L['x']``,
+    ``L['self']._modules['fc']._parameters['weight']``, ``L['x'].size()[0]``) and whether the
+    traced code had Python side effects; None when Dynamo does not say."""
+    sources = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        arg = node.meta.get("grapharg")
+        name = getattr(getattr(arg, "source", None), "name", None)
+        if callable(name):  # a method before torch 2.10, a property since
+            name = name()
+        if not isinstance(name, str):
+            return None
+        sources.append(name)
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        effects = InstructionTranslator.current_tx().output.side_effects
+        # Objects created during the trace count as "modified" too; what a direct call would
+        # skip are mutations of objects that existed before it (they have a source).
+        side_effect_free = not (
+            effects.tensor_hooks
+            or effects.save_for_backward
+            or any(
+                effects.is_modified(v) and getattr(v, "source", None) is not None
+                for v in effects.id_to_variable.values()
+            )
+        )
+    except Exception:  # noqa: BLE001 - an internal API: without it, assume side effects
+        side_effect_free = False
+    return {"sources": sources, "side_effect_free": side_effect_free}
+
+
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):
     """A Dynamo backend compiling every captured graph with magi's pipeline."""
     from torch._dynamo.backends.common import aot_autograd
@@ -128,7 +176,11 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         _counters.bump("captures")
         logger.debug("captured a Dynamo graph with %d nodes", len(gm.graph.nodes))
-        with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
-            return aot(gm, example_inputs)
+        _capturing.info = _capture_info(gm)
+        try:
+            with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
+                return aot(gm, example_inputs)
+        finally:
+            _capturing.info = None
 
     return backend

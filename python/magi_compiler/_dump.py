@@ -299,6 +299,7 @@ class Lowering:
         self.stats: dict[str, Any] | None = None  # set when the executor is built
         self.kernels: list[dict[str, Any]] = []
         self.first_run: dict[str, Any] | None = None
+        self.attention_choices: list[dict[str, Any]] = []
         self.wall_ms = 0.0
         self.num_kernels = self.num_aten_calls = 0
         self.dumping = report is not None and report.dir is not None
@@ -387,11 +388,13 @@ class Lowering:
             if done:
                 return call(args, **kwargs)
             done = True
+            choices_before = len(_C.attention_choices())
             before, t = _C.compiler_stats(), time.perf_counter()
             outputs = call(args, **kwargs)
             ms = (time.perf_counter() - t) * 1e3
             after = _C.compiler_stats()
             self.first_run = {"ms": ms, **{k: after[k] - before[k] for k in after}}
+            self.attention_choices = _C.attention_choices()[choices_before:]
             self._dump_kernels()
             self.executable = None
             return outputs
@@ -410,6 +413,17 @@ class Lowering:
             path = report.write(f"kernels/{self.kind}/{k['symbol']}.{suffix}", header + k["source"])
             sources = re.findall(r"^//\s+from (.+)$", k["source"], flags=re.M)
             self.kernels.append({**k, "path": path, "from": sources})
+        if self.attention_choices:
+            # Attention kernels probed during the first run (attention_backend="auto").
+            report.write(
+                f"attention_choices/{self.kind}.json",
+                json.dumps(self.attention_choices, indent=1),
+            )
+            for c in self.attention_choices:
+                timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in c["ms"].items())
+                report.later.append(
+                    Stage(f"{self.kind}: attention {c['chosen']}", 0.0, f"{c['shape']}: {timed}")
+                )
         fr = self.first_run or {}
         report.later.append(
             Stage(

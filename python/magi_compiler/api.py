@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from magi_compiler import _C, _counters, _dump, _dynamic_dims
+from magi_compiler import _C, _counters, _dump, _dynamic_dims, _fast_dispatch
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
@@ -86,6 +86,8 @@ class _CompiledCallable:
         self.paths = [p for p in (self.dynamic_arg_dims or {}) if "." in p]
 
         self.signatures: list[Any] = []  # _C.GuardSignature per capture
+        # Direct calls (_fast_dispatch.py): id(owner) -> its OwnerPaths.
+        self._direct: dict[int, _fast_dispatch.OwnerPaths] = {}
         self.fallback_reason: str | None = None
         self._warned_bound = False
         self._compiled: Callable | None = None
@@ -107,6 +109,9 @@ class _CompiledCallable:
         """The values the guard looks at (parameters in order, then dotted paths) and their
         dynamic dims."""
         bound = self.signature.bind(*args, **kwargs)
+        # Left-out arguments count as their defaults: f(x) and f(x, scale=None) trace different
+        # code when the default is not None.
+        bound.apply_defaults()
         arguments = bound.arguments
         values, dims = [], []
         default = self.config.dynamic_dim_default
@@ -166,14 +171,78 @@ class _CompiledCallable:
 
         owner = args[0] if self.is_method else None
         training = bool(getattr(owner, "training", False))
+        paths = self._direct.get(id(owner))
+        if paths is not None and paths.valid_for(owner):
+            for path in paths.paths:
+                values, inputs = path.gather(*args, **kwargs)
+                if path.signature.matches(values, training):
+                    _counters.count_direct_call()
+                    return path.rebuild(path.run(inputs))
         values, dims = self._flat_inputs(args, kwargs)
         for sig in self.signatures:
             if sig.matches(values, training):
                 if owner is not None and id(owner) not in self._seen_owners:
                     self._seen_owners.add(id(owner))
                     _counters.bump("cache_hits")
-                return self._run(args, kwargs)
+                return self._run_and_learn(sig, owner, args, kwargs)
         return self._miss(args, kwargs, values, dims, training, owner)
+
+    def _run_and_learn(self, sig: Any, owner: Any, args: tuple, kwargs: dict) -> Any:
+        """An ordinary call (through Dynamo) of a captured signature; when it qualifies, it
+        also sets up the direct path of (signature, owner) for later calls."""
+        paths = self._direct.get(id(owner))
+        if paths is not None and not paths.valid_for(owner):
+            paths = self._direct[id(owner)] = _fast_dispatch.OwnerPaths(owner)
+        if (
+            not self.config.fast_dispatch
+            or self.paths
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cuda")
+            or torch.is_autocast_enabled("cpu")
+            or (paths is not None and id(sig) in paths.refused)
+        ):
+            return self._run(args, kwargs)
+        with _fast_dispatch.Observation() as seen:
+            result = self._run(args, kwargs)
+        path, why = self._direct_path(sig, owner, args, kwargs, seen, result)
+        if paths is None:
+            paths = self._direct[id(owner)] = _fast_dispatch.OwnerPaths(owner)
+        if path is None:
+            paths.refused.add(id(sig))
+            _fast_dispatch.log_refusal(self.model_tag, why)
+        else:
+            paths.paths.append(path)
+            logger.debug("%s: direct dispatch for %s", self.model_tag, sig)
+        return result
+
+    def _direct_path(self, sig, owner, args, kwargs, seen, result):
+        """(DirectPath, "") for the call just observed, or (None, why not)."""
+        if len(seen.calls) != 1:
+            return None, f"the call ran {len(seen.calls)} compiled graphs, not one"
+        run, graph_inputs, outputs = seen.calls[0]
+        if getattr(run, "magi_kind", None) != "inference" or run.magi_sources is None:
+            return None, "the graph is not an inference graph with known input sources"
+        if not run.magi_side_effect_free:
+            return None, "the captured code has Python side effects Dynamo replays"
+        rebuild = _fast_dispatch.rebuild_for(result, outputs or [])
+        if rebuild is None:
+            return None, "the result is not the graph's outputs as they are"
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        owner_name = next(iter(self.signature.parameters)) if self.is_method else None
+        gather, why = _fast_dispatch.build_gatherer(
+            self.fn, self.param_names, run.magi_sources, owner_name, dict(bound.arguments)
+        )
+        if gather is None:
+            return None, why
+        try:
+            _, gathered = gather(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any failure: no direct path
+            return None, f"the gatherer failed: {e}"
+        why = _fast_dispatch.same_inputs(gathered, graph_inputs)
+        if why:
+            return None, why
+        return _fast_dispatch.DirectPath(sig, gather, run, rebuild), ""
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1

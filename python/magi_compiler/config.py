@@ -86,6 +86,13 @@ class CompileConfig:
     strict: bool = False  # raise on code we cannot compile instead of running it eagerly
     max_recaptures: int = 8  # input signatures per compiled entry before a warning
     max_cuda_graphs: int = 32  # CUDA graphs (input signatures) per compiled graph or piece
+    # Kernel behind CUDA attention (SDPA) calls of inference graphs: "auto" times the backends
+    # at the first call of each shape and keeps the fastest; "graph" keeps the traced one;
+    # "flash", "cudnn", "efficient" name one.
+    attention_backend: str = "auto"
+    # Inference calls matching a captured signature skip Dynamo and AOTAutograd and go straight
+    # to the compiled graph (after one ordinary call per signature and module instance).
+    fast_dispatch: bool = True
 
 
 # Fields that are accepted and documented but not acted on yet: setting one warns once.
@@ -98,6 +105,7 @@ NOT_YET_ACTED_ON = {
 _warned: set[str] = set()
 
 _ENV_PREFIX = "MAGI_COMPILE_"
+ATTENTION_BACKENDS = ("auto", "graph", "flash", "cudnn", "efficient")
 
 
 def _list_element(value: Any, element_type: type, name: str) -> Any:
@@ -240,6 +248,11 @@ def validate(cfg: CompileConfig) -> None:
     training call (the C++ planner checks the same bounds)."""
     from magi_compiler.errors import UserError
 
+    if cfg.attention_backend.lower() not in ATTENTION_BACKENDS:
+        raise UserError(
+            f"attention_backend={cfg.attention_backend!r} is not one of "
+            f"{', '.join(ATTENTION_BACKENDS)} (docs/config.md)"
+        )
     rc = cfg.recompute_config
     policy = rc.recompute_policy
     if policy is RecomputePolicy.HANDCRAFT and not 0.0 <= rc.memory_budget <= 1.0:

@@ -114,8 +114,22 @@ def recompute_plans() -> list[dict[str, Any]]:
         return list(_plans)
 
 
+def attention_choices() -> list[dict[str, Any]]:
+    """The attention kernels ``attention_backend="auto"`` chose in this process, one per shape,
+    oldest first. Keys: ``shape`` (sizes, strides, dtype, device, causal), ``traced`` (the
+    backend the capture recorded), ``chosen``, ``ms`` (median time per backend timed) and
+    ``rejected`` (backends left out, with the reason)."""
+    from magi_compiler import _C
+
+    return _C.attention_choices()
+
+
 def clear() -> None:
-    """Forgets every record and plan."""
+    """Forgets every record and plan, and the attention choices (the next call of each shape
+    probes again)."""
+    from magi_compiler import _C
+
     with _lock:
         _records.clear()
         _plans.clear()
+    _C.clear_attention_choices()

@@ -1,8 +1,8 @@
 // CudaGraphRunner: see cuda_graph.h for the rules.
 #include "magi/runtime/cuda_graph.h"
 
+#include <cstring>
 #include <map>
-#include <sstream>
 
 #include "magi/common/error.h"
 #include "magi/common/log.h"
@@ -10,6 +10,7 @@
 
 #ifdef MAGI_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -20,9 +21,14 @@ namespace magi::runtime {
 #ifdef MAGI_HAVE_CUDA_GRAPHS
 namespace {
 
-// The signature of one call: shapes, strides and dtypes of tensors, values of ints.
-std::string signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda) {
-  std::ostringstream os;
+// The signature of one call, as integers (cheap to build and compare on every call): per
+// input a tag, then for a tensor its dtype, device, requires_grad, rank, sizes and strides, for
+// a scalar its value.
+using Signature = std::vector<int64_t>;
+
+Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda) {
+  Signature sig;
+  sig.reserve(inputs.size() * 8);
   *all_cuda = true;
   bool any_tensor = false;
   for (const auto& v : inputs) {
@@ -30,23 +36,31 @@ std::string signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda)
       const at::Tensor& t = v.toTensor();
       any_tensor = true;
       *all_cuda &= t.is_cuda();
-      os << "T" << static_cast<int>(t.scalar_type()) << "@" << t.device().index() << t.sizes()
-         << t.strides() << (t.requires_grad() ? "g" : "") << ";";
+      sig.push_back(static_cast<int64_t>(t.scalar_type()) << 32 | (t.device().index() + 1) << 1 |
+                    (t.requires_grad() ? 1 : 0));
+      sig.push_back(t.dim());
+      for (int64_t s : t.sizes()) sig.push_back(s);
+      for (int64_t s : t.strides()) sig.push_back(s);
     } else if (v.isInt()) {
-      os << "i" << v.toInt() << ";";
+      sig.push_back(-1);
+      sig.push_back(v.toInt());
     } else if (v.isDouble()) {
-      os << "f" << v.toDouble() << ";";
+      sig.push_back(-2);
+      double d = v.toDouble();
+      int64_t bits = 0;
+      std::memcpy(&bits, &d, sizeof bits);
+      sig.push_back(bits);
     } else if (v.isBool()) {
-      os << "b" << v.toBool() << ";";
+      sig.push_back(-3);
+      sig.push_back(v.toBool());
     } else if (v.isNone()) {
-      os << "n;";
+      sig.push_back(-4);
     } else {
-      os << "?" << v.tagKind() << ";";
       *all_cuda = false;  // lists and others: not worth capturing
     }
   }
   *all_cuda &= any_tensor;
-  return os.str();
+  return sig;
 }
 
 }  // namespace
@@ -66,7 +80,7 @@ struct CudaGraphRunner::Impl {
 
   const Executable& exe;
   size_t max_graphs;
-  std::map<std::string, Entry> entries;
+  std::map<Signature, Entry> entries;
   size_t captures = 0, replays = 0;
   bool warned_full = false;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
@@ -148,24 +162,61 @@ struct CudaGraphRunner::Impl {
     return replay(e, std::move(inputs));
   }
 
+  // Copies between dense tensors of one layout go straight to cudaMemcpyAsync on the current
+  // stream: the same work as Tensor::copy_ / clone without their dispatch, which is most of a
+  // replay's host time at small shapes.
+  static bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+           a.strides() == b.strides() && a.is_non_overlapping_and_dense();
+  }
+
+  static void copy_dense(const at::Tensor& dst, const at::Tensor& src, cudaStream_t stream) {
+    C10_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(),
+                                   cudaMemcpyDeviceToDevice, stream));
+  }
+
   std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs) {
+    cudaStream_t stream = nullptr;
+    for (const auto& v : e.static_outputs) {
+      if (v.isTensor()) {
+        stream = c10::cuda::getCurrentCUDAStream(v.toTensor().device().index()).stream();
+        break;
+      }
+    }
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].isTensor() || e.in_place[i]) continue;
-      e.static_inputs[i].toTensor().copy_(inputs[i].toTensor(), /*non_blocking=*/true);
+      const at::Tensor& dst = e.static_inputs[i].toTensor();
+      const at::Tensor& src = inputs[i].toTensor();
+      if (stream != nullptr && same_dense_layout(dst, src)) {
+        copy_dense(dst, src, stream);
+      } else {
+        dst.copy_(src, /*non_blocking=*/true);
+      }
     }
     e.graph->replay();
     ++replays;
     std::vector<c10::IValue> out;
     out.reserve(e.static_outputs.size());
     for (const auto& v : e.static_outputs) {
-      out.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+      if (!v.isTensor()) {
+        out.push_back(v);
+        continue;
+      }
+      const at::Tensor& t = v.toTensor();
+      if (stream != nullptr && t.is_non_overlapping_and_dense()) {
+        at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+        copy_dense(copy, t, stream);
+        out.emplace_back(std::move(copy));
+      } else {
+        out.emplace_back(t.clone());
+      }
     }
     return out;
   }
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
     bool all_cuda = false;
-    std::string key = signature_of(inputs, &all_cuda);
+    Signature key = signature_of(inputs, &all_cuda);
     if (!all_cuda) return exe.run(std::move(inputs));
     auto it = entries.find(key);
     if (it == entries.end()) {

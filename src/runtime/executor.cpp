@@ -7,6 +7,7 @@
 
 #include "magi/codegen/compiler.h"
 #include "magi/ir/structural_hash.h"
+#include "magi/runtime/attention_choice.h"
 #include "magi/runtime/cuda_graph.h"
 #include "magi/runtime/fused_kernel.h"
 
@@ -24,7 +25,15 @@ namespace {
 using Ref = int32_t;
 constexpr Ref kUnused = std::numeric_limits<Ref>::min();
 
-enum class InstrKind : uint8_t { kCall, kSym, kGetItem, kMakeList, kCallPiece, kFusion };
+enum class InstrKind : uint8_t {
+  kCall,
+  kSym,
+  kGetItem,
+  kMakeList,
+  kCallPiece,
+  kFusion,
+  kAttention,  // an SDPA call whose kernel an AttentionCall picks (attention_choice.h)
+};
 
 struct Instr {
   InstrKind kind;
@@ -32,7 +41,8 @@ struct Instr {
   ir::SymOp sym = ir::SymOp::kAdd;                  // kSym
   ir::ValueKind list_kind = ir::ValueKind::kOther;  // kMakeList
   int64_t item_index = 0;                           // kGetItem
-  size_t piece = 0;                                 // kCallPiece: index into Program::pieces
+  size_t piece = 0;  // kCallPiece, kFusion: index into Program::pieces; kAttention: into
+                     // Program::attention
   std::vector<Ref> in;
   std::vector<uint8_t> move_in;  // kCall, kCallPiece: move the register in (its last use)
   std::vector<Ref> out;          // kUnused for outputs nobody reads
@@ -190,6 +200,7 @@ struct Executable::Program {
   std::vector<std::unique_ptr<FusedKernel>> fused;  // one per fusion group (same indexing)
   // PIECEWISE CUDA graphs: one runner per called piece (same indexing), when enabled.
   std::vector<std::unique_ptr<CudaGraphRunner>> piece_graphs;
+  std::vector<std::unique_ptr<AttentionCall>> attention;
   std::vector<c10::IValue> constants;
   std::vector<Ref> input_regs;  // kUnused for inputs nobody reads
   std::vector<Ref> output_refs;
@@ -200,7 +211,8 @@ struct Executable::Program {
   size_t max_stack = 0;
 };
 
-Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Program>()) {
+Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
+    : program_(std::make_unique<Program>()) {
   ir::verify(graph);
   Program& p = *program_;
   std::unordered_map<const ir::Value*, Ref> ref_of;
@@ -213,7 +225,7 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
       p.pieces.push_back(nullptr);
       p.fused.push_back(std::make_unique<FusedKernel>(*piece, kernel_name(*piece)));
     } else {
-      p.pieces.push_back(std::make_unique<Executable>(*piece));
+      p.pieces.push_back(std::make_unique<Executable>(*piece, options));
       p.fused.push_back(nullptr);
     }
   }
@@ -319,6 +331,19 @@ Executable::Executable(const ir::Graph& graph) : program_(std::make_unique<Progr
     }
     for (Ref& r : instr.out) {
       if (!read[r]) r = kUnused;
+    }
+  }
+  // SDPA calls whose only used output is the attention output (inference: no backward needs
+  // their logsumexp or RNG state) may run on another backend.
+  if (options.attention != AttentionBackend::kGraph) {
+    for (Instr& instr : p.instrs) {
+      if (instr.kind != InstrKind::kCall || !AttentionCall::handles(*instr.op)) continue;
+      bool only_output = instr.out[0] != kUnused;
+      for (size_t k = 1; k < instr.out.size(); ++k) only_output &= instr.out[k] == kUnused;
+      if (!only_output) continue;
+      instr.kind = InstrKind::kAttention;
+      instr.piece = p.attention.size();
+      p.attention.push_back(std::make_unique<AttentionCall>(*instr.op, options.attention));
     }
   }
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
@@ -492,6 +517,22 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         for (size_t k = 0; k < instr.out.size(); ++k) {
           if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(results[k]);
         }
+        break;
+      }
+      case InstrKind::kAttention: {
+        std::vector<c10::IValue> args;
+        args.reserve(instr.in.size());
+        for (size_t j = 0; j < instr.in.size(); ++j) {
+          Ref r = instr.in[j];
+          args.push_back(instr.move_in[j] ? std::move(regs[r]) : get(r));
+        }
+        at::Tensor out;
+        try {
+          out = p.attention[instr.piece]->run(args);
+        } catch (const std::exception& e) {
+          throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
+        }
+        regs[instr.out[0]] = std::move(out);
         break;
       }
       case InstrKind::kCallPiece: {

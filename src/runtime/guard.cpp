@@ -5,6 +5,9 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
+#include <sstream>
+
 #include "magi/common/error.h"
 
 namespace magi::runtime {
@@ -41,9 +44,34 @@ GlobalGuard current_global(bool training) {
   return g;
 }
 
+bool is_tensor(const GuardInput& v) {
+  return v.has_value() && v->isTensor() && v->toTensor().defined();
+}
+
+// Scalars compare by kind and value (1 and 1.0 and True differ: the trace saw one of them).
+bool same_scalar(const c10::IValue& a, const c10::IValue& b) {
+  if (a.tagKind() != b.tagKind()) return false;
+  if (a.isInt()) return a.toInt() == b.toInt();
+  if (a.isDouble()) {
+    return a.toDouble() == b.toDouble() || (std::isnan(a.toDouble()) && std::isnan(b.toDouble()));
+  }
+  if (a.isBool()) return a.toBool() == b.toBool();
+  if (a.isString()) return a.toStringRef() == b.toStringRef();
+  return a.isNone();
+}
+
+std::string scalar_text(const c10::IValue& v) {
+  if (v.isNone()) return "None";
+  if (v.isString()) return "'" + v.toStringRef() + "'";
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 }  // namespace
 
-GuardSignature::GuardSignature(const std::vector<std::optional<at::Tensor>>& inputs,
+GuardSignature::GuardSignature(const std::vector<GuardInput>& inputs,
                                const std::vector<std::vector<int64_t>>& dynamic_dims, bool training)
     : global_(current_global(training)) {
   MAGI_ASSERT(dynamic_dims.empty() || dynamic_dims.size() == inputs.size(), "dynamic dims for ",
@@ -51,8 +79,9 @@ GuardSignature::GuardSignature(const std::vector<std::optional<at::Tensor>>& inp
   tensors_.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     TensorGuard g;
-    if (inputs[i].has_value() && inputs[i]->defined()) {
-      const at::Tensor& t = *inputs[i];
+    if (inputs[i].has_value() && !inputs[i]->isTensor()) g.scalar = *inputs[i];
+    if (is_tensor(inputs[i])) {
+      const at::Tensor& t = inputs[i]->toTensor();
       g.present = true;
       g.dtype = t.scalar_type();
       g.device = t.device();
@@ -72,20 +101,27 @@ GuardSignature::GuardSignature(const std::vector<std::optional<at::Tensor>>& inp
   }
 }
 
-std::optional<std::string> GuardSignature::mismatch(
-    const std::vector<std::optional<at::Tensor>>& inputs, bool training) const {
+std::optional<std::string> GuardSignature::mismatch(const std::vector<GuardInput>& inputs,
+                                                    bool training) const {
   using detail::str_cat;
   if (inputs.size() != tensors_.size()) {
     return str_cat("called with ", inputs.size(), " inputs instead of ", tensors_.size());
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorGuard& g = tensors_[i];
-    bool present = inputs[i].has_value() && inputs[i]->defined();
+    bool present = is_tensor(inputs[i]);
     if (present != g.present) {
       return str_cat("input ", i, (present ? " is now a tensor" : " is no longer a tensor"));
     }
+    if (g.scalar.has_value()) {
+      const bool scalar_now = inputs[i].has_value() && !inputs[i]->isTensor();
+      if (!scalar_now || !same_scalar(*g.scalar, *inputs[i])) {
+        return str_cat("input ", i, ": value changed from ", scalar_text(*g.scalar), " to ",
+                       scalar_now ? scalar_text(*inputs[i]) : std::string("another object"));
+      }
+    }
     if (!present) continue;
-    const at::Tensor& t = *inputs[i];
+    const at::Tensor& t = inputs[i]->toTensor();
     if (t.scalar_type() != g.dtype) {
       return str_cat("input ", i, ": dtype changed from ", g.dtype, " to ", t.scalar_type());
     }
@@ -134,7 +170,7 @@ std::string GuardSignature::str() const {
     const TensorGuard& g = tensors_[i];
     s += i ? ", " : "";
     if (!g.present) {
-      s += "-";
+      s += g.scalar ? scalar_text(*g.scalar) : "-";
       continue;
     }
     s += detail::str_cat(g.dtype, "[");

@@ -471,7 +471,13 @@ def test_no_tensor_annotation_makes_dim_0_of_every_tensor_dynamic(assert_close_r
 
 def test_counters_api():
     c = get_counters()
-    assert c.as_dict() == {"captures": 0, "compiles": 0, "guard_misses": 0, "cache_hits": 0}
+    assert c.as_dict() == {
+        "captures": 0,
+        "compiles": 0,
+        "guard_misses": 0,
+        "cache_hits": 0,
+        "direct_calls": 0,
+    }
     compiled = magi_compile(pointwise)
     compiled(inputs(2))
     snapshot = get_counters()

@@ -215,12 +215,6 @@ def test_instances_compiled_one_by_one_share_captures(assert_close_rel):
     assert captures() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: int arguments are not in the guard signature; Dynamo specialises on each value, "
-    "captures it without a guard miss or the max_recaptures warning, and the 9th distinct value "
-    "raises FailOnRecompileLimitHit from the hit path",
-)
 def test_int_argument_values_are_guarded(assert_close_rel):
     def scaled(x, n: int):
         return x * n + 1

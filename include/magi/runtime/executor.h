@@ -20,15 +20,22 @@
 #include <vector>
 
 #include "magi/ir/graph.h"
+#include "magi/runtime/attention_choice.h"
 
 namespace magi::runtime {
 
 struct GeneratedKernel;
 
+/// Choices made when a graph is lowered; pieces inherit their graph's.
+struct ExecutorOptions {
+  /// Kernel behind CUDA SDPA calls whose only used output is the attention output.
+  AttentionBackend attention = AttentionBackend::kAuto;
+};
+
 class Executable {
  public:
   /// Lowers `graph` (which must verify). The graph is not kept.
-  explicit Executable(const ir::Graph& graph);
+  explicit Executable(const ir::Graph& graph, const ExecutorOptions& options = {});
   ~Executable();
   Executable(Executable&&) noexcept;
 

@@ -1,0 +1,226 @@
+"""Direct dispatch: calls that match a captured inference signature skip Dynamo and AOTAutograd.
+
+Once an entry is captured, each call would still pass through Dynamo's guard evaluation and
+AOTAutograd's runtime wrappers before it reaches the C++ runtime: tens of microseconds of
+Python per call, most of a small-batch step's time under CUDA graphs. For inference graphs
+(grad mode off) this module builds, per captured signature and module instance, a generated
+function that gathers the graph's inputs straight from the call's arguments (parameters and
+buffers through their modules' dicts) and calls the compiled graph with them.
+
+A (signature, instance) pair gets a direct path only after one ordinary call through Dynamo
+that passed Dynamo's guards for this instance, with grad mode and autocast off, and that
+  - ran exactly one compiled inference graph, with exactly the inputs the generated function
+    gathers (the same tensor objects and the same integers, checked one by one);
+  - returned that graph's outputs unchanged (one tensor, or a tuple or list of them);
+  - was captured without Python side effects (Dynamo recorded no attribute or container
+    mutation to replay).
+Direct calls check the compact guard signature (dtype, device, rank, static sizes, layout,
+requires_grad of the arguments; grad mode, autocast, module.training) and nothing else: Python
+state the forward reads besides parameters, buffers and submodules (a global flag, a plain
+attribute such as ``self.eps``) is taken to stay as it was. Assigning a parameter, buffer or
+submodule anywhere in the process (``module.x = ...``, ``register_buffer``) drops every direct
+path, so the next call goes through Dynamo again; a parameter's new ``.data`` needs nothing.
+``CompileConfig.fast_dispatch=False`` turns this off. See docs/api.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from magi_compiler._logging import logger
+
+# Bumped whenever a module anywhere registers a parameter, buffer or submodule.
+_epoch = 0
+
+
+def _bump(*_: Any) -> None:
+    global _epoch
+    _epoch += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_bump)
+torch.nn.modules.module.register_module_buffer_registration_hook(_bump)
+torch.nn.modules.module.register_module_module_registration_hook(_bump)
+
+
+def epoch() -> int:
+    return _epoch
+
+
+# --- observing one ordinary call -----------------------------------------------------------
+_observed = threading.local()
+
+
+class Observation:
+    """What the compiled graphs saw during one ordinary call: (run, inputs, outputs) each."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Callable, list[Any], list[Any] | None]] = []
+
+    def __enter__(self) -> Observation:
+        _observed.current = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _observed.current = None
+
+
+def observe_inputs(run: Callable, args: list[Any]) -> int | None:
+    """Called by each compiled graph before it runs; returns a slot for its outputs."""
+    obs = getattr(_observed, "current", None)
+    if obs is None:
+        return None
+    obs.calls.append((run, list(args), None))
+    return len(obs.calls) - 1
+
+
+def observe_outputs(slot: int, outputs: list[Any]) -> None:
+    obs = _observed.current
+    run, args, _ = obs.calls[slot]
+    obs.calls[slot] = (run, args, outputs)
+
+
+# --- the generated gatherer ----------------------------------------------------------------
+_LOCAL = re.compile(r"\bL\['([A-Za-z_][A-Za-z0-9_]*)'\]")
+_OWNED = re.compile(r"^(.*\._(?:parameters|buffers))(\['[^']*'\])$")
+
+
+class DirectPath:
+    """One (signature, instance) pair's direct call: gather inputs, run, rebuild the result."""
+
+    def __init__(self, signature: Any, gather: Callable, run: Callable, rebuild: Callable):
+        self.signature = signature
+        self.gather = gather  # (*args, **kwargs) -> (guard values, graph inputs)
+        self.run = run
+        self.rebuild = rebuild
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        _, inputs = self.gather(*args, **kwargs)
+        return self.rebuild(self.run(inputs))
+
+
+def _parameter_text(fn: Callable) -> str | None:
+    """``fn``'s parameter list as source text (defaults set afterwards), or None when it takes
+    *args or **kwargs."""
+    parts, positional_only, star = [], False, False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            return None
+        if p.kind is p.POSITIONAL_ONLY:
+            positional_only = True
+        elif positional_only:
+            parts.append("/")
+            positional_only = False
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name if p.default is p.empty else f"{p.name}=None")
+    if positional_only:
+        parts.append("/")
+    return ", ".join(parts)
+
+
+def build_gatherer(
+    fn: Callable,
+    guard_names: list[str],
+    sources: list[str],
+    owner_name: str | None,
+    bound: dict[str, Any],
+) -> tuple[Callable | None, str]:
+    """A function with ``fn``'s parameters returning ``(guard values, graph inputs)``; the
+    inputs are Dynamo's source expressions, with the parameter and buffer dicts of modules
+    reached from ``owner_name`` looked up once now (from ``bound``, this call's arguments).
+    Returns (None, why) when the sources cannot be turned into code."""
+    params = _parameter_text(fn)
+    if params is None:
+        return None, "the function takes *args or **kwargs"
+    namespace: dict[str, Any] = {"__magi_G": fn.__globals__}
+    containers: dict[str, str] = {}  # container expression -> its name in the namespace
+    items = []
+    for source in sources:
+        expr = _LOCAL.sub(r"\1", source).replace("G[", "__magi_G[")
+        owned = _OWNED.match(expr)
+        if owned and owner_name and re.match(rf"{owner_name}\b", expr):
+            container, key = owned.groups()
+            if container not in containers:
+                try:
+                    value = eval(container, {**namespace, **bound})  # noqa: S307 - our text
+                except Exception as e:  # noqa: BLE001 - any failure: no direct path
+                    return None, f"cannot evaluate {container}: {e}"
+                if not isinstance(value, dict):
+                    return None, f"{container} is not a dict"
+                containers[container] = f"__magi_c{len(containers)}"
+                namespace[containers[container]] = value
+            expr = containers[container] + key
+        items.append(expr)
+    text = (
+        f"def __magi_gather({params}):\n"
+        f"    return [{', '.join(guard_names)}], [{', '.join(items)}]\n"
+    )
+    try:
+        exec(compile(text, f"<magi gather for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
+    except SyntaxError as e:
+        return None, f"generated gatherer does not compile: {e}"
+    gather = namespace["__magi_gather"]
+    gather.__defaults__ = fn.__defaults__
+    gather.__kwdefaults__ = fn.__kwdefaults__
+    return gather, ""
+
+
+def same_inputs(gathered: list[Any], seen: list[Any]) -> str:
+    """ "" when ``gathered`` holds exactly what the graph received, else the first difference."""
+    if len(gathered) != len(seen):
+        return f"{len(gathered)} inputs gathered, the graph received {len(seen)}"
+    for i, (a, b) in enumerate(zip(gathered, seen, strict=True)):
+        if isinstance(b, torch.Tensor) or isinstance(a, torch.Tensor):
+            if a is not b:
+                return f"input {i} is not the tensor the graph received"
+        elif type(a) is not type(b) or a != b:
+            return f"input {i} is {a!r}, the graph received {b!r}"
+    return ""
+
+
+def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
+    """How to turn the graph's output list into ``result``, when it is those outputs as they
+    are: one tensor, or a tuple or list of them in order."""
+    if isinstance(result, torch.Tensor):
+        if len(outputs) == 1 and outputs[0] is result:
+            return _first
+        return None
+    if isinstance(result, (tuple, list)) and type(result) in (tuple, list):
+        if len(result) == len(outputs) and all(
+            r is o for r, o in zip(result, outputs, strict=True)
+        ):
+            return tuple if type(result) is tuple else list
+    return None
+
+
+def _first(outputs: list[Any]) -> Any:
+    return outputs[0]
+
+
+def log_refusal(tag: str, why: str) -> None:
+    logger.debug("%s: no direct dispatch for this signature: %s", tag, why)
+
+
+class OwnerPaths:
+    """The direct paths of one module instance (or of a plain function), valid while the
+    registration epoch stays as it was."""
+
+    def __init__(self, owner: Any):
+        self.owner_ref = weakref.ref(owner) if owner is not None else None
+        self.epoch = _epoch
+        self.paths: list[DirectPath] = []
+        self.refused: set[int] = set()  # ids of signatures that cannot get one
+
+    def valid_for(self, owner: Any) -> bool:
+        if self.epoch != _epoch:
+            return False
+        return self.owner_ref is None or self.owner_ref() is owner

@@ -1,0 +1,142 @@
+"""Runtime choices on the GPU: the attention kernel picked per shape (attention_backend) and
+direct dispatch (fast_dispatch) with and without CUDA graphs. Numerics against eager on fresh
+random inputs; choices read back through inspection.attention_choices() and the dumps."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from magi_compiler import _dump, get_counters, inspection, magi_compile
+from torch import nn
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+RTOL = 2e-2  # bf16
+
+
+class Attention(nn.Module):
+    """Projections around one SDPA call; ``mask`` adds an additive float mask (flash takes
+    none)."""
+
+    def __init__(self, hidden: int = 256, heads: int = 4, mask: bool = False):
+        super().__init__()
+        self.heads, self.mask = heads, mask
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.mask:
+            bias = torch.triu(torch.full((s, s), -1e4, device=x.device, dtype=x.dtype), 1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, s, h))
+
+
+@pytest.fixture(autouse=True)
+def _fresh(counters):
+    inspection.clear()  # also forgets attention choices, so each test probes again
+    yield
+
+
+def _model(mask: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    return Attention(mask=mask).to("cuda", torch.bfloat16).eval()
+
+
+def _x(batch: int = 2, seq: int = 256) -> torch.Tensor:
+    return torch.randn(batch, seq, 256, device="cuda", dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+def test_auto_probes_each_shape_once_and_matches_eager(mode, assert_close_rel):
+    eager = _model()
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": mode})
+    with torch.no_grad():
+        for batch in (2, 2, 2, 3, 3, 3, 2):
+            x = _x(batch)
+            assert_close_rel(compiled(x), eager(x), RTOL)
+    choices = inspection.attention_choices()
+    assert len(choices) == 2, choices  # batch 2 and batch 3, each probed once
+    for c in choices:
+        assert "causal" in c["shape"] and c["traced"] in ("flash", "efficient", "cudnn")
+        assert c["chosen"] in c["ms"], c
+        assert c["ms"][c["chosen"]] == min(c["ms"].values())
+        assert len(c["ms"]) + len(c["rejected"]) == 3  # every backend timed or said why not
+
+
+@pytest.mark.parametrize("backend", ["graph", "flash", "cudnn", "efficient"])
+def test_named_backend_matches_eager_and_does_not_probe(backend, assert_close_rel):
+    eager = _model()
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"attention_backend": backend})
+    with torch.no_grad():
+        for batch in (2, 4):
+            x = _x(batch)
+            assert_close_rel(compiled(x), eager(x), RTOL)
+    assert inspection.attention_choices() == []
+
+
+def test_mask_leaves_flash_out(assert_close_rel):
+    eager = _model(mask=True)
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        x = _x()
+        assert_close_rel(compiled(x), eager(x), RTOL)
+    (choice,) = inspection.attention_choices()
+    assert "mask" in choice["shape"]
+    assert "flash" not in choice["ms"] and any(r.startswith("flash") for r in choice["rejected"])
+
+
+def test_training_graphs_keep_the_traced_backend(assert_close_rel):
+    eager = _model().train()
+    compiled = magi_compile(copy.deepcopy(eager).train())
+    x = _x()
+    compiled(x).float().pow(2).mean().backward()
+    eager(x).float().pow(2).mean().backward()
+    for a, e in zip(compiled.parameters(), eager.parameters(), strict=True):
+        assert_close_rel(a.grad, e.grad, 5e-2)
+    assert inspection.attention_choices() == []  # the forward's logsumexp feeds the backward
+
+
+def test_choices_are_dumped(tmp_path, monkeypatch):
+    monkeypatch.setenv(_dump.ENABLE_ENV, "1")
+    monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
+    compiled = magi_compile(_model())
+    with torch.no_grad():
+        compiled(_x())
+    files = list(tmp_path.rglob("attention_choices/inference.json"))
+    assert len(files) == 1, sorted(str(p) for p in tmp_path.rglob("*"))
+    (choice,) = json.loads(files[0].read_text())
+    assert choice["chosen"] in choice["ms"]
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+def test_direct_dispatch_keeps_held_outputs_and_follows_new_weights(mode, assert_close_rel):
+    import blocks
+
+    eager = blocks.LlamaStack(2, hidden=256, n_heads=8, n_kv_heads=4, intermediate=512)
+    eager = blocks.init_weights_(eager, seed=0).to("cuda", torch.bfloat16).eval()
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": mode})
+    with torch.no_grad():
+        xs = [_x(4, 32) for _ in range(6)]
+        outs = [compiled(x) for x in xs]  # capture, ordinary call, then direct calls
+        for x, out in zip(xs, outs, strict=True):  # earlier outputs were not overwritten
+            assert_close_rel(out, eager(x), RTOL)
+        assert get_counters().direct_calls == 4
+        new = nn.Parameter(torch.randn_like(eager.layers[1].up_proj.weight) * 0.05)
+        eager.layers[1].up_proj.weight = new
+        compiled.layers[1].up_proj.weight = copy.deepcopy(new)
+        for _ in range(3):
+            x = _x(4, 32)
+            assert_close_rel(compiled(x), eager(x), RTOL)
+    assert get_counters().direct_calls == 4 + 2  # one ordinary call after the replacement

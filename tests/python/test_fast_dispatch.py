@@ -1,0 +1,416 @@
+"""Direct dispatch (``_fast_dispatch.py``) on CPU: after one ordinary call per (guard
+signature, module instance), inference calls skip Dynamo and AOTAutograd and run the compiled
+graph directly (``get_counters().direct_calls``).
+
+Covers: when direct calls start and that they keep matching eager across batch sizes; weights
+and buffers changed every supported way (attribute assignment, ``_parameters[...]``,
+``.data``, ``copy_``); two instances of one decorated class; what never goes direct (grad
+mode, autocast, dict results, forwards with Python side effects, ``fast_dispatch=False``);
+keyword arguments with defaults and int arguments whose value changes.
+
+Every numeric check compares against eager PyTorch on the same weights (a copy made before
+``magi_compile``) on fresh random float32 inputs (relative error ≤ 1e-5, gradients ≤ 1e-4, bf16 autocast
+≤ 2e-2).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _api_helpers import RTOL, H, Tiny, inputs
+from blocks import LlamaStack, init_weights_
+from magi_compiler import get_counters, magi_compile
+from torch import nn
+
+LLAMA = dict(hidden=32, n_heads=4, n_kv_heads=2, intermediate=64)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counters(counters):
+    """Every test starts with empty Dynamo caches and zeroed counters (tests/conftest.py)."""
+    yield
+
+
+def direct_calls() -> int:
+    return get_counters().direct_calls
+
+
+def compiled_with_eager(model: nn.Module, **kwargs) -> tuple[nn.Module, nn.Module]:
+    """(magi_compile(model), an uncompiled copy with the same weights)."""
+    eager = copy.deepcopy(model)
+    return magi_compile(model, **kwargs), eager
+
+
+def llama_inputs(b: int) -> torch.Tensor:
+    return torch.randn(b, 8, LLAMA["hidden"])
+
+
+# --------------------------------------------------------------------------------------------
+# When direct calls start
+# --------------------------------------------------------------------------------------------
+
+
+def test_llama_stack_goes_direct_from_the_third_call(assert_close_rel):
+    model, eager = compiled_with_eager(init_weights_(LlamaStack(2, **LLAMA), seed=0))
+    with torch.no_grad():
+        for i, b in enumerate((2, 3, 5, 4, 2, 7, 3)):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            # Call 0 captures, call 1 is ordinary (and learns the path), then one per call.
+            assert direct_calls() == max(0, i - 1), (i, get_counters())
+    c = get_counters()
+    assert (c.captures, c.compiles, c.guard_misses) == (1, 1, 0), c
+
+
+def test_direct_call_returns_fresh_outputs(assert_close_rel):
+    model, eager = compiled_with_eager(Tiny())
+    with torch.no_grad():
+        outs, xs = [], []
+        for b in (2, 3, 3, 3):
+            xs.append(inputs(b))
+            outs.append(model(xs[-1]))
+        assert direct_calls() == 2
+        # Earlier results are not overwritten by later direct calls.
+        for x, out in zip(xs, outs, strict=True):
+            assert_close_rel(out, eager(x), RTOL)
+
+
+# --------------------------------------------------------------------------------------------
+# Weights and buffers changed after the direct path was set up
+# --------------------------------------------------------------------------------------------
+
+
+def test_parameter_assignment_drops_the_path_then_it_resumes(assert_close_rel):
+    model, eager = compiled_with_eager(init_weights_(LlamaStack(2, **LLAMA), seed=1))
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 1
+
+        weight = torch.randn_like(model.layers[1].q_proj.weight)
+        model.layers[1].q_proj.weight = nn.Parameter(weight.clone())
+        eager.layers[1].q_proj.weight = nn.Parameter(weight.clone())
+        x = llama_inputs(3)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 1  # dropped: this call went through Dynamo
+
+        for n, b in enumerate((2, 5, 3), start=2):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert direct_calls() == n  # resumed, with the new weight
+    assert get_counters().captures == 1
+
+
+def test_parameters_dict_write_is_seen_by_the_next_direct_call(assert_close_rel):
+    model, eager = compiled_with_eager(Tiny())
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 1
+
+        before = copy.deepcopy(eager)
+        weight = torch.randn_like(model.fc1.weight)
+        model.fc1._parameters["weight"] = nn.Parameter(weight.clone())  # no registration hook
+        eager.fc1._parameters["weight"] = nn.Parameter(weight.clone())
+        x = inputs(3)
+        out = model(x)
+        assert direct_calls() == 2  # still direct, and already with the new weight
+        assert_close_rel(out, eager(x), RTOL)
+        assert not torch.allclose(out, before(x), rtol=1e-3, atol=1e-3)  # the old weight's
+
+
+def test_parameter_data_and_copy_are_followed(assert_close_rel):
+    model, eager = compiled_with_eager(Tiny())
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 1
+
+        weight = torch.randn_like(model.fc2.weight)
+        model.fc2.weight.data = weight.clone()
+        eager.fc2.weight.data = weight.clone()
+        x = inputs(5)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 2
+
+        bias = torch.randn_like(model.fc1.bias)
+        model.fc1.bias.copy_(bias)
+        eager.fc1.bias.copy_(bias)
+        model.norm.weight.mul_(3.0)
+        eager.norm.weight.mul_(3.0)
+        x = inputs(2)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 3
+
+
+class Scaled(nn.Module):
+    """A linear layer followed by a per-channel scale held in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(H, H)
+        self.register_buffer("scale", torch.randn(H))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scale
+
+
+def test_buffer_assignment_is_followed(assert_close_rel):
+    model, eager = compiled_with_eager(Scaled())
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 1
+
+        scale = torch.randn(H) * 10
+        model.scale = scale.clone()
+        eager.scale = scale.clone()
+        for b in (3, 2, 5):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 3  # one ordinary call after the assignment, then direct again
+    assert get_counters().captures == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Instances of one decorated class
+# --------------------------------------------------------------------------------------------
+
+
+def test_two_instances_interleaved_each_use_their_own_weights(assert_close_rel):
+    @magi_compile
+    class DecoratedTiny(Tiny):
+        pass
+
+    models = [init_weights_(DecoratedTiny(), seed=i) for i in (10, 11)]
+    eagers = [init_weights_(Tiny(), seed=i) for i in (10, 11)]
+    rounds = 6
+    with torch.no_grad():
+        for _ in range(rounds):
+            for model, eager in zip(models, eagers, strict=True):
+                x = inputs(3)
+                assert_close_rel(model(x), eager(x), RTOL)
+    # First instance: capture, ordinary, then direct; second: ordinary, then direct.
+    assert direct_calls() == (rounds - 2) + (rounds - 1)
+    assert get_counters().captures == 1
+
+
+# --------------------------------------------------------------------------------------------
+# What never goes direct
+# --------------------------------------------------------------------------------------------
+
+
+def test_grad_enabled_never_goes_direct_and_gradients_match(assert_close_rel):
+    model, eager = compiled_with_eager(Tiny())  # parameters require grad
+    for b in (2, 3, 3, 4):
+        x = inputs(b)
+        x_eager, x_comp = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_eager, out_comp = eager(x_eager), model(x_comp)
+        assert out_comp.requires_grad
+        assert_close_rel(out_comp, out_eager, RTOL)
+        grad = torch.randn_like(out_eager)
+        out_eager.backward(grad)
+        out_comp.backward(grad)
+        assert_close_rel(x_comp.grad, x_eager.grad, 1e-4)
+        for (name, p_comp), p_eager in zip(
+            model.named_parameters(), eager.parameters(), strict=True
+        ):
+            assert p_comp.grad is not None, name
+            assert_close_rel(p_comp.grad, p_eager.grad, 1e-4)
+        model.zero_grad()
+        eager.zero_grad()
+    assert direct_calls() == 0
+
+
+class Pair(Tiny):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = super().forward(x)
+        return y, y.amax(-1)
+
+
+class Named(Tiny):
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = super().forward(x)
+        return {"y": y, "peak": y.amax(-1)}
+
+
+def test_tuple_result_goes_direct(assert_close_rel):
+    model, eager = compiled_with_eager(Pair())
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            out = model(x)
+            assert type(out) is tuple and len(out) == 2
+            assert_close_rel(out, eager(x), RTOL)
+    assert direct_calls() == 2
+
+
+def test_dict_result_stays_ordinary(assert_close_rel):
+    model, eager = compiled_with_eager(Named())
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            out, expected = model(x), eager(x)
+            assert type(out) is dict and out.keys() == expected.keys()
+            for key in expected:
+                assert_close_rel(out[key], expected[key], RTOL)
+    assert direct_calls() == 0
+
+
+class Counting(Tiny):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
+def test_forward_with_a_side_effect_stays_ordinary(assert_close_rel):
+    model, eager = compiled_with_eager(Counting())
+    batches = (2, 3, 4, 5, 3, 2)
+    with torch.no_grad():
+        for b in batches:
+            x = inputs(b)
+            assert_close_rel(model(x), Tiny.forward(eager, x), RTOL)
+    assert model.calls == len(batches)  # Dynamo replayed the increment on every call
+    assert direct_calls() == 0
+
+
+def test_fast_dispatch_off(assert_close_rel):
+    model, eager = compiled_with_eager(
+        init_weights_(LlamaStack(2, **LLAMA), seed=2), config_patch={"fast_dispatch": False}
+    )
+    with torch.no_grad():
+        for b in (2, 3, 4, 5, 2):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+    c = get_counters()
+    assert (c.captures, c.direct_calls) == (1, 0), c
+
+
+class Mlp(nn.Module):
+    """Ends in a linear layer, so under bf16 autocast its result is bf16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(H, 2 * H)
+        self.fc2 = nn.Linear(2 * H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_cpu_autocast_never_goes_direct(assert_close_rel):
+    model, eager = compiled_with_eager(Mlp())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            out, expected = model(x), eager(x)
+            assert out.dtype == expected.dtype == torch.bfloat16
+            assert_close_rel(out, expected, 2e-2)
+    assert direct_calls() == 0, get_counters()
+
+
+def test_cpu_autocast_results_match(assert_close_rel):
+    # Every call under autocast is right, and turning autocast off again selects the float32
+    # graph (autocast is in the guard signature).
+    model, eager = compiled_with_eager(Mlp())
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for b in (2, 3, 4, 5):
+                x = inputs(b)
+                out, expected = model(x), eager(x)
+                assert out.dtype == expected.dtype == torch.bfloat16
+                assert_close_rel(out, expected, 2e-2)
+        for b in (2, 3, 4):
+            x = inputs(b)
+            out = model(x)
+            assert out.dtype == torch.float32
+            assert_close_rel(out, eager(x), RTOL)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain functions: keyword defaults and scalar arguments
+# --------------------------------------------------------------------------------------------
+
+
+def shifted(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+    return torch.tanh(x) * scale + x.mean(-1, keepdim=True)
+
+
+def test_keyword_default_goes_direct_with_and_without_it(assert_close_rel):
+    compiled = magi_compile(shifted)
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):  # omitted: capture, ordinary, then direct
+            x = inputs(b)
+            assert_close_rel(compiled(x), shifted(x), RTOL)
+        assert direct_calls() == 2, get_counters()
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            assert_close_rel(compiled(x, scale=2.0), shifted(x, scale=2.0), RTOL)
+        assert direct_calls() >= 4, get_counters()
+
+
+def test_keyword_default_results_match_with_and_without_it(assert_close_rel):
+    # Regression: omitted arguments count as their defaults in the guard signature, so f(x)
+    # and f(x, scale=2.0) share a signature and other values get their own.
+    compiled = magi_compile(shifted)
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            assert_close_rel(compiled(x), shifted(x), RTOL)
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            assert_close_rel(compiled(x, scale=2.0), shifted(x, scale=2.0), RTOL)
+            assert_close_rel(compiled(x, 3.0), shifted(x, 3.0), RTOL)
+    assert direct_calls() >= 4, get_counters()
+
+
+def scaled_or_default(x: torch.Tensor, scale: float | None = 2.0) -> torch.Tensor:
+    return x * (5.0 if scale is None else scale) + 1
+
+
+def test_explicit_none_is_not_the_default(assert_close_rel):
+    # Regression: f(x) and f(x, scale=None) shared a signature, and f(x)'s graph ran for None.
+    compiled = magi_compile(scaled_or_default)
+    with torch.no_grad():
+        x = inputs(3)
+        assert_close_rel(compiled(x, scale=None), scaled_or_default(x, scale=None), RTOL)
+        x = inputs(3)
+        assert_close_rel(compiled(x), scaled_or_default(x), RTOL)
+        for b in (2, 3, 4):
+            x = inputs(b)
+            assert_close_rel(compiled(x, scale=None), scaled_or_default(x, scale=None), RTOL)
+
+
+def repeated(x: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.sin(x) * n + n
+
+
+def test_int_argument_values_each_get_their_own_path(assert_close_rel):
+    compiled = magi_compile(repeated)
+    values = (2, 3, 5, 7)
+    with torch.no_grad():
+        for n in values:
+            for b in (2, 3, 4):
+                x = inputs(b)
+                assert_close_rel(compiled(x, n), repeated(x, n), RTOL)
+        c = get_counters()
+        assert c.guard_misses == len(values) - 1, c
+        assert c.direct_calls == len(values), c  # the third call of each value
+        # Back to earlier values: their direct paths, never another value's graph.
+        for n in (5, 2, 7, 3, 2):
+            x = inputs(4)
+            assert_close_rel(compiled(x, n), repeated(x, n), RTOL)
+    c = get_counters()
+    assert (c.guard_misses, c.direct_calls) == (len(values) - 1, len(values) + 5), c
+    assert c.captures == len(values), c
