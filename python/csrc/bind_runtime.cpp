@@ -132,6 +132,11 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_outputs", &runtime::Executable::num_outputs)
       .def_property_readonly("num_instructions", &runtime::Executable::num_instructions)
       .def_property_readonly("num_operator_calls", &runtime::Executable::num_operator_calls)
+      .def_property_readonly("num_constant_instructions",
+                             &runtime::Executable::num_constant_instructions,
+                             "Instructions that read only constants: run by the first call only.")
+      .def_property_readonly("num_folded_values", &runtime::Executable::num_folded_values,
+                             "Results of constant instructions kept by the first call.")
       .def("enable_piece_cuda_graphs", &runtime::Executable::enable_piece_cuda_graphs,
            py::arg("max_graphs") = 32)
       .def_property_readonly("num_piece_graph_captures",

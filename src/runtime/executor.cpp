@@ -1,8 +1,10 @@
 // Executable: lowering a graph to instructions, and the interpreter loop that runs them.
 #include "magi/runtime/executor.h"
 
+#include <atomic>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <unordered_set>
 
 #include "magi/codegen/compiler.h"
@@ -48,7 +50,23 @@ struct Instr {
   std::vector<Ref> out;          // kUnused for outputs nobody reads
   std::vector<Ref> release_after;
   std::string where;  // for error messages: "aten::mm (FX node mm, model.py:12)"
+  bool pure = false;  // same operands, same results, nothing else touched (may run once)
+  bool once = false;  // reads only constants: runs on the first call only (see Program)
 };
+
+// Operators whose results depend on their operands alone: not mutating, not random.
+bool is_pure_operator(const ir::Node& node) {
+  if (node.kind() != ir::NodeKind::kAtenOp) return false;
+  const c10::FunctionSchema& schema = node.schema();
+  if (schema.returns().empty() || schema.is_mutable()) return false;
+  if (node.op().hasTag(at::Tag::nondeterministic_seeded)) return false;
+  const std::string name = node.op().operator_name().name;
+  for (const char* random : {"rand", "dropout", "bernoulli", "normal", "uniform", "poisson",
+                             "multinomial", "exponential", "empty"}) {
+    if (name.find(random) != std::string::npos) return false;
+  }
+  return true;
+}
 
 int64_t to_int(const c10::IValue& v) {
   if (v.isInt()) return v.toInt();
@@ -209,7 +227,77 @@ struct Executable::Program {
   size_t num_piece_calls = 0;
   size_t num_fusions = 0;
   size_t max_stack = 0;
+  // Instructions marked `once` compute the same values on every call (rotary tables of a
+  // static sequence length, masks from arange): the first call runs them and keeps the values
+  // later instructions read; later calls start from those. Filled once, under the mutex.
+  std::mutex folded_mutex;
+  std::atomic<bool> folded_ready{false};
+  std::atomic<bool> folding_off{false};  // the kept values would exceed kMaxFoldedBytes
+  bool folding = false;                  // any `once` instruction
+  std::vector<bool> keep_folded;         // per register: a `once` result read by other instructions
+  std::vector<std::pair<Ref, c10::IValue>> folded;
 };
+
+// Folded values kept per executable at most; past it every call recomputes them.
+constexpr int64_t kMaxFoldedBytes = 64ll << 20;
+
+namespace {
+
+// Marks the pure instructions that read only constants and results of such instructions, and
+// the registers among their results that the rest of the program reads.
+bool mark_constant_instructions(std::vector<Instr>& instrs, size_t num_registers,
+                                const std::vector<Ref>& output_refs, std::vector<bool>* keep) {
+  std::vector<bool> constant(num_registers, false);
+  for (Instr& instr : instrs) {
+    bool all_constant = instr.pure;
+    for (Ref r : instr.in) all_constant &= r < 0 || constant[r];
+    if (!all_constant) continue;
+    instr.once = true;
+    for (Ref r : instr.out) {
+      if (r != kUnused) constant[r] = true;
+    }
+  }
+  keep->assign(num_registers, false);
+  for (const Instr& instr : instrs) {
+    if (instr.once) continue;
+    const bool mutates = instr.kind == InstrKind::kCall && instr.op->schema().is_mutable();
+    for (Ref r : instr.in) {
+      if (r < 0 || !constant[r]) continue;
+      // A value some operator writes in place must be fresh on every call: fold nothing.
+      if (mutates) {
+        for (Instr& i : instrs) i.once = false;
+        return false;
+      }
+      (*keep)[r] = true;
+    }
+  }
+  for (Ref r : output_refs) {
+    if (r >= 0 && constant[r]) (*keep)[r] = true;
+  }
+  bool any = false;
+  for (const Instr& instr : instrs) any |= instr.once;
+  return any;
+}
+
+}  // namespace
+
+void Executable::keep_folded_values(Program& p,
+                                    std::vector<std::pair<int32_t, c10::IValue>> values) {
+  int64_t bytes = 0;
+  for (const auto& [r, v] : values) {
+    if (v.isTensor()) bytes += static_cast<int64_t>(v.toTensor().nbytes());
+  }
+  std::lock_guard<std::mutex> lock(p.folded_mutex);
+  if (p.folded_ready.load(std::memory_order_relaxed) || p.folding_off.load()) return;
+  if (bytes > kMaxFoldedBytes) {
+    MAGI_LOG_DEBUG("executor: ", bytes, " bytes of constant results exceed ", kMaxFoldedBytes,
+                   "; they are recomputed on every call");
+    p.folding_off.store(true);
+    return;
+  }
+  p.folded = std::move(values);
+  p.folded_ready.store(true, std::memory_order_release);
+}
 
 Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     : program_(std::make_unique<Program>()) {
@@ -260,23 +348,28 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       case ir::NodeKind::kCustomOp:
         instr.kind = InstrKind::kCall;
         instr.op = node->op();
+        instr.pure = is_pure_operator(*node);
         p.num_calls++;
         p.max_stack = std::max({p.max_stack, instr.in.size(), instr.out.size()});
         break;
       case ir::NodeKind::kSymArith:
         instr.kind = InstrKind::kSym;
         instr.sym = node->sym_op();
+        instr.pure = true;
         break;
       case ir::NodeKind::kGetItem:
         instr.kind = InstrKind::kGetItem;
         instr.item_index = node->item_index();
+        instr.pure = true;
         break;
       case ir::NodeKind::kMakeList:
         instr.kind = InstrKind::kMakeList;
         instr.list_kind = node->output()->kind();
+        instr.pure = true;
         break;
       case ir::NodeKind::kFusion:
         instr.kind = InstrKind::kFusion;
+        instr.pure = true;  // a generated kernel writes only its outputs
         instr.piece = static_cast<size_t>(graph.piece_index(node->piece()));
         p.num_fusions++;
         break;
@@ -346,6 +439,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       p.attention.push_back(std::make_unique<AttentionCall>(*instr.op, options.attention));
     }
   }
+  p.folding = mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
                  " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
                  " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");
@@ -359,6 +453,15 @@ size_t Executable::num_outputs() const { return program_->output_refs.size(); }
 size_t Executable::num_instructions() const { return program_->instrs.size(); }
 size_t Executable::num_operator_calls() const { return program_->num_calls; }
 size_t Executable::num_piece_calls() const { return program_->num_piece_calls; }
+size_t Executable::num_constant_instructions() const {
+  size_t n = 0;
+  for (const Instr& instr : program_->instrs) n += instr.once;
+  return n;
+}
+size_t Executable::num_folded_values() const {
+  std::lock_guard<std::mutex> lock(program_->folded_mutex);
+  return program_->folded_ready.load() ? program_->folded.size() : 0;
+}
 size_t Executable::num_pieces() const {
   size_t n = 0;
   for (const auto& piece : program_->pieces) n += piece != nullptr;
@@ -466,9 +569,19 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
   }
   auto get = [&](Ref r) -> const c10::IValue& { return r >= 0 ? regs[r] : p.constants[-r - 1]; };
 
+  // Constant instructions: the first call runs them and collects what later ones read.
+  Program& state = *program_;
+  const bool fold = p.folding && !state.folding_off.load(std::memory_order_relaxed);
+  const bool folded = fold && state.folded_ready.load(std::memory_order_acquire);
+  std::vector<std::pair<Ref, c10::IValue>> collected;
+  if (folded) {
+    for (const auto& [r, v] : state.folded) regs[r] = v;
+  }
+
   torch::jit::Stack stack;
   stack.reserve(p.max_stack);
   for (const Instr& instr : p.instrs) {
+    if (instr.once && folded) continue;
     switch (instr.kind) {
       case InstrKind::kCall: {
         stack.clear();
@@ -560,8 +673,14 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         break;
       }
     }
+    if (instr.once && fold && !folded) {
+      for (Ref r : instr.out) {
+        if (r != kUnused && p.keep_folded[r]) collected.emplace_back(r, regs[r]);
+      }
+    }
     for (Ref r : instr.release_after) regs[r] = c10::IValue();
   }
+  if (fold && !folded) keep_folded_values(state, std::move(collected));
 
   std::vector<c10::IValue> outputs;
   outputs.reserve(p.output_refs.size());

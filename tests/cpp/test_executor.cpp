@@ -166,5 +166,69 @@ TEST(Executor, SymbolicOpsFollowPython) {
   EXPECT_THROW(exe.run({int64_t{1}, int64_t{0}}), UserError);  // 1 // 0
 }
 
+// x + arange(8) * 2: the arange and the mul read only constants, so the first run computes
+// them and keeps the product; later runs start from it and still give eager's numbers.
+TEST(Executor, ConstantInstructionsRunOnce) {
+  Graph g;
+  Value* x = g.add_tensor_input("x", tensor_type({8}));
+  Node* arange = g.add_op(op("aten::arange"),
+                          {g.add_constant(8, ValueKind::kScalar),
+                           g.add_constant(static_cast<int64_t>(at::kFloat), ValueKind::kDtype),
+                           g.add_constant(c10::IValue(), ValueKind::kNone),
+                           g.add_constant(c10::IValue(), ValueKind::kNone),
+                           g.add_constant(c10::IValue(), ValueKind::kNone)});
+  Value* scaled =
+      g.add_op(op("aten::mul", "Scalar"), {arange->output(), g.add_constant(2, ValueKind::kScalar)})
+          ->output();
+  g.set_outputs(
+      {g.add_op(op("aten::add", "Tensor"), {x, scaled, g.add_constant(1, ValueKind::kScalar)})
+           ->output()});
+  Executable exe(g);
+  EXPECT_EQ(exe.num_constant_instructions(), 2u);
+  EXPECT_EQ(exe.num_folded_values(), 0u);
+  const at::Tensor expected = at::arange(8, at::kFloat) * 2;
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor in = at::randn({8});
+    EXPECT_TRUE(at::allclose(exe.run({in})[0].toTensor(), in + expected));
+    EXPECT_EQ(exe.num_folded_values(), 1u);  // the product, kept after the first run
+  }
+}
+
+TEST(Executor, RandomOperatorsRunOnEveryCall) {
+  Graph g;
+  Value* x = g.add_tensor_input("x", tensor_type({4}));
+  Value* shape = g.add_constant(c10::List<int64_t>({4}), ValueKind::kIntList);
+  Value* none = g.add_constant(c10::IValue(), ValueKind::kNone);
+  Value* noise = g.add_op(op("aten::rand"), {shape, none, none, none, none})->output();
+  g.set_outputs(
+      {g.add_op(op("aten::add", "Tensor"), {x, noise, g.add_constant(1, ValueKind::kScalar)})
+           ->output()});
+  Executable exe(g);
+  EXPECT_EQ(exe.num_constant_instructions(), 0u);
+  at::Tensor zeros = at::zeros({4});
+  EXPECT_FALSE(at::equal(exe.run({zeros})[0].toTensor(), exe.run({zeros})[0].toTensor()));
+}
+
+// A constant result that an operator writes in place must be fresh on every call.
+TEST(Executor, NothingFoldsWhenAConstantIsWrittenInPlace) {
+  Graph g;
+  Value* x = g.add_tensor_input("x", tensor_type({4}));
+  Value* none = g.add_constant(c10::IValue(), ValueKind::kNone);
+  Value* ones =
+      g.add_op(op("aten::ones"), {g.add_constant(c10::List<int64_t>({4}), ValueKind::kIntList),
+                                  none, none, none, none})
+          ->output();
+  Value* sum =
+      g.add_op(op("aten::add_", "Tensor"), {ones, x, g.add_constant(1, ValueKind::kScalar)})
+          ->output();
+  g.set_outputs({sum});
+  Executable exe(g);
+  EXPECT_EQ(exe.num_constant_instructions(), 0u);
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor in = at::randn({4});
+    EXPECT_TRUE(at::allclose(exe.run({in})[0].toTensor(), in + 1));
+  }
+}
+
 }  // namespace
 }  // namespace magi::runtime

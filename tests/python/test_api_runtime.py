@@ -389,3 +389,19 @@ def test_llama_block_training_gradients_match_eager(assert_close_rel):
         eager.zero_grad()
     c = get_counters()
     assert (c.captures, c.compiles) == (1, 2), c  # one forward and one backward graph
+
+
+def test_rotary_tables_of_a_static_length_are_computed_once(assert_close_rel):
+    # The cos/sin tables depend only on the (static) sequence length: the executor runs their
+    # chain on the first call only and later calls reuse the result.
+    from magi_compiler import inspection
+
+    eager = init_weights_(LlamaBlock(hidden=H, n_heads=4, n_kv_heads=2, intermediate=2 * H), seed=0)
+    model = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for b in BATCHES:
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+    exe = inspection.last_compiled("inference").executable
+    assert exe.num_constant_instructions >= 6  # arange, div, pow, arange, view, mul, cat, ...
+    assert exe.num_folded_values >= 1

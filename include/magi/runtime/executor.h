@@ -47,6 +47,12 @@ class Executable {
   size_t num_instructions() const;
   /// Number of boxed dispatcher calls per run, those inside pieces included.
   size_t num_operator_calls() const;
+  /// Instructions that read only constants (and results of such instructions): pure operators,
+  /// symbolic arithmetic, lists, fused kernels. The first run executes them and keeps the
+  /// results later instructions read (up to 64 MiB); later runs skip them.
+  size_t num_constant_instructions() const;
+  /// Values kept by the first run for later runs (0 before it, or past the 64 MiB cap).
+  size_t num_folded_values() const;
   /// Number of piece calls per run (0 when the graph was not split).
   size_t num_piece_calls() const;
   /// Number of distinct pieces (each lowered once, however often it is called).
@@ -71,6 +77,8 @@ class Executable {
 
  private:
   struct Program;
+  /// After the first call: keeps the results of the instructions that read only constants.
+  static void keep_folded_values(Program& p, std::vector<std::pair<int32_t, c10::IValue>> values);
   std::unique_ptr<Program> program_;
 };
 
