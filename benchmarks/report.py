@@ -379,6 +379,8 @@ def section(doc: dict, source: str, plot_dir: Path, md_dir: Path) -> str:
            else "")
         + ".\n"
     )  # fmt: skip
+    if meta.get("note"):
+        parts.append(meta["note"] + "\n")
     if meta["device"] == "cpu":
         parts.append(
             "CPU numbers come from a small shared development machine: shapes are the quick "
@@ -466,6 +468,7 @@ def extra_section(doc: dict, source: str) -> str:
             f"`benchmarks/host_overhead.py` · torch {doc['torch']} · CUDA {doc['cuda']} · "
             f"{doc['dtype']} · date {doc['date']} · source `{source}`",
             "",
+            *([doc["note"], ""] if doc.get("note") else []),
             f"{m['class']} ({m['n_layers']} layers, hidden {m['hidden']}, {m['n_heads']}/"
             f"{m['n_kv_heads']} heads, intermediate {m['intermediate']}) at batch {doc['batch']} x "
             f"{doc['tokens']} tokens, {doc['iters']} calls per measurement. *Host* is the wall time "

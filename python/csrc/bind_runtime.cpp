@@ -186,6 +186,10 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
       .def_static("available", &runtime::CudaGraphRunner::available);
 
+  runtime::set_failure_cleanup([] {
+    py::gil_scoped_acquire gil;
+    PyErr_Clear();
+  });
   m.def(
       "attention_choices",
       [] {

@@ -6,6 +6,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <map>
 #include <mutex>
@@ -95,6 +96,12 @@ Decisions& decisions() {
   return d;
 }
 
+std::atomic<void (*)()> failure_cleanup{nullptr};
+
+void after_failure() {
+  if (auto cleanup = failure_cleanup.load()) cleanup();
+}
+
 #ifdef MAGI_HAVE_CUDA_GRAPHS
 bool capturing(const at::Tensor& t) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -153,6 +160,7 @@ AttentionChoice probe(AttentionBackend traced, const Args& a, const at::Tensor& 
         choice.chosen = name;
       }
     } catch (const std::exception& e) {
+      after_failure();
       std::string what = e.what();
       choice.rejected.push_back(name + ": " + what.substr(0, what.find('\n')));
     }
@@ -174,6 +182,8 @@ std::string summary(const AttentionChoice& c) {
 }
 
 }  // namespace
+
+void set_failure_cleanup(void (*cleanup)()) { failure_cleanup.store(cleanup); }
 
 AttentionBackend parse_attention_backend(const std::string& name) {
   std::string n = name;
@@ -291,6 +301,7 @@ at::Tensor AttentionCall::run(const std::vector<c10::IValue>& args) const {
       out = call_backend(policy_, a);
       chosen = policy_;
     } catch (const std::exception& e) {
+      after_failure();
       std::string what = e.what();
       MAGI_LOG_WARN("attention_backend=", attention_backend_name(policy_), " cannot run ",
                     shape_of(a), " (", what.substr(0, what.find('\n')), "); using ",

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -439,7 +440,14 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       p.attention.push_back(std::make_unique<AttentionCall>(*instr.op, options.attention));
     }
   }
-  p.folding = mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
+  static const bool fold_constants = [] {
+    const char* env = std::getenv("MAGI_FOLD_CONSTANTS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  if (fold_constants) {
+    p.folding =
+        mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
+  }
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
                  " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
                  " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");

@@ -44,6 +44,11 @@ struct AttentionChoice {
   std::vector<std::string> rejected;               ///< "cudnn: <why>" for backends left out
 };
 
+/// Called after a backend's failure is caught and set aside. A kernel implemented in Python
+/// that raises leaves its exception pending in the interpreter when the failure is not handed
+/// back to Python; the bindings install a hook that discards it (the runtime sees no Python).
+void set_failure_cleanup(void (*cleanup)());
+
 /// Every kAuto decision made in this process, in the order made.
 std::vector<AttentionChoice> attention_choices();
 /// Forgets the decisions (tests; a later call probes again).
