@@ -121,8 +121,12 @@ __device__ __forceinline__ A magi_round_f16(A v) {
   return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
 }
 
-// One 16-byte load through the read-only path (__ldg). MAGI_VECTOR_IO (docs/config.md) can
-// instead write the PTX out (asm) or leave the choice to the compiler (plain).
+// One 16-byte load. MAGI_VECTOR_IO (docs/config.md) picks how: with the streaming hint (cs,
+// the default, and ldcs: evict first, since each byte is read once), through the read-only
+// path (ldg, the build without any define), written out in PTX (asm) or left to the compiler
+// (plain). kKeep marks data every row reads again (a norm's weight and bias): it never takes
+// the streaming hint.
+template <bool kKeep = false>
 __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #if defined(MAGI_VECTOR_IO_ASM)
   uint4 r;
@@ -132,20 +136,23 @@ __device__ __forceinline__ uint4 magi_load16(const void* p) {
   return r;
 #elif defined(MAGI_VECTOR_IO_PLAIN)
   return *reinterpret_cast<const uint4*>(p);
+#elif defined(MAGI_VECTOR_IO_LDCS) || defined(MAGI_VECTOR_IO_CS)
+  if constexpr (kKeep) return __ldg(reinterpret_cast<const uint4*>(p));
+  return __ldcs(reinterpret_cast<const uint4*>(p));
 #else
   return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
 }
 
 // Vector loads/stores of V elements: 16-byte transactions when the bytes allow it.
-template <typename A, typename T, int V>
+template <typename A, typename T, int V, bool kKeep = false>
 __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
   if constexpr (kBytes % 16 == 0) {
     constexpr int kPer = 16 / static_cast<int>(sizeof(T));
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
-      uint4 raw = magi_load16(reinterpret_cast<const uint4*>(p) + c);
+      uint4 raw = magi_load16<kKeep>(reinterpret_cast<const uint4*>(p) + c);
       const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) out[c * kPer + j] = magi_to_acc<A>(e[j]);
@@ -183,7 +190,11 @@ __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, un
   v.y = b;
   v.z = c;
   v.w = d;
+#if defined(MAGI_VECTOR_IO_STCS) || defined(MAGI_VECTOR_IO_CS)
+  __stcs(reinterpret_cast<uint4*>(p), v);  // streaming: evict first
+#else
   *reinterpret_cast<uint4*>(p) = v;
+#endif
 #endif
 }
 
@@ -223,13 +234,14 @@ template <typename T, int V>
 struct alignas(sizeof(T) * V >= 16 ? 16 : alignof(T)) MagiVec {
   T v[V];
 };
-template <typename T, int V>
+template <bool kKeep = false, typename T, int V>
 __device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T, V>& out) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
-      reinterpret_cast<uint4*>(out.v)[c] = magi_load16(reinterpret_cast<const uint4*>(p) + c);
+      reinterpret_cast<uint4*>(out.v)[c] =
+          magi_load16<kKeep>(reinterpret_cast<const uint4*>(p) + c);
     }
   } else {
 #pragma unroll

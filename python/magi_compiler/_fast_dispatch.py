@@ -15,11 +15,12 @@ that passed Dynamo's guards for this instance, with grad mode and autocast off, 
   - was captured without Python side effects (Dynamo recorded no attribute or container
     mutation to replay).
 Direct calls check the compact guard signature (dtype, device, rank, static sizes, layout,
-requires_grad of the arguments; grad mode, autocast, module.training) and nothing else: Python
-state the forward reads besides parameters, buffers and submodules (a global flag, a plain
-attribute such as ``self.eps``) is taken to stay as it was. Assigning a parameter, buffer or
-submodule anywhere in the process (``module.x = ...``, ``register_buffer``) drops every direct
-path, so the next call goes through Dynamo again; a parameter's new ``.data`` needs nothing.
+requires_grad of the arguments; grad mode, autocast, module.training) and then the guards of
+the Dynamo cache entry the learning call ran (sizes the code branched on, the same tensor passed
+twice, values of tuples and other arguments, parameters' dtypes and shapes, hooks; a few
+microseconds, evaluated in C++ by Dynamo's guard manager). A call that fails them is an ordinary
+call. Assigning a parameter, buffer or submodule anywhere in the process (``module.x = ...``,
+``register_buffer``) drops every direct path, so the next call goes through Dynamo again.
 ``CompileConfig.fast_dispatch=False`` turns this off. See docs/api.md.
 """
 
@@ -50,41 +51,55 @@ torch.nn.modules.module.register_module_buffer_registration_hook(_bump)
 torch.nn.modules.module.register_module_module_registration_hook(_bump)
 
 
-def epoch() -> int:
-    return _epoch
-
-
 # --- observing one ordinary call -----------------------------------------------------------
 _observed = threading.local()
 
 
 class Observation:
-    """What the compiled graphs saw during one ordinary call: (run, inputs, outputs) each."""
+    """What the compiled graphs saw during one ordinary call: (run, inputs, outputs) each.
+    Observations nest (a graph may run a custom op that calls another compiled entry)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Callable, list[Any], list[Any] | None]] = []
+        self.outer: Observation | None = None
 
     def __enter__(self) -> Observation:
+        self.outer = getattr(_observed, "current", None)
         _observed.current = self
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _observed.current = None
+        _observed.current = self.outer
 
 
-def observe_inputs(run: Callable, args: list[Any]) -> int | None:
-    """Called by each compiled graph before it runs; returns a slot for its outputs."""
+def observe_inputs(run: Callable, args: list[Any]) -> tuple[Observation, int] | None:
+    """Called by each compiled graph before it runs; returns where its outputs go."""
     obs = getattr(_observed, "current", None)
     if obs is None:
         return None
     obs.calls.append((run, list(args), None))
-    return len(obs.calls) - 1
+    return obs, len(obs.calls) - 1
 
 
-def observe_outputs(slot: int, outputs: list[Any]) -> None:
-    obs = _observed.current
-    run, args, _ = obs.calls[slot]
-    obs.calls[slot] = (run, args, outputs)
+def observe_outputs(slot: tuple[Observation, int], outputs: list[Any]) -> None:
+    obs, i = slot
+    run, args, _ = obs.calls[i]
+    obs.calls[i] = (run, args, outputs)
+
+
+def dynamo_guards(fn: Callable, frame_locals: dict[str, Any]) -> Any | None:
+    """The guard manager of the Dynamo cache entry of ``fn`` a call with these locals runs
+    (the first whose guards pass, Dynamo's own order), or None."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        for entry in _debug_get_cache_entry_list(fn.__code__):
+            manager = getattr(entry, "guard_manager", None)
+            if manager is not None and manager.check(frame_locals):
+                return manager
+    except Exception:  # noqa: BLE001 - an internal API: without it, no direct path
+        return None
+    return None
 
 
 # --- the generated gatherer ----------------------------------------------------------------
@@ -93,17 +108,17 @@ _OWNED = re.compile(r"^(.*\._(?:parameters|buffers))(\['[^']*'\])$")
 
 
 class DirectPath:
-    """One (signature, instance) pair's direct call: gather inputs, run, rebuild the result."""
+    """One (signature, instance) pair's direct call: gather inputs, check the signature and
+    Dynamo's guards, run, rebuild the result."""
 
-    def __init__(self, signature: Any, gather: Callable, run: Callable, rebuild: Callable):
+    def __init__(
+        self, signature: Any, guards: Any, gather: Callable, run: Callable, rebuild: Callable
+    ):
         self.signature = signature
-        self.gather = gather  # (*args, **kwargs) -> (guard values, graph inputs)
+        self.guards = guards  # the Dynamo cache entry's guard manager
+        self.gather = gather  # (*args, **kwargs) -> (guard values, graph inputs, frame locals)
         self.run = run
         self.rebuild = rebuild
-
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
-        _, inputs = self.gather(*args, **kwargs)
-        return self.rebuild(self.run(inputs))
 
 
 def _parameter_text(fn: Callable) -> str | None:
@@ -160,9 +175,19 @@ def build_gatherer(
                 namespace[containers[container]] = value
             expr = containers[container] + key
         items.append(expr)
+    # The frame's locals as Dynamo's guards read them: the arguments, and the closure's cells
+    # (``__class__`` for a method that calls super()).
+    names = [p.name for p in inspect.signature(fn).parameters.values()]
+    entries = [f"{n!r}: {n}" for n in names]
+    for i, (name, cell) in enumerate(
+        zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)
+    ):
+        namespace[f"__magi_cell{i}"] = cell
+        entries.append(f"{name!r}: __magi_cell{i}.cell_contents")
+    frame = ", ".join(entries)
     text = (
         f"def __magi_gather({params}):\n"
-        f"    return [{', '.join(guard_names)}], [{', '.join(items)}]\n"
+        f"    return [{', '.join(guard_names)}], [{', '.join(items)}], {{{frame}}}\n"
     )
     try:
         exec(compile(text, f"<magi gather for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
@@ -212,15 +237,42 @@ def log_refusal(tag: str, why: str) -> None:
 
 class OwnerPaths:
     """The direct paths of one module instance (or of a plain function), valid while the
-    registration epoch stays as it was."""
+    registration epoch stays as it was. Held by the owner's entry in a WeakKeyDictionary, so
+    a freed module takes its paths (and the parameter dicts they reach) with it."""
 
-    def __init__(self, owner: Any):
-        self.owner_ref = weakref.ref(owner) if owner is not None else None
+    def __init__(self) -> None:
         self.epoch = _epoch
         self.paths: list[DirectPath] = []
         self.refused: set[int] = set()  # ids of signatures that cannot get one
 
-    def valid_for(self, owner: Any) -> bool:
-        if self.epoch != _epoch:
-            return False
-        return self.owner_ref is None or self.owner_ref() is owner
+    def valid(self) -> bool:
+        return self.epoch == _epoch
+
+
+class PathTable:
+    """OwnerPaths per owner: weakly keyed for module instances, one slot for plain functions
+    (and owners that take no weak reference, which get no direct path)."""
+
+    def __init__(self) -> None:
+        self._by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._unowned: OwnerPaths | None = None
+
+    def get(self, owner: Any) -> OwnerPaths | None:
+        if owner is None:
+            return self._unowned
+        try:
+            return self._by_owner.get(owner)
+        except TypeError:  # not weakly referenceable (or not hashable)
+            return None
+
+    def fresh(self, owner: Any) -> OwnerPaths | None:
+        """A new, empty OwnerPaths for ``owner`` (None when it cannot have one)."""
+        paths = OwnerPaths()
+        if owner is None:
+            self._unowned = paths
+            return paths
+        try:
+            self._by_owner[owner] = paths
+        except TypeError:
+            return None
+        return paths

@@ -86,8 +86,8 @@ class _CompiledCallable:
         self.paths = [p for p in (self.dynamic_arg_dims or {}) if "." in p]
 
         self.signatures: list[Any] = []  # _C.GuardSignature per capture
-        # Direct calls (_fast_dispatch.py): id(owner) -> its OwnerPaths.
-        self._direct: dict[int, _fast_dispatch.OwnerPaths] = {}
+        # Direct calls (_fast_dispatch.py), per owner.
+        self._direct = _fast_dispatch.PathTable()
         self.fallback_reason: str | None = None
         self._warned_bound = False
         self._compiled: Callable | None = None
@@ -171,11 +171,14 @@ class _CompiledCallable:
 
         owner = args[0] if self.is_method else None
         training = bool(getattr(owner, "training", False))
-        paths = self._direct.get(id(owner))
-        if paths is not None and paths.valid_for(owner):
+        paths = self._direct.get(owner)
+        if paths is not None and paths.valid():
             for path in paths.paths:
-                values, inputs = path.gather(*args, **kwargs)
-                if path.signature.matches(values, training):
+                try:
+                    values, inputs, frame = path.gather(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - arguments of another structure: not this path
+                    continue
+                if path.signature.matches(values, training) and path.guards.check(frame):
                     _counters.count_direct_call()
                     return path.rebuild(path.run(inputs))
         values, dims = self._flat_inputs(args, kwargs)
@@ -190,9 +193,9 @@ class _CompiledCallable:
     def _run_and_learn(self, sig: Any, owner: Any, args: tuple, kwargs: dict) -> Any:
         """An ordinary call (through Dynamo) of a captured signature; when it qualifies, it
         also sets up the direct path of (signature, owner) for later calls."""
-        paths = self._direct.get(id(owner))
-        if paths is not None and not paths.valid_for(owner):
-            paths = self._direct[id(owner)] = _fast_dispatch.OwnerPaths(owner)
+        paths = self._direct.get(owner)
+        if paths is not None and not paths.valid():
+            paths = self._direct.fresh(owner)
         if (
             not self.config.fast_dispatch
             or self.paths
@@ -204,9 +207,11 @@ class _CompiledCallable:
             return self._run(args, kwargs)
         with _fast_dispatch.Observation() as seen:
             result = self._run(args, kwargs)
-        path, why = self._direct_path(sig, owner, args, kwargs, seen, result)
+        path, why = self._direct_path(sig, args, kwargs, seen, result)
         if paths is None:
-            paths = self._direct[id(owner)] = _fast_dispatch.OwnerPaths(owner)
+            paths = self._direct.fresh(owner)
+            if paths is None:
+                return result  # an owner without weak references gets no direct path
         if path is None:
             paths.refused.add(id(sig))
             _fast_dispatch.log_refusal(self.model_tag, why)
@@ -215,7 +220,14 @@ class _CompiledCallable:
             logger.debug("%s: direct dispatch for %s", self.model_tag, sig)
         return result
 
-    def _direct_path(self, sig, owner, args, kwargs, seen, result):
+    def _direct_path(
+        self,
+        sig: Any,
+        args: tuple,
+        kwargs: dict,
+        seen: _fast_dispatch.Observation,
+        result: Any,
+    ) -> tuple[_fast_dispatch.DirectPath | None, str]:
         """(DirectPath, "") for the call just observed, or (None, why not)."""
         if len(seen.calls) != 1:
             return None, f"the call ran {len(seen.calls)} compiled graphs, not one"
@@ -236,13 +248,16 @@ class _CompiledCallable:
         if gather is None:
             return None, why
         try:
-            _, gathered = gather(*args, **kwargs)
+            _, gathered, frame = gather(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any failure: no direct path
             return None, f"the gatherer failed: {e}"
         why = _fast_dispatch.same_inputs(gathered, graph_inputs)
         if why:
             return None, why
-        return _fast_dispatch.DirectPath(sig, gather, run, rebuild), ""
+        guards = _fast_dispatch.dynamo_guards(self.fn, frame)
+        if guards is None:
+            return None, "no Dynamo cache entry whose guards pass for this call"
+        return _fast_dispatch.DirectPath(sig, guards, gather, run, rebuild), ""
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1

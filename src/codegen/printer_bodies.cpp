@@ -37,8 +37,8 @@ std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::strin
       if (gpu) return vec_load + in + " + row * cols + col0, " + ti + tail;
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
              "[row * cols + col0 + j]);";
-    case AccessClass::kColumn:
-      if (gpu) return vec_load + in + " + col0, " + ti + tail;
+    case AccessClass::kColumn:  // read again by every row: never streamed
+      if (gpu) return "magi_load<A, " + T + ", " + V + ", true>(" + in + " + col0, " + ti + tail;
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[col0 + j]);";
     case AccessClass::kRow:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[row]);";
@@ -137,9 +137,9 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
     case AccessClass::kContiguous:
       if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base, " + ti + ");";
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[base + j]);";
-    case AccessClass::kColumn:
+    case AccessClass::kColumn:  // read again by every row: never streamed
       if (gpu) {
-        return "magi_load<A, " + T + ", " + V + ">(" + in + " + magi_mod_cols(" + args +
+        return "magi_load<A, " + T + ", " + V + ", true>(" + in + " + magi_mod_cols(" + args +
                ", base), " + ti + ");";
       }
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +

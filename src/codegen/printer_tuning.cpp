@@ -1,5 +1,6 @@
 // The tuning variables of the printed kernels (MAGI_ROW_CHUNKS and friends, docs/config.md):
 // each read once per process; part of the printed source, hence of the kernel cache key.
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -69,22 +70,23 @@ bool row_stream_hints() {
   return on;
 }
 
-char vector_io_mode() {
-  static const char mode = [] {
+const std::string& vector_io_mode() {
+  static const std::string mode = [] {
     const char* text = std::getenv("MAGI_VECTOR_IO");
-    std::string m = text == nullptr || *text == '\0' ? "ldg" : text;
-    MAGI_CHECK(m == "asm" || m == "ldg" || m == "plain", "MAGI_VECTOR_IO=", m,
-               " is not one of asm, ldg, plain");
-    return m[0];
+    std::string m = text == nullptr || *text == '\0' ? "cs" : text;
+    MAGI_CHECK(m == "asm" || m == "ldg" || m == "plain" || m == "stcs" || m == "ldcs" || m == "cs",
+               "MAGI_VECTOR_IO=", m, " is not one of ldg, asm, plain, stcs, ldcs, cs");
+    return m;
   }();
   return mode;
 }
 
 std::string cuda_preamble() {
   std::string defines;
-  if (vector_io_mode() != 'l') {
-    defines = std::string("#define MAGI_VECTOR_IO_") + (vector_io_mode() == 'a' ? "ASM" : "PLAIN") +
-              " 1\n";
+  if (vector_io_mode() != "ldg") {  // ldg needs no define: the preamble's plain path
+    std::string upper = vector_io_mode();
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    defines = "#define MAGI_VECTOR_IO_" + upper + " 1\n";
   }
   return defines + kCudaPreamble + "\n";
 }

@@ -100,8 +100,8 @@ std::string print_cuda(const KernelVariant& v) {
     switch (v.access[i]) {
       case AccessClass::kContiguous:
         return "magi_load_raw(" + in + " + row * cols + col0, " + slot + ");";
-      case AccessClass::kColumn:
-        return "magi_load_raw(" + in + " + col0, " + slot + ");";
+      case AccessClass::kColumn:  // read again by every row: never streamed
+        return "magi_load_raw<true>(" + in + " + col0, " + slot + ");";
       default:  // strided: as strided_vector_load
         return "{ const long long off = magi_offset(a, " + std::to_string(i) +
                ", row * cols + col0); const long long step = a.strides[" + std::to_string(i) +
@@ -158,7 +158,9 @@ std::string print_cuda(const KernelVariant& v) {
           loads << ind << "      magi_load_raw_hint(" << in << at << ", " << slot << ", " << policy
                 << ");\n";
         } else {
-          loads << ind << "      magi_load_raw(" << in << at << ", " << slot << ");\n";
+          const char* keep = v.access[i] == AccessClass::kColumn ? "<true>" : "";
+          loads << ind << "      magi_load_raw" << keep << "(" << in << at << ", " << slot
+                << ");\n";
         }
       }
       if (!loads.str().empty()) {

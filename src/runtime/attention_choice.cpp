@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -147,7 +148,13 @@ AttentionChoice probe(AttentionBackend traced, const Args& a, const at::Tensor& 
     const std::string name = attention_backend_name(b);
     try {
       if (b != traced) {
-        std::string why = disagreement(call_backend(b, a), reference);
+        const at::Tensor out = call_backend(b, a);
+        if (out.strides() != reference.strides()) {
+          // Later ops (views) were traced against the traced backend's output layout.
+          choice.rejected.push_back(name + ": output layout differs from the traced backend's");
+          continue;
+        }
+        std::string why = disagreement(out, reference);
         if (!why.empty()) {
           choice.rejected.push_back(name + ": " + why);
           continue;
@@ -171,6 +178,31 @@ AttentionChoice probe(AttentionBackend traced, const Args& a, const at::Tensor& 
 #else
 bool capturing(const at::Tensor&) { return false; }
 #endif
+
+// shape_of's content as integers, for the per-call-site cache.
+std::vector<int64_t> shape_key(const Args& a) {
+  std::vector<int64_t> key;
+  key.reserve(32);
+  for (const at::Tensor* t : {&a.q, &a.k, &a.v}) {
+    key.push_back(t->dim());
+    for (int64_t s : t->sizes()) key.push_back(s);
+    for (int64_t s : t->strides()) key.push_back(s);
+  }
+  if (a.bias) {
+    key.push_back(a.bias->dim());
+    for (int64_t s : a.bias->sizes()) key.push_back(s);
+    for (int64_t s : a.bias->strides()) key.push_back(s);
+    key.push_back(static_cast<int64_t>(a.bias->scalar_type()));
+  }
+  key.push_back(static_cast<int64_t>(a.q.scalar_type()));
+  key.push_back(a.q.device().index());
+  key.push_back(a.causal);
+  double scale = a.scale.value_or(-1.0);
+  int64_t bits = 0;
+  std::memcpy(&bits, &scale, sizeof bits);
+  key.push_back(bits);
+  return key;
+}
 
 std::string summary(const AttentionChoice& c) {
   std::ostringstream os;
@@ -272,13 +304,26 @@ at::Tensor AttentionCall::run(const std::vector<c10::IValue>& args) const {
     return traced_call();
   }
 
+  const std::vector<int64_t> local_key = shape_key(a);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = known_.find(local_key);
+    if (it != known_.end()) {
+      return it->second == traced_ ? traced_call() : call_backend(it->second, a);
+    }
+  }
   const std::string key = std::string(attention_backend_name(policy_)) + " " + shape_of(a);
   Decisions& d = decisions();
   {
     std::lock_guard<std::mutex> lock(d.mutex);
     auto it = d.by_key.find(key);
     if (it != d.by_key.end()) {
-      return it->second == traced_ ? traced_call() : call_backend(it->second, a);
+      const AttentionBackend backend = it->second;
+      {
+        std::lock_guard<std::mutex> mine(mutex_);
+        known_.emplace(local_key, backend);
+      }
+      return backend == traced_ ? traced_call() : call_backend(backend, a);
     }
   }
   if (capturing(a.q)) return traced_call();  // decided by an uncaptured call of this shape
@@ -298,7 +343,11 @@ at::Tensor AttentionCall::run(const std::vector<c10::IValue>& args) const {
 #endif
   } else if (policy_ != traced_) {
     try {
-      out = call_backend(policy_, a);
+      at::Tensor named = call_backend(policy_, a);
+      at::Tensor reference = traced_call();
+      MAGI_CHECK(named.strides() == reference.strides(),
+                 "its output layout differs from the traced backend's");
+      out = std::move(named);
       chosen = policy_;
     } catch (const std::exception& e) {
       after_failure();
@@ -309,8 +358,12 @@ at::Tensor AttentionCall::run(const std::vector<c10::IValue>& args) const {
     }
   }
   if (!out.defined()) out = traced_call();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  d.by_key.emplace(key, chosen);
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.by_key.emplace(key, chosen);
+  }
+  std::lock_guard<std::mutex> mine(mutex_);
+  known_.emplace(local_key, chosen);
   return out;
 }
 

@@ -167,7 +167,8 @@ struct CudaGraphRunner::Impl {
   // replay's host time at small shapes.
   static bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
     return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-           a.strides() == b.strides() && a.is_non_overlapping_and_dense();
+           a.strides() == b.strides() && a.is_non_overlapping_and_dense() && !a.is_conj() &&
+           !b.is_conj() && !a.is_neg() && !b.is_neg();
   }
 
   static void copy_dense(const at::Tensor& dst, const at::Tensor& src, cudaStream_t stream) {
@@ -203,7 +204,7 @@ struct CudaGraphRunner::Impl {
         continue;
       }
       const at::Tensor& t = v.toTensor();
-      if (stream != nullptr && t.is_non_overlapping_and_dense()) {
+      if (stream != nullptr && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
         at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
         copy_dense(copy, t, stream);
         out.emplace_back(std::move(copy));

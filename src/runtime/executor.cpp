@@ -688,11 +688,27 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
     }
     for (Ref r : instr.release_after) regs[r] = c10::IValue();
   }
-  if (fold && !folded) keep_folded_values(state, std::move(collected));
 
   std::vector<c10::IValue> outputs;
   outputs.reserve(p.output_refs.size());
   for (Ref r : p.output_refs) outputs.push_back(get(r));
+  if (fold) {
+    // A kept value, or a view of one, handed to the caller would be shared by every call (and
+    // changed for all of them by an in-place write): the caller gets its own copy.
+    const auto& kept = folded ? state.folded : collected;
+    for (c10::IValue& out : outputs) {
+      if (!out.isTensor() || !out.toTensor().has_storage()) continue;
+      const c10::StorageImpl* storage = out.toTensor().storage().unsafeGetStorageImpl();
+      for (const auto& [r, v] : kept) {
+        if (v.isTensor() && v.toTensor().has_storage() &&
+            v.toTensor().storage().unsafeGetStorageImpl() == storage) {
+          out = out.toTensor().clone();
+          break;
+        }
+      }
+    }
+  }
+  if (fold && !folded) keep_folded_values(state, std::move(collected));
   return outputs;
 }
 

@@ -248,8 +248,7 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
       kernel.spec(), {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8);
   call.rows_in_warps = true;
   EXPECT_EQ(expected->name, call.symbol());
-  EXPECT_EQ(expected->source,
-            std::string(codegen::kCudaPreamble) + "\n" + codegen::print_cuda(call));
+  EXPECT_EQ(expected->source, codegen::cuda_preamble() + codegen::print_cuda(call));
   if (codegen::nvrtc_available()) {
     EXPECT_FALSE(codegen::compile_cuda_batch({*expected}, 90).front().empty());
   }

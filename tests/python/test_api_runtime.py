@@ -405,3 +405,18 @@ def test_rotary_tables_of_a_static_length_are_computed_once(assert_close_rel):
     exe = inspection.last_compiled("inference").executable
     assert exe.num_constant_instructions >= 6  # arange, div, pow, arange, view, mul, cat, ...
     assert exe.num_folded_values >= 1
+
+
+def test_outputs_computed_from_constants_are_fresh_tensors():
+    # A folded value returned to the caller must not be shared with later calls.
+    def with_table(x):
+        return x + 1, torch.arange(4.0) * 2
+
+    compiled = magi_compile(with_table)
+    with torch.no_grad():
+        first = compiled(inputs(2))[1]
+        first.add_(100)
+        for _ in range(3):
+            table = compiled(inputs(2))[1]
+            assert table is not first
+            torch.testing.assert_close(table, torch.arange(4.0) * 2)

@@ -414,3 +414,83 @@ def test_int_argument_values_each_get_their_own_path(assert_close_rel):
     c = get_counters()
     assert (c.guard_misses, c.direct_calls) == (len(values) - 1, len(values) + 5), c
     assert c.captures == len(values), c
+
+
+# --------------------------------------------------------------------------------------------
+# Regressions from review: what Dynamo's guards catch, a direct call must catch too
+# --------------------------------------------------------------------------------------------
+
+
+def test_branch_on_a_dynamic_size_is_guarded(assert_close_rel):
+    def branchy(x):
+        return x * 2 if x.shape[0] > 4 else x * 3
+
+    compiled = magi_compile(branchy, dynamic_arg_dims={"x": 0})
+    with torch.no_grad():
+        for n in (8, 8, 8, 3, 3, 8):
+            x = torch.randn(n, 4)
+            assert_close_rel(compiled(x), branchy(x), RTOL)
+
+
+def test_tuple_argument_values_are_guarded(assert_close_rel):
+    def scaled(x, scale):
+        return x * scale[0]
+
+    compiled = magi_compile(scaled)
+    with torch.no_grad():
+        for s in ((2,), (2,), (2,), (5,), (2,)):
+            x = inputs(3)
+            assert_close_rel(compiled(x, s), scaled(x, s), RTOL)
+
+
+def test_changed_argument_structure_falls_back_to_an_ordinary_call(assert_close_rel):
+    def maybe_add(x, extra=None):
+        return x if extra is None else x + extra[0]
+
+    compiled = magi_compile(maybe_add, dynamic_arg_dims={"x": []})
+    with torch.no_grad():
+        x, y = inputs(3), inputs(3)
+        for _ in range(3):
+            assert_close_rel(compiled(x, (y,)), x + y, RTOL)
+        assert_close_rel(compiled(x, None), x, RTOL)
+
+
+def test_module_converted_to_half_is_guarded():
+    model = nn.Sequential(nn.Linear(H, H), nn.GELU())
+    eager = copy.deepcopy(model)
+    compiled = magi_compile(model)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(inputs(3))
+        compiled.half()
+        eager.half()
+        x = inputs(3).half()
+        out = compiled(x)
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out, eager(x), rtol=2e-2, atol=2e-2)
+
+
+def test_freed_modules_free_their_weights():
+    import gc
+    import weakref
+
+    @magi_compile
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    refs = []
+    for _ in range(3):
+        m = Small()
+        refs.append(weakref.ref(m.fc.weight))
+        with torch.no_grad():
+            for _ in range(3):
+                m(inputs(2))
+        del m
+        gc.collect()
+    assert direct_calls() >= 3
+    assert sum(r() is not None for r in refs[:-1]) == 0  # the last may stay in Dynamo's cache

@@ -39,10 +39,12 @@ int stream_chunks_per_thread();
 /// passes (evict_last loads, evict_first in the last pass): on by default,
 /// MAGI_ROW_STREAM_HINTS=0 turns it off.
 bool row_stream_hints();
-/// How generated CUDA kernels move 16-byte vectors: 'l' (default) __ldg loads and plain
-/// stores, 'a' written-out PTX (ld.global.nc / st.global.v4), 'p' plain loads and stores
-/// (the compiler picks). MAGI_VECTOR_IO=asm|ldg|plain; kept for measuring one against another.
-char vector_io_mode();
+/// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "cs" (default) streaming
+/// (evict-first) loads and stores, except loads of per-column inputs every row reads again;
+/// "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc / st.global.v4);
+/// "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming stores or
+/// loads only. Kept for measuring one against another.
+const std::string& vector_io_mode();
 /// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
 /// the tuning variables above ask of it.
 std::string cuda_preamble();

@@ -23,6 +23,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,7 +53,8 @@ void set_failure_cleanup(void (*cleanup)());
 
 /// Every kAuto decision made in this process, in the order made.
 std::vector<AttentionChoice> attention_choices();
-/// Forgets the decisions (tests; a later call probes again).
+/// Forgets the decisions (tests): graphs compiled later probe again; call sites that already
+/// ran keep the choice they made.
 void clear_attention_choices();
 
 class AttentionCall {
@@ -72,6 +75,10 @@ class AttentionCall {
   // Argument positions in the traced operator's schema; -1 when it has no such argument.
   int query_ = -1, key_ = -1, value_ = -1, bias_ = -1, dropout_ = -1, causal_ = -1, scale_ = -1;
   std::vector<int> descales_;  // the quantised flash overload's scale tensors
+  // Decisions this call site has used, by an integer key of the shape (the hot path: no
+  // string, no process-wide lock).
+  mutable std::mutex mutex_;
+  mutable std::map<std::vector<int64_t>, AttentionBackend> known_;
 };
 
 }  // namespace magi::runtime

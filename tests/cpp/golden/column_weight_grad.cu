@@ -23,7 +23,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_column_weight_grad_ccl_v
   if (active) {
     const long long row = 0;
     (void)row;
-    magi_load<A, float, 8>(in2 + col0, t2);
+    magi_load<A, float, 8, true>(in2 + col0, t2);
   }
   A acc8[V];
   if (a.phase == 0) {

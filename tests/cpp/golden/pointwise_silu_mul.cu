@@ -20,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
     A t0[V];
     magi_load<A, magi_bf16, 8>(in0 + base, t0);
     A t1[V];
-    magi_load<A, magi_bf16, 8>(in1 + magi_mod_cols(a, base), t1);
+    magi_load<A, magi_bf16, 8, true>(in1 + magi_mod_cols(a, base), t1);
     A t2[V];
     magi_load_strided<A, magi_bf16, V>(in2, magi_offset(a, 2, base), a.strides[2][a.rank - 1], t2);
     A o0[V];

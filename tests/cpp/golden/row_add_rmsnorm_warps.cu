@@ -60,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_warps_cc
       const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
       if (col0 < cols) {
         A t2[V];
-        magi_load<A, float, 8>(in2 + col0, t2);
+        magi_load<A, float, 8, true>(in2 + col0, t2);
         A o0[V];
         A o1[V];
         _Pragma("unroll") for (int j = 0; j < V; ++j) {
