@@ -95,14 +95,21 @@ std::vector<runtime::GuardInput> guard_inputs(py::sequence args) {
 void bind_runtime(py::module_& m) {
   py::class_<runtime::Executable>(m, "Executable",
                                   "A graph lowered for the C++ executor (boxed ATen calls).")
-      .def(py::init([](const ir::Graph& g, const std::string& attention_backend) {
+      .def(py::init([](const ir::Graph& g, const std::string& attention_backend,
+                       int64_t private_outputs_from) {
              runtime::ExecutorOptions options;
              options.attention = runtime::parse_attention_backend(attention_backend);
+             if (private_outputs_from >= 0) {
+               options.private_outputs_from = static_cast<size_t>(private_outputs_from);
+             }
              return std::make_unique<runtime::Executable>(g, options);
            }),
            py::arg("graph"), py::arg("attention_backend") = "auto",
+           py::arg("private_outputs_from") = -1,
            "Lowers `graph`. attention_backend: how CUDA SDPA calls of inference graphs pick "
-           "their kernel (auto, graph, flash, cudnn, efficient; docs/config.md).")
+           "their kernel (auto, graph, flash, cudnn, efficient; docs/config.md). "
+           "private_outputs_from: outputs from this index on (a training forward's saved "
+           "tensors) reach only the backward and may share values kept across calls.")
       .def(
           "run",
           [](const runtime::Executable& exe, py::sequence args, bool steal_inputs) {

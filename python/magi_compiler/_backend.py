@@ -34,7 +34,11 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         after_pass=lowering.after_pass,
     )
     lowering.passes_done(records)
-    executable = _C.Executable(graph, attention_backend=config.attention_backend)
+    executable = _C.Executable(
+        graph,
+        attention_backend=config.attention_backend,
+        private_outputs_from=_saved_outputs_start(kind),
+    )
     # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
     executable.precompile_kernels()
     lowering.built(executable)
@@ -74,6 +78,16 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     run.magi_side_effect_free = bool(capture and capture["side_effect_free"])  # type: ignore[attr-defined]
     inspection.record(kind, run, config.splitting_ops)
     return run
+
+
+def _saved_outputs_start(kind: str) -> int:
+    """For a training forward, the index of its first saved-for-backward output (what
+    AOTAutograd's metadata says comes after the returned values); -1 otherwise or unknown."""
+    if kind != "forward":
+        return -1
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    return int(getattr(metadata, "num_forward", -1))
 
 
 _warned_cpu_cudagraphs = False

@@ -237,6 +237,7 @@ struct Executable::Program {
   bool folding = false;                  // any `once` instruction
   std::vector<bool> keep_folded;         // per register: a `once` result read by other instructions
   std::vector<std::pair<Ref, c10::IValue>> folded;
+  size_t private_outputs_from = std::numeric_limits<size_t>::max();  // ExecutorOptions
 };
 
 // Folded values kept per executable at most; past it every call recomputes them.
@@ -304,6 +305,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     : program_(std::make_unique<Program>()) {
   ir::verify(graph);
   Program& p = *program_;
+  p.private_outputs_from = options.private_outputs_from;
   std::unordered_map<const ir::Value*, Ref> ref_of;
   std::unordered_set<const ir::Graph*> fusion_groups;
   for (const ir::Node* node : graph.nodes()) {
@@ -696,7 +698,8 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
     // A kept value, or a view of one, handed to the caller would be shared by every call (and
     // changed for all of them by an in-place write): the caller gets its own copy.
     const auto& kept = folded ? state.folded : collected;
-    for (c10::IValue& out : outputs) {
+    for (size_t i = 0; i < outputs.size() && i < p.private_outputs_from; ++i) {
+      c10::IValue& out = outputs[i];
       if (!out.isTensor() || !out.toTensor().has_storage()) continue;
       const c10::StorageImpl* storage = out.toTensor().storage().unsafeGetStorageImpl();
       for (const auto& [r, v] : kept) {

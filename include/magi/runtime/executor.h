@@ -15,6 +15,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ struct GeneratedKernel;
 struct ExecutorOptions {
   /// Kernel behind CUDA SDPA calls whose only used output is the attention output.
   AttentionBackend attention = AttentionBackend::kAuto;
+  /// Outputs from this index on reach only our own backward graph (a training forward's saved
+  /// tensors): they may be values kept across calls instead of fresh copies.
+  size_t private_outputs_from = std::numeric_limits<size_t>::max();
 };
 
 class Executable {
