@@ -54,6 +54,8 @@ for _p in (str(ROOT / "examples"), str(ROOT)):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
+
 VARIANTS = ("eager", "torch.compile", "magi_compile")
 TOLERANCE = 2e-2  # max |compiled - eager| / max |eager| in bfloat16
 
@@ -412,10 +414,7 @@ def parse_args(argv):
     p.add_argument("--compile-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    args.device = harness.resolve_device(p, args.device)
     gpu = args.device == "cuda"
     big = gpu and not args.quick
     args.rows = args.rows or (16384 if big else 256)

@@ -356,6 +356,16 @@ def time_interleaved(
             live.result["bandwidth_gbs"] = case.bytes_moved / (median / 1e3) / 1e9
 
 
+def resolve_device(parser: Any, requested: str | None) -> str:
+    """``--device``: CUDA when present unless one is named; naming CUDA without it is an
+    argument error."""
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    return requested
+
+
 def device_ok(device: torch.device) -> bool:
     if device.type != "cuda":
         return True

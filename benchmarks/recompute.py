@@ -491,10 +491,7 @@ def parse_args(argv: list[str]):
     p.add_argument("--out", help="JSON path (default benchmarks/results/extra/"
                    "<device>_recompute.json; smoke: /tmp/recompute_smoke.json)")  # fmt: skip
     args = p.parse_args(argv)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    args.device = harness.resolve_device(p, args.device)
     gpu = args.device == "cuda"
     if args.tc_budgets is None:
         args.tc_budgets = SMOKE_TC_BUDGETS if args.smoke else TC_BUDGETS

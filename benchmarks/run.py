@@ -72,10 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     p.add_argument("--skip", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    args.device = harness.resolve_device(p, args.device)
     args.preset = "smoke" if args.smoke else "quick" if args.quick else "full"
     variants = [v for v in harness.VARIANTS if args.device == "cuda" or v not in harness.CUDA_ONLY]
     if args.variants:

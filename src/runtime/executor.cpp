@@ -44,8 +44,8 @@ struct Instr {
   ir::SymOp sym = ir::SymOp::kAdd;                  // kSym
   ir::ValueKind list_kind = ir::ValueKind::kOther;  // kMakeList
   int64_t item_index = 0;                           // kGetItem
-  size_t piece = 0;  // kCallPiece, kFusion: index into Program::pieces; kAttention: into
-                     // Program::attention
+  size_t piece = 0;                                 // kCallPiece, kFusion: Program::pieces
+  size_t attention = 0;                             // kAttention: Program::attention
   std::vector<Ref> in;
   std::vector<uint8_t> move_in;  // kCall, kCallPiece: move the register in (its last use)
   std::vector<Ref> out;          // kUnused for outputs nobody reads
@@ -438,7 +438,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       for (size_t k = 1; k < instr.out.size(); ++k) only_output &= instr.out[k] == kUnused;
       if (!only_output) continue;
       instr.kind = InstrKind::kAttention;
-      instr.piece = p.attention.size();
+      instr.attention = p.attention.size();
       p.attention.push_back(std::make_unique<AttentionCall>(*instr.op, options.attention));
     }
   }
@@ -651,7 +651,7 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         }
         at::Tensor out;
         try {
-          out = p.attention[instr.piece]->run(args);
+          out = p.attention[instr.attention]->run(args);
         } catch (const std::exception& e) {
           throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
         }

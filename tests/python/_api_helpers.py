@@ -50,3 +50,21 @@ def no_magi_warnings():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="magi_compiler")
         yield
+
+
+def assert_training_step_matches(model, eager, eager_forward, x, assert_close_rel) -> None:
+    """One forward and backward of ``model`` and of ``eager_forward(eager, ...)`` on copies of
+    ``x``: outputs, input gradients and parameter gradients agree; gradients are then reset."""
+    x_eager, x_comp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_eager, out_comp = eager_forward(x_eager), model(x_comp)
+    assert out_comp.requires_grad
+    assert_close_rel(out_comp, out_eager, RTOL)
+    grad = torch.randn_like(out_eager)
+    out_eager.backward(grad)
+    out_comp.backward(grad)
+    assert_close_rel(x_comp.grad, x_eager.grad, 1e-4)
+    for (name, p_comp), p_eager in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert p_comp.grad is not None, name
+        assert_close_rel(p_comp.grad, p_eager.grad, 1e-4)
+    model.zero_grad()
+    eager.zero_grad()

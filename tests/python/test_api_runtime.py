@@ -10,6 +10,7 @@ error ≤ 1e-5, gradients ≤ 1e-4).
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from _api_helpers import (
     SEQ,
     H,
     Tiny,
+    assert_training_step_matches,
     captures,
     inputs,
     no_magi_warnings,
@@ -373,20 +375,8 @@ def test_llama_block_training_gradients_match_eager(assert_close_rel):
     model = magi_compile(copy.deepcopy(eager))
     for b in (2, 3):
         x = torch.randn(b, 8, BLOCK["hidden"])
-        x_eager, x_comp = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out_eager, out_comp = LlamaBlock.forward(eager, x_eager), model(x_comp)
-        assert_close_rel(out_comp, out_eager, RTOL)
-        grad = torch.randn_like(out_eager)
-        out_eager.backward(grad)
-        out_comp.backward(grad)
-        assert_close_rel(x_comp.grad, x_eager.grad, 1e-4)
-        for (name, p_comp), p_eager in zip(
-            model.named_parameters(), eager.parameters(), strict=True
-        ):
-            assert p_comp.grad is not None, name
-            assert_close_rel(p_comp.grad, p_eager.grad, 1e-4)
-        model.zero_grad()
-        eager.zero_grad()
+        step = functools.partial(LlamaBlock.forward, eager)
+        assert_training_step_matches(model, eager, step, x, assert_close_rel)
     c = get_counters()
     assert (c.captures, c.compiles) == (1, 2), c  # one forward and one backward graph
 

@@ -20,7 +20,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from _api_helpers import RTOL, H, Tiny, inputs
+from _api_helpers import RTOL, H, Tiny, assert_training_step_matches, inputs
 from blocks import LlamaStack, init_weights_
 from magi_compiler import get_counters, magi_compile
 from torch import nn
@@ -46,6 +46,14 @@ def compiled_with_eager(model: nn.Module, **kwargs) -> tuple[nn.Module, nn.Modul
 
 def llama_inputs(b: int) -> torch.Tensor:
     return torch.randn(b, 8, LLAMA["hidden"])
+
+
+def warm_up(model, eager, assert_close_rel, make=inputs) -> None:
+    """Three calls matching eager: capture, the ordinary call that learns, one direct call."""
+    for b in (2, 3, 4):
+        x = make(b)
+        assert_close_rel(model(x), eager(x), RTOL)
+    assert direct_calls() == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,10 +94,7 @@ def test_direct_call_returns_fresh_outputs(assert_close_rel):
 def test_parameter_assignment_drops_the_path_then_it_resumes(assert_close_rel):
     model, eager = compiled_with_eager(init_weights_(LlamaStack(2, **LLAMA), seed=1))
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = llama_inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        assert direct_calls() == 1
+        warm_up(model, eager, assert_close_rel, llama_inputs)
 
         weight = torch.randn_like(model.layers[1].q_proj.weight)
         model.layers[1].q_proj.weight = nn.Parameter(weight.clone())
@@ -108,10 +113,7 @@ def test_parameter_assignment_drops_the_path_then_it_resumes(assert_close_rel):
 def test_parameters_dict_write_is_seen_by_the_next_direct_call(assert_close_rel):
     model, eager = compiled_with_eager(Tiny())
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        assert direct_calls() == 1
+        warm_up(model, eager, assert_close_rel)
 
         before = copy.deepcopy(eager)
         weight = torch.randn_like(model.fc1.weight)
@@ -127,10 +129,7 @@ def test_parameters_dict_write_is_seen_by_the_next_direct_call(assert_close_rel)
 def test_parameter_data_and_copy_are_followed(assert_close_rel):
     model, eager = compiled_with_eager(Tiny())
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        assert direct_calls() == 1
+        warm_up(model, eager, assert_close_rel)
 
         weight = torch.randn_like(model.fc2.weight)
         model.fc2.weight.data = weight.clone()
@@ -164,10 +163,7 @@ class Scaled(nn.Module):
 def test_buffer_assignment_is_followed(assert_close_rel):
     model, eager = compiled_with_eager(Scaled())
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        assert direct_calls() == 1
+        warm_up(model, eager, assert_close_rel)
 
         scale = torch.randn(H) * 10
         model.scale = scale.clone()
@@ -210,22 +206,7 @@ def test_two_instances_interleaved_each_use_their_own_weights(assert_close_rel):
 def test_grad_enabled_never_goes_direct_and_gradients_match(assert_close_rel):
     model, eager = compiled_with_eager(Tiny())  # parameters require grad
     for b in (2, 3, 3, 4):
-        x = inputs(b)
-        x_eager, x_comp = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out_eager, out_comp = eager(x_eager), model(x_comp)
-        assert out_comp.requires_grad
-        assert_close_rel(out_comp, out_eager, RTOL)
-        grad = torch.randn_like(out_eager)
-        out_eager.backward(grad)
-        out_comp.backward(grad)
-        assert_close_rel(x_comp.grad, x_eager.grad, 1e-4)
-        for (name, p_comp), p_eager in zip(
-            model.named_parameters(), eager.parameters(), strict=True
-        ):
-            assert p_comp.grad is not None, name
-            assert_close_rel(p_comp.grad, p_eager.grad, 1e-4)
-        model.zero_grad()
-        eager.zero_grad()
+        assert_training_step_matches(model, eager, eager, inputs(b), assert_close_rel)
     assert direct_calls() == 0
 
 

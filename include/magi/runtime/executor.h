@@ -9,7 +9,8 @@
 // Executable of its own, once, and a CallPiece becomes one call of that Executable; boundary
 // operators between the pieces are ordinary dispatcher calls. Operators implemented in Python
 // (torch.library custom ops) take the GIL themselves, so callers run this without it.
-// An Executable is immutable after construction; run() may be called from several threads.
+// run() may be called from several threads. What it changes is kept behind locks: the first
+// call's results of instructions that read only constants, and the attention kernels chosen.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
