@@ -12,6 +12,8 @@
 #include "magi/runtime/executor.h"
 #include "magi/runtime/fused_kernel.h"
 #include "magi/runtime/guard.h"
+#include "magi/runtime/offload.h"
+#include "magi/runtime/offload_plan.h"
 
 namespace magi::bindings {
 namespace {
@@ -90,26 +92,150 @@ std::vector<runtime::GuardInput> guard_inputs(py::sequence args) {
   return out;
 }
 
+runtime::OffloadOptions offload_options(const py::dict& d) {
+  runtime::OffloadOptions o;
+  for (auto [key, value] : d) {
+    const std::string k = key.cast<std::string>();
+    if (k == "policy") {
+      o.policy = runtime::parse_offload_policy(value.cast<std::string>());
+    } else if (k == "resident_ratio") {
+      o.resident_ratio = value.cast<double>();
+    } else if (k == "safety_factor") {
+      o.safety_factor = value.cast<double>();
+    } else if (k == "link_gbps") {
+      o.link_bytes_per_us = value.cast<double>() * 1e3;
+    } else if (k == "lookahead") {
+      o.lookahead = value.cast<size_t>();
+    } else if (k == "alignment") {
+      o.alignment = value.cast<int64_t>();
+    } else if (k == "prefetch_across_calls") {
+      o.prefetch_across_calls = value.cast<bool>();
+    } else {
+      MAGI_CHECK(false, "offload settings: unknown key '", k, "'");
+    }
+  }
+  return o;
+}
+
+py::dict report_dict(const runtime::OffloadReport& r) {
+  py::dict d;
+  d["policy"] = r.policy;
+  d["source"] = r.source;
+  d["plan_version"] = r.plan_version;
+  d["weights"] = r.weights;
+  d["groups"] = r.groups;
+  d["total_bytes"] = r.total_bytes;
+  d["resident_bytes"] = r.resident_bytes;
+  d["streamed_bytes"] = r.streamed_bytes;
+  d["buffer_bytes"] = r.buffer_bytes;
+  d["link_gbps"] = r.link_gbps;
+  d["predicted_compute_ms"] = r.predicted_compute_ms;
+  d["predicted_copy_ms"] = r.predicted_copy_ms;
+  d["predicted_call_ms"] = r.predicted_call_ms;
+  d["predicted_overlap"] = r.predicted_overlap;
+  d["ratio_to_hide"] = r.ratio_to_hide;
+  d["hidden"] = r.hidden;
+  d["measured_call_ms"] = r.measured_call_ms;
+  d["measured_compute_ms"] = r.measured_compute_ms;
+  d["measured_overlap"] = r.measured_overlap;
+  d["calls"] = r.calls;
+  return d;
+}
+
+py::dict plan_dict(const runtime::OffloadPlan& plan) {
+  py::dict d;
+  d["policy"] = runtime::offload_policy_name(plan.policy);
+  d["resident"] = plan.resident;
+  d["offset"] = plan.offset;
+  py::list groups;
+  for (const auto& g : plan.groups) {
+    py::dict gd;
+    gd["weights"] = g.weights;
+    gd["bytes"] = g.bytes;
+    gd["first_use"] = g.first_use;
+    gd["release"] = g.release;
+    gd["gate"] = g.gate;
+    gd["wraps"] = g.wraps;
+    groups.append(gd);
+  }
+  d["groups"] = groups;
+  d["total_bytes"] = plan.total_bytes;
+  d["resident_bytes"] = plan.resident_bytes;
+  d["streamed_bytes"] = plan.streamed_bytes;
+  d["buffer_bytes"] = plan.buffer_bytes;
+  d["compute_us"] = plan.compute_us;
+  d["copy_us"] = plan.copy_us;
+  d["call_us"] = plan.call_us;
+  d["stall_us"] = plan.stall_us;
+  d["overlap"] = plan.overlap;
+  d["ratio_to_hide"] = plan.ratio_to_hide;
+  d["hidden"] = plan.hidden();
+  d["summary"] = plan.summary();
+  return d;
+}
+
 }  // namespace
 
 void bind_runtime(py::module_& m) {
+  m.def(
+      "plan_offload",
+      [](const std::vector<double>& step_us, const std::vector<py::dict>& weights,
+         const py::dict& settings) {
+        std::vector<runtime::OffloadWeight> ws;
+        for (const py::dict& w : weights) {
+          runtime::OffloadWeight o;
+          o.bytes = w["bytes"].cast<int64_t>();
+          o.first_use = w["first_use"].cast<size_t>();
+          o.last_use = w.contains("last_use") ? w["last_use"].cast<size_t>() : o.first_use;
+          o.must_stay = w.contains("must_stay") && w["must_stay"].cast<bool>();
+          ws.push_back(o);
+        }
+        return plan_dict(runtime::plan_offload(step_us, ws, offload_options(settings)));
+      },
+      py::arg("step_us"), py::arg("weights"), py::arg("settings"),
+      "Plans weight offload for a synthetic program (offload_plan.h): step times in us, "
+      "weights as dicts of bytes, first_use, last_use, must_stay; settings as for Executable.");
+  m.def(
+      "offload_to_host",
+      [](const at::Tensor& t, const std::string& device) {
+        return runtime::offload_to_host(t, c10::Device(device));
+      },
+      py::arg("tensor"), py::arg("device"),
+      "A copy of `tensor` in pinned host memory, as a tensor on `device` (cuda:N or cpu).");
+  m.def(
+      "offloaded_view",
+      [](const at::Tensor& t, const std::string& device) {
+        return runtime::offloaded_view(t, c10::Device(device));
+      },
+      py::arg("tensor"), py::arg("device"), "The same offloaded memory seen from `device`.");
+  m.def("is_offloaded", &runtime::is_offloaded, py::arg("tensor"));
+  m.def("offload_host_bytes", &runtime::offload_host_bytes,
+        "Pinned host bytes held for offloaded weights.");
+  m.def("offload_resident_bytes", &runtime::resident_cache_bytes,
+        "GPU bytes held for resident copies of offloaded weights.");
+  m.def("host_link_gbps", &runtime::host_link_gbps, py::arg("device") = 0,
+        "Measured pinned host-to-device copy rate in GB/s (once per device).");
+
   py::class_<runtime::Executable>(m, "Executable",
                                   "A graph lowered for the C++ executor (boxed ATen calls).")
       .def(py::init([](const ir::Graph& g, const std::string& attention_backend,
-                       int64_t private_outputs_from) {
+                       int64_t private_outputs_from, std::optional<py::dict> offload) {
              runtime::ExecutorOptions options;
              options.attention = runtime::parse_attention_backend(attention_backend);
              if (private_outputs_from >= 0) {
                options.private_outputs_from = static_cast<size_t>(private_outputs_from);
              }
+             if (offload) options.offload = offload_options(*offload);
              return std::make_unique<runtime::Executable>(g, options);
            }),
            py::arg("graph"), py::arg("attention_backend") = "auto",
-           py::arg("private_outputs_from") = -1,
+           py::arg("private_outputs_from") = -1, py::arg("offload") = py::none(),
            "Lowers `graph`. attention_backend: how CUDA SDPA calls of inference graphs pick "
            "their kernel (auto, graph, flash, cudnn, efficient; docs/config.md). "
            "private_outputs_from: outputs from this index on (a training forward's saved "
-           "tensors) reach only the backward and may share values kept across calls.")
+           "tensors) reach only the backward and may share values kept across calls. "
+           "offload: weight offload settings (policy, resident_ratio, safety_factor, lookahead, "
+           "prefetch_across_calls); inputs in offloaded host memory are then streamed.")
       .def(
           "run",
           [](const runtime::Executable& exe, py::sequence args, bool steal_inputs) {
@@ -165,6 +291,14 @@ void bind_runtime(py::module_& m) {
             return out;
           },
           "Kernel variants generated and compiled so far: symbol, target, source, fused_ops.")
+      .def(
+          "offload_report",
+          [](const runtime::Executable& exe) -> py::object {
+            auto r = exe.offload_report();
+            return r ? py::object(report_dict(*r)) : py::object(py::none());
+          },
+          "The weight offload plan and its measurements (a dict), or None without offload or "
+          "before the first call with offloaded weights.")
       .def_property_readonly("num_piece_calls", &runtime::Executable::num_piece_calls)
       .def_property_readonly("num_pieces", &runtime::Executable::num_pieces)
       .def_property_readonly("piece_call_sequence", &runtime::Executable::piece_call_sequence,

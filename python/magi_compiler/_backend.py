@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from magi_compiler import _C, _counters, _dump, _fast_dispatch, _recompute, inspection
+from magi_compiler import _C, _counters, _dump, _fast_dispatch, _offload, _recompute, inspection
 from magi_compiler._decompositions import decomposition_table
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
@@ -38,6 +38,7 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         graph,
         attention_backend=config.attention_backend,
         private_outputs_from=_saved_outputs_start(kind),
+        offload=_offload.engine_settings(config, kind),
     )
     # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
     executable.precompile_kernels()
@@ -115,6 +116,18 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
                 ", ".join(sorted(devices)) or "no device",
             )
         return None
+    if mode == "FULL" and config.offload_config.model_cpu_offload:
+        # One graph for the whole call cannot wait for copies started by the previous call,
+        # nor notice weights changed in place: offloaded models use PIECEWISE graphs.
+        _offload._warn_once(
+            "full-graphs",
+            "cudagraph_mode=FULL with model_cpu_offload: capturing the pieces only (PIECEWISE), "
+            "the weight copies run between them%s",
+            "" if executable.num_pieces > 0 else "; this graph has no pieces, so no CUDA graphs",
+        )
+        mode = "PIECEWISE"
+        if executable.num_pieces == 0:
+            return None
     if mode == "PIECEWISE" and executable.num_pieces > 0:
         executable.enable_piece_cuda_graphs(config.max_cuda_graphs)
         return None

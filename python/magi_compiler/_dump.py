@@ -382,11 +382,26 @@ class Lowering:
         if not self.dumping:
             return call
         done = False
+        executable = self.executable
+        offload_calls = 0
+
+        def offload_report() -> None:
+            # The offload plan changes over the first three calls (calibration, cost model,
+            # measured): the file is rewritten after each of them.
+            nonlocal offload_calls
+            offload_calls += 1
+            report = executable.offload_report() if executable is not None else None
+            if report is not None:
+                with self.report.writing():
+                    self.report.write(f"offload/{self.kind}.json", json.dumps(report, indent=1))
 
         def first(args: list[Any], **kwargs: Any) -> list[Any]:
             nonlocal done
             if done:
-                return call(args, **kwargs)
+                outputs = call(args, **kwargs)
+                if offload_calls < 3:
+                    offload_report()
+                return outputs
             done = True
             choices_before = len(_C.attention_choices())
             before, t = _C.compiler_stats(), time.perf_counter()
@@ -397,6 +412,7 @@ class Lowering:
             self.attention_choices = _C.attention_choices()[choices_before:]
             self._dump_kernels()
             self.executable = None
+            offload_report()
             return outputs
 
         return first

@@ -233,7 +233,12 @@ def _plans(report: Any) -> str:
         recompute = "".join(parts)
     else:
         recompute = '<p id="plans-note">Recompute plan: none (not a training compile).</p>'
-    return recompute + "<p>Offload plan: not planned by this version.</p>"
+    offload = (
+        '<p id="offload-note">Offload plan: made at the first calls of an inference graph with '
+        "model_cpu_offload; written to offload/inference.json (none when the model does not "
+        "offload).</p>"
+    )
+    return recompute + offload
 
 
 def render(report: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from magi_compiler import _C, _counters, _dump, _dynamic_dims, _fast_dispatch
+from magi_compiler import _C, _counters, _dump, _dynamic_dims, _fast_dispatch, _offload
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
@@ -365,6 +365,9 @@ def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, 
 
 
 def _install(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
+    if entry.config.offload_config.model_cpu_offload:
+        _offload.offload_module(module)
+
     @functools.wraps(entry.fn)
     def compiled_method(*args: Any, **kwargs: Any) -> Any:
         return entry(module, *args, **kwargs)
@@ -483,6 +486,8 @@ def magi_compile(
                 return entry(self, *args, **kwargs)
 
             method._magi_compiled = entry  # type: ignore[attr-defined]
+            if cfg.offload_config.model_cpu_offload and isinstance(owner, nn.Module):
+                _offload.offload_module(owner)
             bound = types.MethodType(method, owner)
             object.__setattr__(owner, fn.__name__, bound)
             return bound

@@ -99,7 +99,6 @@ class CompileConfig:
 NOT_YET_ACTED_ON = {
     "aot",
     "disable_cache",
-    "offload_config",
     "compile_sizes",
 }
 _warned: set[str] = set()
@@ -252,6 +251,18 @@ def validate(cfg: CompileConfig) -> None:
         raise UserError(
             f"attention_backend={cfg.attention_backend!r} is not one of "
             f"{', '.join(ATTENTION_BACKENDS)} (docs/config.md)"
+        )
+    oc = cfg.offload_config
+    if not 0.0 <= oc.gpu_resident_weight_ratio <= 1.0:
+        raise UserError(
+            f"offload_config.gpu_resident_weight_ratio={oc.gpu_resident_weight_ratio} is outside "
+            "[0, 1]; it is the share of weight bytes kept on the GPU (docs/offload.md)"
+        )
+    if not 0.0 < oc.bandwidth_safety_factor <= 1.0:
+        raise UserError(
+            f"offload_config.bandwidth_safety_factor={oc.bandwidth_safety_factor} is outside "
+            "(0, 1]; it is the share of the measured host link rate HEURISTIC plans with "
+            "(docs/offload.md)"
         )
     rc = cfg.recompute_config
     policy = rc.recompute_policy

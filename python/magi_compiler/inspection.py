@@ -27,6 +27,7 @@ __all__ = [
     "compiled_graphs",
     "last_recompute_plan",
     "recompute_plans",
+    "offload_reports",
     "clear",
 ]
 
@@ -122,6 +123,25 @@ def attention_choices() -> list[dict[str, Any]]:
     from magi_compiler import _C
 
     return _C.attention_choices()
+
+
+def offload_reports() -> list[dict[str, Any]]:
+    """The weight offload report of every kept inference graph that ran with offloaded
+    weights, oldest first (model_cpu_offload, docs/offload.md). Keys: ``policy``, ``source``
+    (what the plan's step times came from: ``calibration call``, ``cost model``,
+    ``measured``), ``plan_version``, ``weights``, ``groups``, ``total_bytes``,
+    ``resident_bytes``, ``streamed_bytes``, ``buffer_bytes``, ``link_gbps``,
+    ``predicted_compute_ms``, ``predicted_copy_ms``, ``predicted_call_ms``,
+    ``predicted_overlap``, ``ratio_to_hide``, ``hidden``, ``measured_call_ms``,
+    ``measured_compute_ms``, ``measured_overlap`` (-1 until a timed call ran the current
+    plan) and ``calls``."""
+    out = []
+    for info in compiled_graphs():
+        exe = info.executable
+        report = exe.offload_report() if exe is not None else None
+        if report is not None:
+            out.append(report)
+    return out
 
 
 def clear() -> None:

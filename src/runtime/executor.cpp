@@ -238,6 +238,9 @@ struct Executable::Program {
   std::vector<bool> keep_folded;         // per register: a `once` result read by other instructions
   std::vector<std::pair<Ref, c10::IValue>> folded;
   size_t private_outputs_from = std::numeric_limits<size_t>::max();  // ExecutorOptions
+  bool outputs_alias_inputs = false;       // some output may be a view of some input
+  bool writes_inputs = false;              // some operator writes an input in place
+  std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
 };
 
 // Folded values kept per executable at most; past it every call recomputes them.
@@ -283,6 +286,102 @@ bool mark_constant_instructions(std::vector<Instr>& instrs, size_t num_registers
 
 }  // namespace
 
+// Which inputs each register may share memory with (views of them, lists holding them), and
+// from that: the steps reading each input or a view of it, the inputs some operator writes in
+// place, the inputs a view of which is an output. Sets the program's alias facts and, when
+// offload is on, creates its engine.
+void Executable::analyse_input_uses(Program& p, const ExecutorOptions& options) {
+  const size_t n = p.input_regs.size();
+  std::vector<std::vector<int32_t>> roots(p.num_registers);
+  for (size_t i = 0; i < n; ++i) {
+    if (p.input_regs[i] >= 0) roots[p.input_regs[i]] = {static_cast<int32_t>(i)};
+  }
+  constexpr size_t kNever = std::numeric_limits<size_t>::max();
+  std::vector<size_t> first(n, kNever), last(n, 0);
+  std::vector<bool> written(n, false), escapes(n, false), touched(n, false);
+  for (size_t s = 0; s < p.instrs.size(); ++s) {
+    const Instr& instr = p.instrs[s];
+    std::vector<int32_t> read;
+    for (Ref r : instr.in) {
+      if (r >= 0) read.insert(read.end(), roots[r].begin(), roots[r].end());
+    }
+    std::sort(read.begin(), read.end());
+    read.erase(std::unique(read.begin(), read.end()), read.end());
+    bool aliasing = false;
+    switch (instr.kind) {
+      case InstrKind::kCall: {
+        const c10::FunctionSchema& schema = instr.op->schema();
+        for (const auto& ret : schema.returns()) aliasing |= ret.alias_info() != nullptr;
+        const auto& args = schema.arguments();
+        for (size_t j = 0; j < instr.in.size() && j < args.size(); ++j) {
+          const auto* alias = args[j].alias_info();
+          if (alias == nullptr || !alias->isWrite() || instr.in[j] < 0) continue;
+          for (int32_t i : roots[instr.in[j]]) written[i] = true;
+        }
+        break;
+      }
+      case InstrKind::kGetItem:
+      case InstrKind::kMakeList:
+        aliasing = true;
+        break;
+      case InstrKind::kCallPiece: {
+        const Executable& piece = *p.pieces[instr.piece];
+        aliasing = piece.outputs_may_alias_inputs();
+        if (piece.writes_inputs()) {
+          for (int32_t i : read) written[i] = true;
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    // A step that only makes views of an input (t, view, a list of it) reads no data: the
+    // input's first use is the first step that computes with it.
+    bool only_views = aliasing && instr.kind != InstrKind::kCallPiece;
+    if (instr.kind == InstrKind::kCall) {
+      for (const auto& ret : instr.op->schema().returns()) {
+        only_views &= ret.alias_info() != nullptr && !ret.alias_info()->isWrite();
+      }
+    }
+    for (int32_t i : read) {
+      if (!only_views) first[i] = std::min(first[i], s);
+      last[i] = std::max(last[i], s);
+      touched[i] = true;
+    }
+    if (aliasing) {
+      for (Ref r : instr.out) {
+        if (r != kUnused) roots[r] = read;
+      }
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (first[i] != kNever || !touched[i]) continue;
+    // Read only through views (say, returned as one): the first view counts.
+    for (size_t s = 0; s < p.instrs.size() && first[i] == kNever; ++s) {
+      for (Ref r : p.instrs[s].in) {
+        if (r >= 0 && std::find(roots[r].begin(), roots[r].end(), int32_t(i)) != roots[r].end()) {
+          first[i] = s;
+        }
+      }
+    }
+  }
+  for (Ref r : p.output_refs) {
+    if (r < 0) continue;
+    for (int32_t i : roots[r]) escapes[i] = true;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    p.outputs_alias_inputs = p.outputs_alias_inputs || escapes[i];
+    p.writes_inputs = p.writes_inputs || written[i];
+  }
+  if (!options.offload) return;
+  std::vector<OffloadInputUse> uses;
+  for (size_t i = 0; i < n; ++i) {
+    if (first[i] == kNever) continue;
+    uses.push_back({i, first[i], last[i], escapes[i], written[i]});
+  }
+  p.offload = std::make_unique<OffloadEngine>(*options.offload, std::move(uses), p.instrs.size());
+}
+
 void Executable::keep_folded_values(Program& p,
                                     std::vector<std::pair<int32_t, c10::IValue>> values) {
   int64_t bytes = 0;
@@ -311,12 +410,14 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
   for (const ir::Node* node : graph.nodes()) {
     if (node->kind() == ir::NodeKind::kFusion) fusion_groups.insert(node->piece());
   }
+  ExecutorOptions piece_options = options;
+  piece_options.offload.reset();  // a piece gets weights the top level already placed
   for (const ir::Graph* piece : graph.pieces()) {
     if (fusion_groups.count(piece)) {
       p.pieces.push_back(nullptr);
       p.fused.push_back(std::make_unique<FusedKernel>(*piece, kernel_name(*piece)));
     } else {
-      p.pieces.push_back(std::make_unique<Executable>(*piece, options));
+      p.pieces.push_back(std::make_unique<Executable>(*piece, piece_options));
       p.fused.push_back(nullptr);
     }
   }
@@ -442,6 +543,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       p.attention.push_back(std::make_unique<AttentionCall>(*instr.op, options.attention));
     }
   }
+  analyse_input_uses(p, options);
   static const bool fold_constants = [] {
     const char* env = std::getenv("MAGI_FOLD_CONSTANTS");
     return env == nullptr || std::string(env) != "0";
@@ -561,6 +663,12 @@ size_t Executable::precompile_kernels() const {
   return count;
 }
 
+std::optional<OffloadReport> Executable::offload_report() const {
+  return program_->offload ? program_->offload->report() : std::nullopt;
+}
+bool Executable::outputs_may_alias_inputs() const { return program_->outputs_alias_inputs; }
+bool Executable::writes_inputs() const { return program_->writes_inputs; }
+
 std::vector<size_t> Executable::piece_call_sequence() const {
   std::vector<size_t> out;
   for (const Instr& instr : program_->instrs) {
@@ -573,6 +681,23 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
   const Program& p = *program_;
   MAGI_CHECK(inputs.size() == p.input_regs.size(), "the compiled graph takes ", p.input_regs.size(),
              " inputs but was called with ", inputs.size());
+  // Weight offload: the engine swaps offloaded weights for GPU buffers and orders the copies.
+  OffloadEngine* engine = p.offload.get();
+  std::unique_lock<std::mutex> offload_lock;
+  if (engine != nullptr) {
+    offload_lock = std::unique_lock<std::mutex>(engine->lock());
+    if (!engine->begin(inputs)) {
+      engine = nullptr;
+      offload_lock.unlock();
+    }
+  }
+  struct AbortOnThrow {
+    OffloadEngine* engine;
+    ~AbortOnThrow() {
+      if (engine != nullptr) engine->abort();
+    }
+  } abort_on_throw{engine};
+
   std::vector<c10::IValue> regs(p.num_registers);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (p.input_regs[i] != kUnused) regs[p.input_regs[i]] = std::move(inputs[i]);
@@ -590,8 +715,15 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
 
   torch::jit::Stack stack;
   stack.reserve(p.max_stack);
-  for (const Instr& instr : p.instrs) {
-    if (instr.once && folded) continue;
+  for (size_t step = 0; step < p.instrs.size(); ++step) {
+    const Instr& instr = p.instrs[step];
+    if (engine != nullptr) engine->before_step(step);
+    if (instr.once && folded) {
+      if (engine != nullptr) engine->after_step(step);  // its copy gates still open
+      continue;
+    }
+    // Offload's first call estimates each operator's GPU time from its operands.
+    const bool estimate = OffloadEngine::estimating();
     switch (instr.kind) {
       case InstrKind::kCall: {
         stack.clear();
@@ -603,10 +735,16 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
             stack.push_back(get(r));
           }
         }
+        std::vector<c10::IValue> operands;
+        if (estimate) operands = stack;
         try {
           instr.op->callBoxed(stack);
         } catch (const std::exception& e) {
           throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
+        }
+        if (estimate) {
+          OffloadEngine::add_estimate(
+              estimate_operator_us(instr.op->operator_name().name, operands, stack));
         }
         MAGI_ASSERT(stack.size() == instr.out.size(), instr.where, " returned ", stack.size(),
                     " values, expected ", instr.out.size());
@@ -636,7 +774,13 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
           Ref r = instr.in[j];
           args.push_back(instr.move_in[j] ? std::move(regs[r]).toTensor() : get(r).toTensor());
         }
+        std::vector<c10::IValue> operands;
+        if (estimate) operands.assign(args.begin(), args.end());
         std::vector<at::Tensor> results = p.fused[instr.piece]->run(args);
+        if (estimate) {
+          OffloadEngine::add_estimate(estimate_operator_us(
+              "fusion", operands, std::vector<c10::IValue>(results.begin(), results.end())));
+        }
         for (size_t k = 0; k < instr.out.size(); ++k) {
           if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(results[k]);
         }
@@ -649,11 +793,17 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
           Ref r = instr.in[j];
           args.push_back(instr.move_in[j] ? std::move(regs[r]) : get(r));
         }
+        std::vector<c10::IValue> operands;
+        if (estimate) operands = args;
         at::Tensor out;
         try {
           out = p.attention[instr.attention]->run(args);
         } catch (const std::exception& e) {
           throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
+        }
+        if (estimate) {
+          OffloadEngine::add_estimate(
+              estimate_operator_us(instr.op->operator_name().name, operands, {out}));
         }
         regs[instr.out[0]] = std::move(out);
         break;
@@ -689,6 +839,17 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
       }
     }
     for (Ref r : instr.release_after) regs[r] = c10::IValue();
+    if (engine != nullptr) engine->after_step(step);
+  }
+  if (engine != nullptr) {
+    abort_on_throw.engine = nullptr;
+    try {
+      engine->finish();
+    } catch (...) {
+      engine->abort();
+      throw;
+    }
+    offload_lock.unlock();
   }
 
   std::vector<c10::IValue> outputs;

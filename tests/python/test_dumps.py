@@ -205,7 +205,7 @@ def test_summary_config_and_index(dumped):
     page = read(os.path.join(directory, "index.html"))
     for f in files_under(directory) - {"index.html"}:
         assert f'href="{f}"' in page, f
-    assert 'id="summary"' in page and "not planned by this version" in page
+    assert 'id="summary"' in page and "offload/inference.json" in page
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
 
 

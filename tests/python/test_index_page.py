@@ -78,4 +78,4 @@ def test_dom_has_the_summary_table_and_a_graph_picture(page):
         assert "<svg" in dom  # the final graph of each lowered graph, inline
     else:
         assert '<pre class="dot">' in dom
-    assert 'id="timeline"' in dom and "not planned by this version" in dom
+    assert 'id="timeline"' in dom and "offload/inference.json" in dom

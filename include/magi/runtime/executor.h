@@ -10,7 +10,8 @@
 // operators between the pieces are ordinary dispatcher calls. Operators implemented in Python
 // (torch.library custom ops) take the GIL themselves, so callers run this without it.
 // run() may be called from several threads. What it changes is kept behind locks: the first
-// call's results of instructions that read only constants, and the attention kernels chosen.
+// call's results of instructions that read only constants, the attention kernels chosen, and
+// the weight offload engine (calls with offloaded weights run one at a time).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -18,11 +19,13 @@
 
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "magi/ir/graph.h"
 #include "magi/runtime/attention_choice.h"
+#include "magi/runtime/offload.h"
 
 namespace magi::runtime {
 
@@ -35,6 +38,9 @@ struct ExecutorOptions {
   /// Outputs from this index on reach only our own backward graph (a training forward's saved
   /// tensors): they may be values kept across calls instead of fresh copies.
   size_t private_outputs_from = std::numeric_limits<size_t>::max();
+  /// Weight offload (top-level graphs only; pieces never get it): inputs that live in
+  /// offloaded host memory are streamed or kept on the GPU by an OffloadEngine (offload.h).
+  std::optional<OffloadOptions> offload;
 };
 
 class Executable {
@@ -79,11 +85,19 @@ class Executable {
   size_t precompile_kernels() const;
   /// For each piece call, in execution order, the index of the piece it runs.
   std::vector<size_t> piece_call_sequence() const;
+  /// The weight offload plan and what was measured of it; nullopt without offload or before
+  /// the first call with offloaded inputs.
+  std::optional<OffloadReport> offload_report() const;
+  /// Whether some output may share memory with some input (a view of it), and whether some
+  /// operator writes an input in place (pieces included): what offload needs of a piece.
+  bool outputs_may_alias_inputs() const;
+  bool writes_inputs() const;
 
  private:
   struct Program;
   /// After the first call: keeps the results of the instructions that read only constants.
   static void keep_folded_values(Program& p, std::vector<std::pair<int32_t, c10::IValue>> values);
+  static void analyse_input_uses(Program& p, const ExecutorOptions& options);
   std::unique_ptr<Program> program_;
 };
 

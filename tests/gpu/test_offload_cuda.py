@@ -1,0 +1,252 @@
+"""Weight offload on the GPU (model_cpu_offload): outputs equal the model without offload for
+several batch sizes and every policy, through the engine's calibration, cost-model and
+measured plans; GPU memory stays under resident weights + streaming buffer + activations;
+``.to()``, ``.cuda()``, ``.cpu()`` and dtype casts keep weights in pinned host memory;
+in-place weight updates reach the compiled graph; the regime warning at small shapes; the
+report in inspection and in the dumps."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from magi_compiler import _C, _dump, inspection, magi_compile
+from torch import nn
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+POLICIES = ("BASE", "COST_EFFECTIVE", "HEURISTIC")
+
+
+class Block(nn.Module):
+    """A DiT-style block: norm, attention, norm, MLP, residuals."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+
+class Stack(nn.Module):
+    def __init__(self, layers: int = 4, hidden: int = 256, heads: int = 4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _offloaded(model: nn.Module, policy: str = "COST_EFFECTIVE", ratio: float = 0.3, **extra):
+    patch = {
+        "offload_config": {
+            "model_cpu_offload": True,
+            "offload_policy": policy,
+            "gpu_resident_weight_ratio": ratio,
+        },
+        **extra,
+    }
+    return magi_compile(model, config_patch=patch)
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    inspection.clear()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_outputs_equal_the_model_without_offload(policy):
+    torch.manual_seed(0)
+    reference = Stack().cuda().eval()
+    # The traced attention kernel for both, so the two compiled graphs run the same kernels.
+    plain = magi_compile(copy.deepcopy(reference), config_patch={"attention_backend": "graph"})
+    model = _offloaded(copy.deepcopy(reference), policy, attention_backend="graph")
+    assert all(_C.is_offloaded(p) and p.is_cuda for p in model.parameters())
+    with torch.no_grad():
+        for batch in (2, 3, 1):  # a dynamic batch graph, then the static one of batch 1
+            for _ in range(4):  # calibration, cost-model plan, measured plan, steady state
+                x = torch.randn(batch, 64, 256, device="cuda")
+                expected = plain(x)
+                got = model(x)
+                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got, reference(x), rtol=1e-4, atol=1e-4)
+    reports = inspection.offload_reports()
+    assert reports, "no inference graph reported an offload plan"
+    report = reports[-1]
+    assert report["policy"] == policy and report["source"] == "measured"
+    assert report["plan_version"] == 3 and report["calls"] >= 4
+    assert report["total_bytes"] == _weight_bytes(reference)
+    assert report["streamed_bytes"] + report["resident_bytes"] == report["total_bytes"]
+    if policy == "BASE":
+        assert report["resident_bytes"] == 0
+    else:
+        assert 0 < report["resident_bytes"] <= 0.3 * report["total_bytes"]
+    assert report["measured_call_ms"] > 0 and 0 <= report["measured_overlap"] <= 1
+    assert report["link_gbps"] > 1
+
+
+def test_gpu_memory_stays_under_resident_plus_buffer_plus_activations():
+    torch.manual_seed(1)
+    hidden, layers = 1024, 6
+    reference = Stack(layers, hidden, 8).cuda().half().eval()
+    x = torch.randn(2, 256, hidden, device="cuda", dtype=torch.half)
+    plain = magi_compile(copy.deepcopy(reference))
+    with torch.no_grad():
+        for _ in range(3):
+            plain(x)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        plain(x)
+        activations = torch.cuda.max_memory_allocated() - base
+    del plain
+    weights = _weight_bytes(reference)
+    model = _offloaded(copy.deepcopy(reference), "HEURISTIC", 0.3)
+    del reference
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        for _ in range(4):
+            model(x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        model(x)
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    report = inspection.offload_reports()[-1]
+    bound = report["resident_bytes"] + report["buffer_bytes"] + activations
+    assert peak <= bound + (1 << 20), (peak, report, activations)
+    # And well under keeping every weight on the GPU.
+    assert peak < weights + activations - report["streamed_bytes"] // 2, (peak, weights)
+    assert report["buffer_bytes"] < report["streamed_bytes"]
+
+
+def test_to_cuda_cpu_and_casts_keep_weights_in_pinned_host_memory():
+    torch.manual_seed(2)
+    model = _offloaded(Stack(2, 128, 2))  # built on the CPU, moved into pinned memory
+    weights = _weight_bytes(model)
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    assert all(p.is_cuda and _C.is_offloaded(p) for p in model.parameters())
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    assert model.cuda() is model and model.to("cuda") is model
+    assert torch.cuda.memory_allocated() - allocated < weights // 4
+    assert [p.data_ptr() for p in model.parameters()] == ptrs
+    x = torch.randn(2, 16, 128, device="cuda")
+    with torch.no_grad():
+        on_gpu = model(x)
+        model.cpu()
+        assert all(p.device.type == "cpu" and _C.is_offloaded(p) for p in model.parameters())
+        assert [p.data_ptr() for p in model.parameters()] == ptrs  # the same memory, no copy
+        on_cpu = model(x.cpu())
+        torch.testing.assert_close(on_cpu, on_gpu.cpu(), rtol=1e-4, atol=1e-4)
+        model.to("cuda")
+        assert all(p.is_cuda and _C.is_offloaded(p) for p in model.parameters())
+        assert [p.data_ptr() for p in model.parameters()] == ptrs
+        model.half()
+        assert all(p.dtype == torch.half and _C.is_offloaded(p) for p in model.parameters())
+        torch.testing.assert_close(model(x.half()).float(), on_gpu, rtol=2e-2, atol=2e-2)
+
+
+def test_weights_changed_in_place_reach_the_compiled_graph():
+    torch.manual_seed(3)
+    reference = Stack(3, 128, 2).cuda().eval()
+    model = _offloaded(copy.deepcopy(reference), "HEURISTIC", 0.5)
+    x = torch.randn(2, 32, 128, device="cuda")
+    with torch.no_grad():
+        for _ in range(5):  # past calibration: prefetch across calls and resident copies live
+            torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+        fresh = Stack(3, 128, 2).cuda().eval()
+        model.load_state_dict(fresh.state_dict())  # in place, into the pinned memory
+        assert all(_C.is_offloaded(p) for p in model.parameters())
+        for _ in range(2):
+            torch.testing.assert_close(model(x), fresh(x), rtol=1e-4, atol=1e-4)
+
+
+def test_instances_sharing_a_graph_keep_their_own_weights():
+    torch.manual_seed(4)
+
+    @magi_compile(
+        config_patch={"offload_config": {"model_cpu_offload": True, "offload_policy": "BASE"}}
+    )
+    class Model(Stack):
+        pass
+
+    a, b = Model(2, 128, 2), Model(2, 128, 2)
+    ref_a, ref_b = Stack(2, 128, 2).cuda(), Stack(2, 128, 2).cuda()
+    ref_a.load_state_dict(a.state_dict())
+    ref_b.load_state_dict(b.state_dict())
+    assert not any(_C.is_offloaded(p) for p in ref_a.parameters())
+    x = torch.randn(2, 32, 128, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(a(x), ref_a(x), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(b(x), ref_b(x), rtol=1e-4, atol=1e-4)
+
+
+def test_small_shapes_warn_that_copies_cannot_hide(capfd):
+    torch.manual_seed(5)
+    model = _offloaded(Stack(4, 1024, 8).cuda().half(), "COST_EFFECTIVE", 0.1)
+    x = torch.randn(2, 8, 1024, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        for _ in range(4):
+            model(x)
+    err = capfd.readouterr().err
+    assert err.count("weight offload cannot hide its copies at these shapes") == 1, err
+    assert "gpu_resident_weight_ratio >= " in err and "more tokens per call" in err
+    report = inspection.offload_reports()[-1]
+    assert report["hidden"] is False and report["ratio_to_hide"] > 0.1
+    assert report["measured_overlap"] < 0.9
+
+
+def test_cuda_graphs_full_falls_back_to_pieces_and_stays_correct(caplog):
+    torch.manual_seed(6)
+    reference = Stack(2, 128, 2).cuda().eval()
+    model = _offloaded(copy.deepcopy(reference), cudagraph_mode="FULL")
+    x = torch.randn(2, 16, 128, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+    assert "cudagraph_mode=FULL with model_cpu_offload" in caplog.text
+
+
+def test_dumps_write_the_offload_report(tmp_path, monkeypatch):
+    monkeypatch.setenv(_dump.ENABLE_ENV, "1")
+    monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
+    torch.manual_seed(7)
+    model = _offloaded(Stack(2, 128, 2).cuda())
+    x = torch.randn(2, 16, 128, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            model(x)
+    files = list(tmp_path.rglob("offload/inference.json"))
+    assert files, sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))[:40]
+    report = json.loads(files[0].read_text())
+    assert report["source"] == "measured" and report["total_bytes"] == _weight_bytes(model)
