@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from magi_compiler import _C, _dump, inspection, magi_compile
+from magi_compiler import _C, _dump, inspection, magi_compile, magi_register_custom_op
 from torch import nn
 
 pytestmark = [
@@ -235,6 +235,48 @@ def test_cuda_graphs_full_falls_back_to_pieces_and_stays_correct(caplog):
         for _ in range(4):
             torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
     assert "cudagraph_mode=FULL with model_cpu_offload" in caplog.text
+
+
+@magi_register_custom_op(
+    name="magi_t_offload::attention", infer_output_meta_fn=["q"], is_subgraph_boundary=True
+)
+def boundary_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+class PieceBlock(Block):
+    """Block whose attention is a registered boundary op: the graph splits into pieces."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        o = boundary_attention(q, k, v)
+        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+
+@pytest.mark.parametrize("policy", ["BASE", "HEURISTIC"])
+def test_piecewise_cuda_graphs_replay_with_streamed_weights(policy):
+    torch.manual_seed(8)
+    reference = Stack(3, 128, 2).cuda().eval()
+    reference.blocks = nn.ModuleList(PieceBlock(128, 2) for _ in range(3)).cuda()
+    model = _offloaded(copy.deepcopy(reference), policy, 0.3, cudagraph_mode="PIECEWISE")
+    with torch.no_grad():
+        for _ in range(6):  # past calibration: pieces captured, then replayed with new weights
+            x = torch.randn(2, 16, 128, device="cuda")
+            torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+        fresh = copy.deepcopy(reference)
+        for p in fresh.parameters():
+            p.data.normal_(0, 0.05)
+        model.load_state_dict(fresh.state_dict())
+        x = torch.randn(2, 16, 128, device="cuda")
+        torch.testing.assert_close(model(x), fresh(x), rtol=1e-4, atol=1e-4)
+    info = inspection.last_compiled("inference")
+    assert info is not None and info.num_pieces >= 3
+    assert info.executable.num_piece_graph_captures > 0
+    report = inspection.offload_reports()[-1]
+    assert report["source"] == "measured" and report["streamed_bytes"] > 0
 
 
 def test_dumps_write_the_offload_report(tmp_path, monkeypatch):
