@@ -6,7 +6,7 @@ pinned memory).
 
 Every variant is checked against all-resident eager on the same input first, then timed with
 CUDA events (warm-up, median of the timed calls). Offloaded variants first run the engine's
-three calibration calls (docs/offload.md). Peak memory is ``max_memory_allocated`` during one
+four calibration calls (docs/offload.md). Peak memory is ``max_memory_allocated`` during one
 call less what was allocated before the variant was built.
 
     python benchmarks/offload.py --out benchmarks/results/extra/cuda_h100_offload.json

@@ -386,8 +386,8 @@ class Lowering:
         offload_calls = 0
 
         def offload_report() -> None:
-            # The offload plan changes over the first three calls (calibration, cost model,
-            # measured): the file is rewritten after each of them.
+            # The offload plan changes over the first calls (calibration, cost model, measured)
+            # and the fourth measures the last plan: the file is rewritten after each of them.
             nonlocal offload_calls
             offload_calls += 1
             report = executable.offload_report() if executable is not None else None
@@ -399,7 +399,7 @@ class Lowering:
             nonlocal done
             if done:
                 outputs = call(args, **kwargs)
-                if offload_calls < 3:
+                if offload_calls < 4:
                     offload_report()
                 return outputs
             done = True

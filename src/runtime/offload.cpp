@@ -61,8 +61,8 @@ struct PinnedChunk {
 };
 
 struct PinnedPool {
-  std::recursive_mutex mu;  // a chunk's destructor may run while it is held
-  std::shared_ptr<PinnedChunk> current;
+  std::recursive_mutex mu;             // a chunk's destructor may run while it is held
+  std::weak_ptr<PinnedChunk> current;  // weak: a chunk whose tensors are gone is freed
   std::map<uintptr_t, std::weak_ptr<PinnedChunk>> by_base;
   int64_t held = 0;
 };
@@ -86,7 +86,8 @@ std::pair<std::shared_ptr<PinnedChunk>, char*> pinned_alloc(size_t nbytes) {
   PinnedPool& pool = pinned_pool();
   std::lock_guard<std::recursive_mutex> lock(pool.mu);
   const size_t need = (nbytes + kHostAlign - 1) / kHostAlign * kHostAlign;
-  if (!pool.current || pool.current->used + need > pool.current->size) {
+  std::shared_ptr<PinnedChunk> current = pool.current.lock();
+  if (!current || current->used + need > current->size) {
     auto chunk = std::make_shared<PinnedChunk>();
     chunk->size = std::max(kChunkBytes, need);
     void* p = nullptr;
@@ -95,11 +96,12 @@ std::pair<std::shared_ptr<PinnedChunk>, char*> pinned_alloc(size_t nbytes) {
     chunk->base = static_cast<char*>(p);
     pool.by_base[reinterpret_cast<uintptr_t>(p)] = chunk;
     pool.held += static_cast<int64_t>(chunk->size);
-    pool.current = std::move(chunk);
+    pool.current = chunk;
+    current = std::move(chunk);
   }
-  char* at = pool.current->base + pool.current->used;
-  pool.current->used += need;
-  return {pool.current, at};
+  char* at = current->base + current->used;
+  current->used += need;
+  return {current, at};
 }
 
 std::shared_ptr<PinnedChunk> chunk_of(const void* ptr) {
@@ -129,10 +131,16 @@ at::Tensor view_of(const std::shared_ptr<PinnedChunk>& chunk, void* data, at::In
 
 // The GPU copy of one resident weight, shared by every engine that keeps it.
 struct ResidentCopy {
+  std::mutex mu;  // engines of several graphs (and threads) share it
   at::Tensor gpu;
   const void* src = nullptr;
   uint32_t version = 0;
   bool valid = false;
+  cudaStream_t stream = nullptr;  // where the last refresh was queued
+  cudaEvent_t copied = nullptr;   // recorded after it
+  ~ResidentCopy() {
+    if (copied) cudaEventDestroy(copied);
+  }
 };
 
 struct ResidentCache {
@@ -281,7 +289,8 @@ double estimate_operator_us(const std::string& name, const std::vector<c10::IVal
   auto dim = [&](size_t i, int64_t d) -> double {
     if (i >= in.size() || !in[i].isTensor()) return 0;
     const at::Tensor& t = in[i].toTensor();
-    return d < t.dim() ? double(t.size(d < 0 ? t.dim() + d : d)) : 0;
+    const int64_t k = d < 0 ? t.dim() + d : d;
+    return k >= 0 && k < t.dim() ? double(t.size(k)) : 0;
   };
   auto numel_without_last = [&](size_t i) -> double {
     if (i >= in.size() || !in[i].isTensor()) return 0;
@@ -349,7 +358,8 @@ struct OffloadEngine::Impl {
   std::vector<cudaEvent_t> t_begin, t_end;
   std::vector<bool> stepped;
   cudaEvent_t t_start = nullptr, t_final = nullptr;
-  std::vector<double> estimate_us;
+  cudaEvent_t done = nullptr;  // recorded at the end of every call, on its compute stream
+  std::vector<double> estimate_us, measured_us;
   size_t calls = 0;
   OffloadReport report;
   bool warned = false;
@@ -363,6 +373,7 @@ struct OffloadEngine::Impl {
     }
     if (t_start) cudaEventDestroy(t_start);
     if (t_final) cudaEventDestroy(t_final);
+    if (done) cudaEventDestroy(done);
   }
 
   static cudaEvent_t new_event(bool timed) {
@@ -459,6 +470,8 @@ struct OffloadEngine::Impl {
     report.measured_call_ms = report.measured_compute_ms = report.measured_overlap = -1;
   }
 
+  void start_call(std::vector<c10::IValue>& inputs);  // begin() once its weights are known
+
   void issue(size_t g, cudaEvent_t after) {
     cudaStream_t copy = copy_stream->stream();
     cuda_check(cudaStreamWaitEvent(copy, after, 0), "ordering a weight copy");
@@ -505,7 +518,7 @@ struct OffloadEngine::Impl {
     }
     float call_ms = 0;
     cudaEventElapsedTime(&call_ms, t_start, t_final);
-    if (calls >= 2) {  // the plan of this call was made for it: judge it
+    if (calls == 2 || calls == 4) {  // the plan of this call was made for it: judge it
       report.measured_call_ms = call_ms;
       report.measured_compute_ms = compute_ms;
       const double copy_ms = plan.copy_us / 1e3;
@@ -520,7 +533,11 @@ struct OffloadEngine::Impl {
     if (calls == 1) {
       install(plan_offload(estimate_us, plan_inputs(), o), "cost model");
     } else if (calls == 2) {
-      install(plan_offload(step_us, plan_inputs(), o), "measured");
+      measured_us = step_us;  // piece CUDA graphs capture in this call: also time the next
+      return;
+    } else if (calls == 3) {
+      for (size_t i = 0; i < steps; ++i) measured_us[i] = std::min(measured_us[i], step_us[i]);
+      install(plan_offload(measured_us, plan_inputs(), o), "measured");
     } else {
       return;
     }
@@ -545,29 +562,42 @@ bool OffloadEngine::begin(std::vector<c10::IValue>& inputs) {
   Impl& s = *impl_;
   if (s.plan_version == 0 || s.weights.empty()) {
     if (!s.collect(inputs)) return false;
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(s.device));
-    s.copy_stream = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(s.device));
-    s.report.link_gbps = host_link_gbps(s.device);
-    OffloadOptions o = s.options;
-    o.policy = OffloadPolicy::kBase;  // call 1: stream everything, estimate, time
-    o.link_bytes_per_us = s.report.link_gbps * 1e3;
-    s.install(plan_offload(std::vector<double>(s.steps, 1.0), s.plan_inputs(), o),
-              "calibration call");
-    s.t_begin.resize(s.steps);
-    s.t_end.resize(s.steps);
-    for (size_t i = 0; i < s.steps; ++i) {
-      s.t_begin[i] = Impl::new_event(true);
-      s.t_end[i] = Impl::new_event(true);
+    try {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(s.device));
+      s.copy_stream = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(s.device));
+      s.report.link_gbps = host_link_gbps(s.device);
+      if (s.t_start == nullptr) {
+        s.t_begin.resize(s.steps);
+        s.t_end.resize(s.steps);
+        for (size_t i = 0; i < s.steps; ++i) {
+          s.t_begin[i] = Impl::new_event(true);
+          s.t_end[i] = Impl::new_event(true);
+        }
+        s.t_start = Impl::new_event(true);
+        s.t_final = Impl::new_event(true);
+        s.done = Impl::new_event(false);
+      }
+      OffloadOptions o = s.options;
+      o.policy = OffloadPolicy::kBase;  // call 1: stream everything, estimate, time
+      o.link_bytes_per_us = s.report.link_gbps * 1e3;
+      s.install(plan_offload(std::vector<double>(s.steps, 1.0), s.plan_inputs(), o),
+                "calibration call");
+      s.calls = 0;
+    } catch (...) {
+      // Out of memory for the buffer, say: the next call starts over rather than run on a
+      // half-made plan.
+      s.plan_version = 0;
+      s.weights.clear();
+      s.buffer = at::Tensor();
+      throw;
     }
-    s.t_start = Impl::new_event(true);
-    s.t_final = Impl::new_event(true);
-    s.calls = 0;
   }
   // This call's weights: the planned shapes, in offloaded memory (else passed as they are).
   bool any = false;
   for (Impl::Weight& w : s.weights) {
     const c10::IValue& v = inputs[w.use.input];
     w.through = true;
+    w.src = nullptr;  // so that no prefetch is recorded as having copied it
     if (!v.isTensor()) continue;
     const at::Tensor& t = v.toTensor();
     if (t.sizes() != at::IntArrayRef(w.sizes) || t.strides() != at::IntArrayRef(w.strides) ||
@@ -581,8 +611,21 @@ bool OffloadEngine::begin(std::vector<c10::IValue>& inputs) {
     any = true;
   }
   if (!any) return false;
+  try {
+    s.start_call(inputs);
+  } catch (...) {
+    abort();
+    throw;
+  }
+  return true;
+}
+
+void OffloadEngine::Impl::start_call(std::vector<c10::IValue>& inputs) {
+  Impl& s = *this;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(s.device));
   s.compute = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(s.device)).stream();
+  // The previous call may have run on another stream: this one starts after it.
+  if (s.calls > 0) cuda_check(cudaStreamWaitEvent(s.compute, s.done, 0), "ordering calls");
   cudaEvent_t start = s.gate_events[0];
   cuda_check(cudaEventRecord(start, s.compute), "starting a call");
   for (size_t k = 0; k < s.weights.size(); ++k) {
@@ -592,11 +635,18 @@ bool OffloadEngine::begin(std::vector<c10::IValue>& inputs) {
     if (s.plan.resident[k]) {
       if (!w.resident || w.resident->src != w.src) w.resident = resident_for(t);
       ResidentCopy& r = *w.resident;
+      std::lock_guard<std::mutex> lock(r.mu);
+      // Refreshed (or being refreshed) on another stream: wait for that copy first.
+      if (r.valid && r.stream != s.compute && r.copied != nullptr) {
+        cuda_check(cudaStreamWaitEvent(s.compute, r.copied, 0), "waiting for a resident copy");
+      }
       if (!r.valid || r.src != w.src || r.version != w.version) {
         cuda_check(
             cudaMemcpyAsync(r.gpu.data_ptr(), w.src, size_t(w.bytes), cudaMemcpyDefault, s.compute),
             "copying a resident weight to the GPU");
-        r.src = w.src, r.version = w.version, r.valid = true;
+        if (r.copied == nullptr) r.copied = new_event(false);
+        cuda_check(cudaEventRecord(r.copied, s.compute), "recording a resident copy");
+        r.src = w.src, r.version = w.version, r.valid = true, r.stream = s.compute;
       }
       inputs[w.use.input] = r.gpu;
     } else {
@@ -614,13 +664,12 @@ bool OffloadEngine::begin(std::vector<c10::IValue>& inputs) {
     if ((group.wraps && stale) || (!group.wraps && group.gate == -1)) s.issue(g, start);
     s.prefetched[g] = false;
   }
-  s.timing = s.calls < 3;
+  s.timing = s.calls < 4;
   if (s.timing) {
     s.stepped.assign(s.steps, false);
     cuda_check(cudaEventRecord(s.t_start, s.compute), "timing a call");
     if (s.calls == 0) s.estimate_us.assign(s.steps, 0.0);
   }
-  return true;
 }
 
 void OffloadEngine::before_step(size_t step) {
@@ -664,6 +713,7 @@ void OffloadEngine::after_step(size_t step) {
 void OffloadEngine::finish() {
   Impl& s = *impl_;
   t_meter = nullptr;
+  cuda_check(cudaEventRecord(s.done, s.compute), "ending a call");
   ++s.calls;
   s.report.calls = s.calls;
   if (s.timing) s.finish_timed();
@@ -680,6 +730,7 @@ void OffloadEngine::abort() {
   if (cudaEventRecord(e, s.compute) == cudaSuccess) {
     cudaStreamWaitEvent(s.copy_stream->stream(), e, 0);
   }
+  if (s.done != nullptr) cudaEventRecord(s.done, s.compute);
   cudaGetLastError();
   std::fill(s.prefetched.begin(), s.prefetched.end(), false);
 }

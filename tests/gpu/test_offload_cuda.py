@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -175,6 +178,40 @@ def test_to_cuda_cpu_and_casts_keep_weights_in_pinned_host_memory():
         torch.testing.assert_close(model(x.half()).float(), on_gpu, rtol=2e-2, atol=2e-2)
 
 
+def test_offloading_never_holds_the_model_twice_on_the_host():
+    """In a fresh process (its peak resident set is its own): a 2 GB float32 model built on
+    the CPU, then offloaded. The peak grows by less than half the model (copying it whole
+    before freeing it would double it); the pinned memory held is about the model's bytes,
+    not rounded up to powers of two."""
+    script = textwrap.dedent(
+        """
+        import resource, torch
+        from torch import nn
+        from magi_compiler import _C, magi_compile
+        torch.empty(1, device="cuda")                       # CUDA context before measuring
+        _C.offload_to_host(torch.ones(1), "cuda")           # pinned allocator and mappings
+        model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(32)])   # 2.15 GB
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        held_before = _C.offload_host_bytes()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        magi_compile(model, config_patch={"offload_config": {"model_cpu_offload": True}})
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        assert all(_C.is_offloaded(p) for p in model.parameters())
+        print(nbytes, after - before, _C.offload_host_bytes() - held_before)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    nbytes, grown, held = (int(v) for v in out.stdout.split()[-3:])
+    # Measured on the H100: 0.94 GB for the 2.15 GB model (0.44x), more than the one pinned
+    # chunk the order of frees should allow (not explained yet), but never the model twice.
+    assert grown < nbytes // 2, (nbytes, grown)
+    # Chunks are exactly sized: the first params fill what is left of the probe's chunk.
+    assert nbytes - (256 << 20) <= held <= nbytes + (256 << 20), (nbytes, held)
+
+
 def test_weights_changed_in_place_reach_the_compiled_graph():
     torch.manual_seed(3)
     reference = Stack(3, 128, 2).cuda().eval()
@@ -188,6 +225,44 @@ def test_weights_changed_in_place_reach_the_compiled_graph():
         assert all(_C.is_offloaded(p) for p in model.parameters())
         for _ in range(2):
             torch.testing.assert_close(model(x), fresh(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_passed_in_place_for_one_call_is_copied_again_after():
+    """A weight that is not offloaded memory for one call (replaced by a GPU tensor) is passed
+    through as it is; when the offloaded one comes back, its copy is made again rather than
+    taken from a prefetch that skipped it."""
+    torch.manual_seed(9)
+    reference = Stack(3, 128, 2).cuda().eval()
+    model = _offloaded(copy.deepcopy(reference), "BASE")
+    x = torch.randn(2, 32, 128, device="cuda")
+    weight = model.blocks[0].norm1.weight
+    with torch.no_grad():
+        for _ in range(5):
+            torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+        offloaded = weight.data
+        weight.data = offloaded.clone()  # ordinary GPU memory, same values
+        assert not _C.is_offloaded(weight)
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+        weight.data = offloaded
+        for _ in range(2):
+            torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_calls_on_different_streams_are_ordered():
+    torch.manual_seed(10)
+    reference = Stack(3, 256, 4).cuda().eval()
+    model = _offloaded(copy.deepcopy(reference), "HEURISTIC", 0.2)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    xs = [torch.randn(2, 64, 256, device="cuda") for _ in range(8)]
+    torch.cuda.synchronize()
+    outs = []
+    with torch.no_grad():
+        for i, x in enumerate(xs):
+            with torch.cuda.stream(streams[i % 2]):
+                outs.append(model(x))
+        torch.cuda.synchronize()
+        for x, out in zip(xs, outs, strict=True):
+            torch.testing.assert_close(out, reference(x), rtol=1e-4, atol=1e-4)
 
 
 def test_instances_sharing_a_graph_keep_their_own_weights():

@@ -9,11 +9,13 @@
 // (resident weights, shared by every graph of the process).
 //
 // The engine of an Executable calibrates itself over its first calls:
-//   call 1: every weight streamed with a fixed look-ahead (BASE); each step's compute time
+//   call 1: every weight streamed through two buffers (BASE); each step's compute time
 //           estimated from its operators (FLOPs, bytes) and timed with CUDA events;
-//   call 2: the configured policy, planned on the estimates; timed again;
-//   call 3: planned on the times measured in call 2; timed once more for the report;
+//   call 2: the configured policy, planned on the estimates; timed;
+//   call 3: the same plan, timed again (call 2 may include piece CUDA-graph captures);
+//   call 4: planned on the faster of the two times of each step; timed for the report;
 //   later:  no timing. The plan changes nothing that was captured or compiled.
+// Consecutive calls are ordered on the GPU even when they run on different streams.
 #pragma once
 
 #include <ATen/core/Tensor.h>
