@@ -86,18 +86,28 @@ std::pair<std::shared_ptr<PinnedChunk>, char*> pinned_alloc(size_t nbytes) {
   PinnedPool& pool = pinned_pool();
   std::lock_guard<std::recursive_mutex> lock(pool.mu);
   const size_t need = (nbytes + kHostAlign - 1) / kHostAlign * kHostAlign;
-  std::shared_ptr<PinnedChunk> current = pool.current.lock();
-  if (!current || current->used + need > current->size) {
+  auto new_chunk = [&](size_t size) {
     auto chunk = std::make_shared<PinnedChunk>();
-    chunk->size = std::max(kChunkBytes, need);
+    chunk->size = size;
     void* p = nullptr;
     cuda_check(cudaHostAlloc(&p, chunk->size, cudaHostAllocPortable | cudaHostAllocMapped),
                "allocating pinned host memory (cudaHostAlloc)");
     chunk->base = static_cast<char*>(p);
     pool.by_base[reinterpret_cast<uintptr_t>(p)] = chunk;
     pool.held += static_cast<int64_t>(chunk->size);
-    pool.current = chunk;
-    current = std::move(chunk);
+    return chunk;
+  };
+  std::shared_ptr<PinnedChunk> current = pool.current.lock();
+  if (!current || current->used + need > current->size) {
+    // A big tensor that does not fit gets a chunk of its own, exactly sized, and the shared
+    // chunk stays for small ones: at most one chunk's tail is ever unused.
+    if (need >= kChunkBytes / 4) {
+      auto own = new_chunk(need);
+      own->used = need;
+      return {own, own->base};
+    }
+    current = new_chunk(kChunkBytes);
+    pool.current = current;
   }
   char* at = current->base + current->used;
   current->used += need;

@@ -180,9 +180,9 @@ def test_to_cuda_cpu_and_casts_keep_weights_in_pinned_host_memory():
 
 def test_offloading_never_holds_the_model_twice_on_the_host():
     """In a fresh process (its peak resident set is its own): a 2 GB float32 model built on
-    the CPU, then offloaded. The peak grows by less than half the model (copying it whole
-    before freeing it would double it); the pinned memory held is about the model's bytes,
-    not rounded up to powers of two."""
+    the CPU, then offloaded. The peak grows by at most one pinned chunk and some slack, not by
+    the model (copying it whole before freeing it would double it); the pinned memory held is
+    the model's bytes and at most one chunk's unused tail, not rounded up to powers of two."""
     script = textwrap.dedent(
         """
         import resource, torch
@@ -205,10 +205,7 @@ def test_offloading_never_holds_the_model_twice_on_the_host():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     nbytes, grown, held = (int(v) for v in out.stdout.split()[-3:])
-    # Measured on the H100: 0.94 GB for the 2.15 GB model (0.44x), more than the one pinned
-    # chunk the order of frees should allow (not explained yet), but never the model twice.
-    assert grown < nbytes // 2, (nbytes, grown)
-    # Chunks are exactly sized: the first params fill what is left of the probe's chunk.
+    assert grown <= (256 << 20) + (128 << 20), (nbytes, grown)  # one chunk and some slack
     assert nbytes - (256 << 20) <= held <= nbytes + (256 << 20), (nbytes, held)
 
 

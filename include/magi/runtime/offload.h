@@ -32,8 +32,9 @@
 namespace magi::runtime {
 
 /// A copy of `src` in pinned host memory, as a tensor on `device` (CUDA: the GPU reads the
-/// host memory directly; CPU: an ordinary CPU tensor). Memory comes from chunks of at least
-/// 256 MiB allocated exactly (no power-of-two rounding) and freed when their last tensor is.
+/// host memory directly; CPU: an ordinary CPU tensor). Tensors of 64 MiB or more get a pinned
+/// allocation of their exact size; smaller ones share 256 MiB chunks (no power-of-two
+/// rounding). A chunk is freed when its last tensor is.
 at::Tensor offload_to_host(const at::Tensor& src, c10::Device device);
 /// The same pinned memory as `offloaded`, seen from `device` (no copy).
 at::Tensor offloaded_view(const at::Tensor& offloaded, c10::Device device);
