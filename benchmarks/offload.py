@@ -32,49 +32,15 @@ for _p in (str(ROOT / "examples"), str(ROOT)):
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+from blocks import DiTStack  # noqa: E402
 
 from benchmarks.harness import fresh_instance  # noqa: E402
-
-
-class Block(nn.Module):
-    """Norm, attention (no mask), norm, GELU MLP, residuals: a DiT block without modulation."""
-
-    def __init__(self, hidden: int, heads: int, mlp: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(hidden, elementwise_affine=False)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.norm2 = nn.LayerNorm(hidden, elementwise_affine=False)
-        self.fc1 = nn.Linear(hidden, mlp * hidden)
-        self.fc2 = nn.Linear(mlp * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
-
-
-class DiT(nn.Module):
-    def __init__(self, layers: int, hidden: int, heads: int, mlp: int):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(hidden, heads, mlp) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 class SyncOffload:
     """Each block's weights copied to the GPU right before it runs, the copy blocking."""
 
-    def __init__(self, model: DiT, pinned: bool):
+    def __init__(self, model: DiTStack, pinned: bool):
         self.blocks = []
         for block in model.blocks:
             cpu = copy.deepcopy(block).to("cpu")
@@ -111,7 +77,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def run_config(reference: DiT, tokens: int, args, variants: list[str]) -> dict[str, Any]:
+def run_config(reference: DiTStack, tokens: int, args, variants: list[str]) -> dict[str, Any]:
     from magi_compiler import inspection, magi_compile
 
     hidden = args.hidden
@@ -136,13 +102,15 @@ def run_config(reference: DiT, tokens: int, args, variants: list[str]) -> dict[s
                 before -= sum(p.numel() * p.element_size() for p in reference.parameters())
             elif name == "magi":
                 with torch.device("cuda"):  # built where its weights live: fast init
-                    fn = fresh_instance(DiT, args.layers, hidden, args.heads, args.mlp)
+                    fn = fresh_instance(DiTStack, args.layers, hidden, args.heads, args.mlp, False)
                 fn.to(torch.bfloat16).load_state_dict(reference.state_dict())
                 fn = magi_compile(fn, dynamic_arg_dims={})  # batch 1: static
             elif name.startswith("offload_"):
                 policy = name[len("offload_") :].upper()
                 with torch.device("cuda"):  # then moved into pinned host memory, block by block
-                    model = fresh_instance(DiT, args.layers, hidden, args.heads, args.mlp)
+                    model = fresh_instance(
+                        DiTStack, args.layers, hidden, args.heads, args.mlp, False
+                    )
                 model.to(torch.bfloat16).load_state_dict(reference.state_dict())
                 fn = magi_compile(model, dynamic_arg_dims={}, config_patch={"offload_config": {
                     "model_cpu_offload": True, "offload_policy": policy,
@@ -199,7 +167,9 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     reference = (
-        DiT(args.layers, args.hidden, args.heads, args.mlp).to("cuda", torch.bfloat16).eval()
+        DiTStack(args.layers, args.hidden, args.heads, args.mlp, False)
+        .to("cuda", torch.bfloat16)
+        .eval()
     )
     weights = sum(p.numel() * p.element_size() for p in reference.parameters())
     from magi_compiler import _C

@@ -14,7 +14,8 @@ Contents
 - :func:`rotary_cos_sin`, :func:`apply_rotary`   Llama-style rotary position embedding.
 - :class:`LlamaBlock`                 pre-norm decoder block: RoPE + GQA attention + SwiGLU MLP.
 - :class:`GPT2Block`                  pre-norm decoder block: fused qkv + GELU(tanh) MLP.
-- :class:`LlamaStack`, :class:`GPT2Stack`   stacks of the blocks above.
+- :class:`DiTBlock`                   video-DiT-style block: LayerNorm, full attention, GELU MLP.
+- :class:`LlamaStack`, :class:`GPT2Stack`, :class:`DiTStack`   stacks of the blocks above.
 - :func:`init_weights_`               deterministic, non-trivial re-initialisation for tests.
 """
 
@@ -30,8 +31,10 @@ __all__ = [
     "apply_rotary",
     "LlamaBlock",
     "GPT2Block",
+    "DiTBlock",
     "LlamaStack",
     "GPT2Stack",
+    "DiTStack",
     "init_weights_",
 ]
 
@@ -274,6 +277,55 @@ class GPT2Stack(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x)
+        return x
+
+
+class DiTBlock(nn.Module):
+    """A diffusion-transformer block without timestep modulation: LayerNorm, bidirectional
+    (unmasked) attention, LayerNorm, GELU(tanh) MLP of ``mlp`` times the hidden size, with
+    residuals. ``norm_affine=False`` gives the norms no weights (as DiTs that modulate them)."""
+
+    def __init__(self, hidden: int, heads: int, mlp: int = 4, norm_affine: bool = True) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden, elementwise_affine=norm_affine)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden, elementwise_affine=norm_affine)
+        self.fc1 = nn.Linear(hidden, mlp * hidden)
+        self.fc2 = nn.Linear(mlp * hidden, hidden)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of shape [batch, heads, seq, head_dim] from the normed input."""
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        return tuple(t.transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
+
+    def finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The rest of the block after attention output ``o`` [batch, heads, seq, head_dim]."""
+        b, s, h = x.shape
+        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_heads(x)
+        return self.finish(x, F.scaled_dot_product_attention(q, k, v))
+
+
+class DiTStack(nn.Module):
+    """``layers`` :class:`DiTBlock` s applied in sequence."""
+
+    def __init__(
+        self, layers: int, hidden: int, heads: int, mlp: int = 4, norm_affine: bool = True
+    ) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            DiTBlock(hidden, heads, mlp, norm_affine) for _ in range(layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
         return x
 
 

@@ -119,7 +119,7 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     if mode == "FULL" and config.offload_config.model_cpu_offload:
         # One graph for the whole call cannot wait for copies started by the previous call,
         # nor notice weights changed in place: offloaded models use PIECEWISE graphs.
-        _offload._warn_once(
+        _offload.warn_once(
             "full-graphs",
             "cudagraph_mode=FULL with model_cpu_offload: capturing the pieces only (PIECEWISE), "
             "the weight copies run between them%s",

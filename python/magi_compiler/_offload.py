@@ -22,7 +22,7 @@ from magi_compiler.config import CompileConfig
 _warned: set[str] = set()
 
 
-def _warn_once(key: str, message: str, *args: Any) -> None:
+def warn_once(key: str, message: str, *args: Any) -> None:
     if key not in _warned:
         _warned.add(key)
         logger.warning(message, *args)
@@ -34,7 +34,7 @@ def engine_settings(config: CompileConfig, kind: str) -> dict[str, Any] | None:
     if not oc.model_cpu_offload:
         return None
     if kind != "inference":
-        _warn_once(
+        warn_once(
             "training",
             "model_cpu_offload: %s graphs read offloaded weights in place over the host link "
             "(slow); the offload engine streams weights for inference graphs only",
@@ -64,7 +64,7 @@ def offload_module(module: nn.Module) -> int:
     original is freed as soon as its copy exists, so the host never holds the model twice),
     and makes ``.to()`` and friends keep them there. Returns the bytes moved; 0 without CUDA."""
     if not torch.cuda.is_available():
-        _warn_once(
+        warn_once(
             "no-cuda",
             "model_cpu_offload=True needs a CUDA device; %s keeps its weights where they are",
             type(module).__name__,

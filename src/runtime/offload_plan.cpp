@@ -41,19 +41,15 @@ constexpr size_t kNone = std::numeric_limits<size_t>::max();
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
-// Compute per byte of each weight: the time of the steps that read it, per byte it brings.
+// Compute per byte of each weight: the time of its first reader's step (the one its copy must
+// finish before), per byte of all the weights first read there.
 std::vector<double> compute_per_byte(const std::vector<double>& step_us,
                                      const std::vector<OffloadWeight>& weights) {
   std::vector<double> first_bytes(step_us.size(), 0.0);
   for (const auto& w : weights) first_bytes[w.first_use] += double(w.bytes);
   std::vector<double> out(weights.size());
   for (size_t i = 0; i < weights.size(); ++i) {
-    const auto& w = weights[i];
-    const double bytes = std::max<double>(1.0, double(w.bytes));
-    const double us = w.compute_us >= 0 ? w.compute_us
-                                        : step_us[w.first_use] * double(w.bytes) /
-                                              std::max(1.0, first_bytes[w.first_use]);
-    out[i] = us / bytes;
+    out[i] = step_us[weights[i].first_use] / std::max(1.0, first_bytes[weights[i].first_use]);
   }
   return out;
 }

@@ -16,6 +16,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from blocks import DiTBlock, DiTStack
 from magi_compiler import _C, _dump, inspection, magi_compile, magi_register_custom_op
 from torch import nn
 
@@ -25,39 +26,6 @@ pytestmark = [
 ]
 
 POLICIES = ("BASE", "COST_EFFECTIVE", "HEURISTIC")
-
-
-class Block(nn.Module):
-    """A DiT-style block: norm, attention, norm, MLP, residuals."""
-
-    def __init__(self, hidden: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.norm2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, 4 * hidden)
-        self.fc2 = nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
-
-
-class Stack(nn.Module):
-    def __init__(self, layers: int = 4, hidden: int = 256, heads: int = 4):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def _offloaded(model: nn.Module, policy: str = "COST_EFFECTIVE", ratio: float = 0.3, **extra):
@@ -87,7 +55,7 @@ def _fresh():
 @pytest.mark.parametrize("policy", POLICIES)
 def test_outputs_equal_the_model_without_offload(policy):
     torch.manual_seed(0)
-    reference = Stack().cuda().eval()
+    reference = DiTStack(4, 256, 4).cuda().eval()
     # The traced attention kernel for both, so the two compiled graphs run the same kernels.
     plain = magi_compile(copy.deepcopy(reference), config_patch={"attention_backend": "graph"})
     model = _offloaded(copy.deepcopy(reference), policy, attention_backend="graph")
@@ -118,7 +86,7 @@ def test_outputs_equal_the_model_without_offload(policy):
 def test_gpu_memory_stays_under_resident_plus_buffer_plus_activations():
     torch.manual_seed(1)
     hidden, layers = 1024, 6
-    reference = Stack(layers, hidden, 8).cuda().half().eval()
+    reference = DiTStack(layers, hidden, 8).cuda().half().eval()
     x = torch.randn(2, 256, hidden, device="cuda", dtype=torch.half)
     plain = magi_compile(copy.deepcopy(reference))
     with torch.no_grad():
@@ -153,7 +121,7 @@ def test_gpu_memory_stays_under_resident_plus_buffer_plus_activations():
 
 def test_to_cuda_cpu_and_casts_keep_weights_in_pinned_host_memory():
     torch.manual_seed(2)
-    model = _offloaded(Stack(2, 128, 2))  # built on the CPU, moved into pinned memory
+    model = _offloaded(DiTStack(2, 128, 2))  # built on the CPU, moved into pinned memory
     weights = _weight_bytes(model)
     ptrs = [p.data_ptr() for p in model.parameters()]
     assert all(p.is_cuda and _C.is_offloaded(p) for p in model.parameters())
@@ -211,13 +179,13 @@ def test_offloading_never_holds_the_model_twice_on_the_host():
 
 def test_weights_changed_in_place_reach_the_compiled_graph():
     torch.manual_seed(3)
-    reference = Stack(3, 128, 2).cuda().eval()
+    reference = DiTStack(3, 128, 2).cuda().eval()
     model = _offloaded(copy.deepcopy(reference), "HEURISTIC", 0.5)
     x = torch.randn(2, 32, 128, device="cuda")
     with torch.no_grad():
         for _ in range(5):  # past calibration: prefetch across calls and resident copies live
             torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
-        fresh = Stack(3, 128, 2).cuda().eval()
+        fresh = DiTStack(3, 128, 2).cuda().eval()
         model.load_state_dict(fresh.state_dict())  # in place, into the pinned memory
         assert all(_C.is_offloaded(p) for p in model.parameters())
         for _ in range(2):
@@ -229,7 +197,7 @@ def test_a_weight_passed_in_place_for_one_call_is_copied_again_after():
     through as it is; when the offloaded one comes back, its copy is made again rather than
     taken from a prefetch that skipped it."""
     torch.manual_seed(9)
-    reference = Stack(3, 128, 2).cuda().eval()
+    reference = DiTStack(3, 128, 2).cuda().eval()
     model = _offloaded(copy.deepcopy(reference), "BASE")
     x = torch.randn(2, 32, 128, device="cuda")
     weight = model.blocks[0].norm1.weight
@@ -247,7 +215,7 @@ def test_a_weight_passed_in_place_for_one_call_is_copied_again_after():
 
 def test_calls_on_different_streams_are_ordered():
     torch.manual_seed(10)
-    reference = Stack(3, 256, 4).cuda().eval()
+    reference = DiTStack(3, 256, 4).cuda().eval()
     model = _offloaded(copy.deepcopy(reference), "HEURISTIC", 0.2)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     xs = [torch.randn(2, 64, 256, device="cuda") for _ in range(8)]
@@ -268,11 +236,11 @@ def test_instances_sharing_a_graph_keep_their_own_weights():
     @magi_compile(
         config_patch={"offload_config": {"model_cpu_offload": True, "offload_policy": "BASE"}}
     )
-    class Model(Stack):
+    class Model(DiTStack):
         pass
 
     a, b = Model(2, 128, 2), Model(2, 128, 2)
-    ref_a, ref_b = Stack(2, 128, 2).cuda(), Stack(2, 128, 2).cuda()
+    ref_a, ref_b = DiTStack(2, 128, 2).cuda(), DiTStack(2, 128, 2).cuda()
     ref_a.load_state_dict(a.state_dict())
     ref_b.load_state_dict(b.state_dict())
     assert not any(_C.is_offloaded(p) for p in ref_a.parameters())
@@ -285,7 +253,7 @@ def test_instances_sharing_a_graph_keep_their_own_weights():
 
 def test_small_shapes_warn_that_copies_cannot_hide(capfd):
     torch.manual_seed(5)
-    model = _offloaded(Stack(4, 1024, 8).cuda().half(), "COST_EFFECTIVE", 0.1)
+    model = _offloaded(DiTStack(4, 1024, 8).cuda().half(), "COST_EFFECTIVE", 0.1)
     x = torch.randn(2, 8, 1024, device="cuda", dtype=torch.half)
     with torch.no_grad():
         for _ in range(4):
@@ -300,7 +268,7 @@ def test_small_shapes_warn_that_copies_cannot_hide(capfd):
 
 def test_cuda_graphs_full_falls_back_to_pieces_and_stays_correct(caplog):
     torch.manual_seed(6)
-    reference = Stack(2, 128, 2).cuda().eval()
+    reference = DiTStack(2, 128, 2).cuda().eval()
     model = _offloaded(copy.deepcopy(reference), cudagraph_mode="FULL")
     x = torch.randn(2, 16, 128, device="cuda")
     with torch.no_grad():
@@ -316,22 +284,18 @@ def boundary_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     return F.scaled_dot_product_attention(q, k, v)
 
 
-class PieceBlock(Block):
+class PieceBlock(DiTBlock):
     """Block whose attention is a registered boundary op: the graph splits into pieces."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
-        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        o = boundary_attention(q, k, v)
-        x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        q, k, v = (t.contiguous() for t in self.qkv_heads(x))
+        return self.finish(x, boundary_attention(q, k, v))
 
 
 @pytest.mark.parametrize("policy", ["BASE", "HEURISTIC"])
 def test_piecewise_cuda_graphs_replay_with_streamed_weights(policy):
     torch.manual_seed(8)
-    reference = Stack(3, 128, 2).cuda().eval()
+    reference = DiTStack(3, 128, 2).cuda().eval()
     reference.blocks = nn.ModuleList(PieceBlock(128, 2) for _ in range(3)).cuda()
     model = _offloaded(copy.deepcopy(reference), policy, 0.3, cudagraph_mode="PIECEWISE")
     with torch.no_grad():
@@ -355,7 +319,7 @@ def test_dumps_write_the_offload_report(tmp_path, monkeypatch):
     monkeypatch.setenv(_dump.ENABLE_ENV, "1")
     monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
     torch.manual_seed(7)
-    model = _offloaded(Stack(2, 128, 2).cuda())
+    model = _offloaded(DiTStack(2, 128, 2).cuda())
     x = torch.randn(2, 16, 128, device="cuda")
     with torch.no_grad():
         for _ in range(4):

@@ -31,10 +31,6 @@ struct OffloadWeight {
   size_t first_use = 0;
   size_t last_use = 0;
   bool must_stay = false;  // a view of it is a graph output: never streamed
-  // Compute time of the steps reading it, shared among the weights each step reads in
-  // proportion to their bytes (COST_EFFECTIVE's compute per byte); < 0: the time of its
-  // first reader's step, shared the same way among the weights first read there.
-  double compute_us = -1;
 };
 
 struct OffloadOptions {
