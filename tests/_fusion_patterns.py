@@ -662,7 +662,7 @@ def run_pattern(pattern: Pattern, dtype: torch.dtype, device: str, assert_close_
                 # large magnitudes the two differ by a few units in the last place. Then the
                 # float32 result, rounded once, is the fairer reference.
                 assert_close_rel(
-                    out, _rounded_float32_reference(pattern, inputs, dtype), RTOL[dtype]
+                    out, _rounded_float32_reference(pattern, inputs, expected), RTOL[dtype]
                 )
     torch._dynamo.reset()
     assert len(runs) == 1, f"{len(runs)} graphs lowered for {len(pattern.batches)} batch sizes"
