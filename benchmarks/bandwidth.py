@@ -14,11 +14,12 @@ GPU), and the device's copy bandwidth
 (``dst.copy_(src)`` of a buffer of the same size). Effective bandwidth is
 (bytes read + bytes written) / time, counting each input and output once, as a perfect fused
 kernel would move them; intermediates and re-reads are the implementation's cost. Each variant
-is checked against eager first, then all are timed together: warm-up calls of each, then five
-rounds in which every variant makes 20 calls in turn (interleaving puts any drift of the
-machine's clocks on every variant alike), each call timed with CUDA events (the host clock on
-the CPU), over inputs rotating through two sets (each tensor is 256 MiB on the GPU, so the L2
-cache holds nothing useful); the median of the 100 calls counts.
+is checked against eager first, then all are timed together: warm-up calls of each, then six
+rounds in which every variant makes 20 calls in turn, the order rotating from round to round
+(interleaving puts any drift of the machine's clocks on every variant alike, rotation any
+effect of the order), each call timed with CUDA events (the host clock on the CPU), over inputs
+rotating through two sets (each tensor is 256 MiB on the GPU, so the L2 cache holds nothing
+useful); the median of the 120 calls counts.
 
 **Compile latency.** All kernels of one LlamaBlock (``examples/blocks.py``, hidden 2048,
 bfloat16 on the GPU) compiled cold, in a fresh process with an empty kernel cache directory,
@@ -187,16 +188,18 @@ def time_interleaved(
 ) -> dict[str, float]:
     """Median seconds per call of each fn: warm-up calls of each, then `rounds` rounds in which
     every fn runs iters / rounds calls in turn, so a drift of the machine (clocks, temperature)
-    falls on every variant alike."""  # fmt: skip
+    falls on every variant alike; the order of the variants rotates from round to round, so that
+    no variant always follows the same one."""  # fmt: skip
     for fn in fns.values():
         for i in range(warmup):
             fn(*input_sets[i % len(input_sets)])
     _sync(device)
     times: dict[str, list[float]] = {name: [] for name in fns}
     per_round = max(1, iters // rounds)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name] += time_block(fn, input_sets, device, per_round)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name] += time_block(fns[name], input_sets, device, per_round)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -422,8 +425,8 @@ def parse_args(argv):
     args.hidden = args.hidden or (2048 if gpu else 256)
     args.seq = args.seq or (512 if gpu else 16)
     args.warmup = 5 if big else 2
-    args.iters = 100 if big else 5
-    args.rounds = 5 if big else 1
+    args.iters = 120 if big else 5
+    args.rounds = 6 if big else 1  # each variant in each position twice (three variants)
     variants = args.variants.split(",") if args.variants else (
         list(VARIANTS) if gpu else ["eager", "magi_compile"])  # fmt: skip
     bad = [v for v in variants if v not in VARIANTS]

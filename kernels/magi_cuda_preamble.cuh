@@ -124,8 +124,11 @@ __device__ __forceinline__ A magi_round_f16(A v) {
 // One 16-byte load. MAGI_VECTOR_IO (docs/config.md) picks how: with the streaming hint (cs,
 // the default, and ldcs: evict first, since each byte is read once), through the read-only
 // path (ldg, the build without any define), written out in PTX (asm) or left to the compiler
-// (plain). kKeep marks data every row reads again (a norm's weight and bias): it never takes
-// the streaming hint.
+// (plain). kKeep loads never take the streaming hint: data every row reads again (a norm's
+// weight and bias), and every load of a pointwise kernel. On the H100 the hint cost pointwise
+// kernels 1.4% (silu*mul) to 4% (x*y+z) of their time when their inputs were not the tensors
+// another kernel had just read (scripts/gpu/pointwise_kernels.py), while it gains row kernels
+// about one point of copy bandwidth (benchmarks/RESULTS.md).
 template <bool kKeep = false>
 __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #if defined(MAGI_VECTOR_IO_ASM)
@@ -269,12 +272,12 @@ __device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, Magi
 
 // V elements from base + off, `step` apart: one vector load when they are adjacent and the
 // address is aligned (a broadcast operand whose last dim is contiguous), else V loads.
-template <typename A, typename T, int V>
+template <typename A, typename T, int V, bool kKeep = false>
 __device__ __forceinline__ void magi_load_strided(const T* __restrict__ base, long long off,
                                                   long long step, A* out) {
   const T* p = base + off;
   if (step == 1 && reinterpret_cast<unsigned long long>(p) % (sizeof(T) * V) == 0) {
-    magi_load<A, T, V>(p, out);
+    magi_load<A, T, V, kKeep>(p, out);
     return;
   }
 #pragma unroll

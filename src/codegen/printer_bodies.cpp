@@ -8,16 +8,16 @@ namespace magi::codegen::printer {
 // Fills `dest`[V] (default t<i>) from input i through its strides, for the V elements from
 // linear index `first`: they lie in one row (the vector width divides the row length), so the
 // offset is computed once and the lanes step by the last dim's stride (on the GPU one vector
-// load when that stride is 1 and the address aligned).
+// load when that stride is 1 and the address aligned; `keep`: without the streaming hint).
 std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
-                                const std::string& first, std::string dest) {
+                                const std::string& first, std::string dest, bool keep) {
   const std::string k = std::to_string(i), in = "in" + k;
   if (dest.empty()) dest = "t" + k;
   const std::string off = "magi_offset(" + args + ", " + k + ", " + first + ")";
   const std::string step = args + ".strides[" + k + "][" + args + ".rank - 1]";
   if (gpu) {
-    return "magi_load_strided<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V>(" + in +
-           ", " + off + ", " + step + ", " + dest + ");";
+    return "magi_load_strided<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V" +
+           (keep ? ", true" : "") + ">(" + in + ", " + off + ", " + step + ", " + dest + ");";
   }
   return "{ const long long off = " + off + "; const long long step = " + step +
          "; for (int j = 0; j < V; ++j) " + dest + "[j] = magi_to_acc<A>(" + in +
@@ -135,7 +135,7 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
   std::string V = std::to_string(v.vector_width);
   switch (v.access[i]) {
     case AccessClass::kContiguous:
-      if (gpu) return "magi_load<A, " + T + ", " + V + ">(" + in + " + base, " + ti + ");";
+      if (gpu) return "magi_load<A, " + T + ", " + V + ", true>(" + in + " + base, " + ti + ");";
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[base + j]);";
     case AccessClass::kColumn:  // read again by every row: never streamed
       if (gpu) {
@@ -154,7 +154,7 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
     case AccessClass::kScalar:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
     case AccessClass::kStrided:
-      return strided_vector_load(v, i, gpu, args, "base");
+      return strided_vector_load(v, i, gpu, args, "base", "", true);
   }
   return "";
 }
@@ -208,7 +208,7 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
     const std::string dest = "s" + std::to_string(n);
     os << ind << "A " << dest << "[V];\n";
     if (v.access[op.input] == AccessClass::kStrided) {
-      os << ind << strided_vector_load(v, op.input, gpu, args, first, dest) << "\n";
+      os << ind << strided_vector_load(v, op.input, gpu, args, first, dest, true) << "\n";
     } else if (gpu) {
       os << ind << "magi_load<A, " << T << ", V>(in" << k << " + " << first << ", " << dest
          << ");\n";

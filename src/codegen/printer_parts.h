@@ -63,7 +63,7 @@ void emit_header_comment(std::ostream& os, const KernelVariant& v);
 void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& args);
 
 std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
-                                const std::string& first, std::string dest = "");
+                                const std::string& first, std::string dest = "", bool keep = false);
 std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::string& args);
 std::string load_row_value(const KernelVariant& v, int i, const std::string& args);
 void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,

@@ -21,6 +21,16 @@ int env_int(const char* name, int fallback, int lo, int hi) {
 }
 }  // namespace
 
+char kernel_grid_mode() {
+  static const char mode = [] {
+    const char* text = std::getenv("MAGI_KERNEL_GRID");
+    std::string m = text == nullptr || *text == '\0' ? "all" : text;
+    MAGI_CHECK(m == "wave" || m == "all", "MAGI_KERNEL_GRID=", m, " is not one of all, wave");
+    return m[0];
+  }();
+  return mode;
+}
+
 int row_chunks_per_thread() {
   static const int chunks = env_int("MAGI_ROW_CHUNKS", 4, 1, 16);
   return chunks;

@@ -53,6 +53,14 @@ std::string print_cuda(const KernelVariant& v) {
   if (s.schedule == Schedule::kPointwise) {
     os << "  const long long vectors = a.numel / V;\n";
     const int unroll = pointwise_unroll();
+    if (unroll == 1 && kernel_grid_mode() == 'a') {  // the grid covers every vector
+      os << "  const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
+      os << "  if (vi < vectors) {\n";
+      os << "    const long long base = vi * V;\n";
+      emit_pointwise_body(os, v, true, "a", "    ");
+      os << "  }\n}\n";
+      return unroll_lane_loops(os.str());
+    }
     if (unroll == 1) {
       os << "  for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < "
             "vectors;\n       vi += (long long)gridDim.x * blockDim.x) {\n";

@@ -130,21 +130,6 @@ int vector_width_for(const codegen::KernelSpec& spec, const std::vector<AccessCl
   return width;
 }
 
-// How many blocks a launch gets: 'a' (default) one block per row or per 256 vectors, the
-// hardware scheduling them as slots free; 'w' about one wave of resident blocks, each walking a
-// stride of rows or vectors. On an H100 (bf16, 16384 x 8192) 'a' was 3-10% faster for
-// pointwise kernels and 7-12% for row kernels (schedule sweep in benchmarks/RESULTS.md).
-// MAGI_KERNEL_GRID=all|wave, for tuning experiments.
-char grid_mode() {
-  static const char mode = [] {
-    const char* text = std::getenv("MAGI_KERNEL_GRID");
-    std::string m = text == nullptr || *text == '\0' ? "all" : text;
-    MAGI_CHECK(m == "wave" || m == "all", "MAGI_KERNEL_GRID=", m, " is not one of all, wave");
-    return m[0];
-  }();
-  return mode;
-}
-
 int64_t pow2_ceil(int64_t x) {
   int64_t p = 1;
   while (p < x) p <<= 1;
@@ -566,8 +551,12 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
       threads = std::min(256, codegen::max_threads_per_block());
       int64_t vectors =
           (numel / width + codegen::pointwise_unroll() - 1) / codegen::pointwise_unroll();
-      int64_t cap = grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};
+      int64_t cap =
+          codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};
       blocks = static_cast<unsigned>(std::min<int64_t>((vectors + threads - 1) / threads, cap));
+      // In 'a' mode the printed pointwise kernel has no stride loop: the grid covers all.
+      MAGI_ASSERT(cap != 0x7fffffff || int64_t(blocks) * threads >= vectors, "pointwise launch of ",
+                  blocks, " blocks misses vectors of ", vectors);
     } else {
       const int64_t row_threads =
           kv.streamed_rows ? codegen::stream_threads_per_block() : threads_per_row(cols, width);
@@ -579,7 +568,8 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
       // 'w': one wave of persistent blocks (as many as fit on the device at once).
       int64_t per_sm = v.cuda->resident_blocks(static_cast<int>(block_threads));
       if (per_sm <= 0) per_sm = std::max<int64_t>(1, 2048 / block_threads);
-      int64_t cap = grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm : int64_t{0x7fffffff};
+      int64_t cap = codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm
+                                                       : int64_t{0x7fffffff};
       blocks = static_cast<unsigned>(
           std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, cap));
     }

@@ -14,6 +14,12 @@ namespace magi::codegen {
 // an environment variable for tuning experiments (docs/debugging.md, scripts/gpu/sweep_*.sh). Each
 // is read once per process and is part of the printed source, hence of the kernel cache key.
 
+/// How many blocks a launch gets: 'a' (default) one block per row or per 256 vectors, the
+/// hardware scheduling them as slots free (pointwise kernels then print no stride loop: one
+/// vector per thread); 'w' about one wave of resident blocks, each walking a stride of rows or
+/// vectors. On an H100 (bf16, 16384 x 8192) 'a' was 3-10% faster for pointwise kernels and
+/// 7-12% for row kernels (schedule sweep in benchmarks/RESULTS.md). MAGI_KERNEL_GRID=all|wave.
+char kernel_grid_mode();
 /// Chunks of vector_width columns each thread of a row kernel holds in registers when its row
 /// fits: 4 by default, MAGI_ROW_CHUNKS (1-16).
 int row_chunks_per_thread();

@@ -14,15 +14,15 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
   (void)cols;
   (void)rows;
   const long long vectors = a.numel / V;
-  for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < vectors;
-       vi += (long long)gridDim.x * blockDim.x) {
+  const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (vi < vectors) {
     const long long base = vi * V;
     A t0[V];
-    magi_load<A, magi_bf16, 8>(in0 + base, t0);
+    magi_load<A, magi_bf16, 8, true>(in0 + base, t0);
     A t1[V];
     magi_load<A, magi_bf16, 8, true>(in1 + magi_mod_cols(a, base), t1);
     A t2[V];
-    magi_load_strided<A, magi_bf16, V>(in2, magi_offset(a, 2, base), a.strides[2][a.rank - 1], t2);
+    magi_load_strided<A, magi_bf16, V, true>(in2, magi_offset(a, 2, base), a.strides[2][a.rank - 1], t2);
     A o0[V];
     _Pragma("unroll") for (int j = 0; j < V; ++j) {
       const A e0 = t0[j];
