@@ -271,7 +271,20 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_folded_values", &runtime::Executable::num_folded_values,
                              "Results of constant instructions kept by the first call.")
       .def("enable_piece_cuda_graphs", &runtime::Executable::enable_piece_cuda_graphs,
-           py::arg("max_graphs") = 32)
+           py::arg("max_graphs") = 32, py::arg("ladder") = std::vector<int64_t>{})
+      .def_property_readonly(
+          "padding", [](const runtime::Executable& e) { return e.padding().str(); },
+          "Whether calls may be padded along a dynamic batch dim into CUDA-graph buckets, "
+          "and how (or why not).")
+      .def_property_readonly(
+          "piece_paddings",
+          [](const runtime::Executable& e) {
+            std::vector<std::string> out;
+            for (size_t i = 0; i < e.num_pieces(); ++i) out.push_back(e.piece(i).padding().str());
+            return out;
+          },
+          "padding of each piece.")
+      .def_property_readonly("num_piece_padded_calls", &runtime::Executable::num_piece_padded_calls)
       .def_property_readonly("num_piece_graph_captures",
                              &runtime::Executable::num_piece_graph_captures)
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
@@ -304,10 +317,13 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("piece_call_sequence", &runtime::Executable::piece_call_sequence,
                              "For each piece call, in order, the index of the piece it runs.");
 
+  m.def("default_bucket_ladder", &runtime::default_bucket_ladder,
+        "Batch sizes CUDA graphs are captured for when compile_sizes is empty.");
   py::class_<runtime::CudaGraphRunner>(m, "CudaGraphRunner",
                                        "Captures and replays an Executable as CUDA graphs.")
-      .def(py::init<const runtime::Executable&, size_t>(), py::arg("executable"),
-           py::arg("max_graphs") = 32, py::keep_alive<1, 2>())
+      .def(py::init<const runtime::Executable&, size_t, std::vector<int64_t>>(),
+           py::arg("executable"), py::arg("max_graphs") = 32,
+           py::arg("ladder") = std::vector<int64_t>{}, py::keep_alive<1, 2>())
       .def(
           "run",
           [](runtime::CudaGraphRunner& runner, py::sequence args, bool steal_inputs) {
@@ -325,6 +341,8 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_graphs", &runtime::CudaGraphRunner::num_graphs)
       .def_property_readonly("num_captures", &runtime::CudaGraphRunner::num_captures)
       .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
+      .def_property_readonly("num_padded_calls", &runtime::CudaGraphRunner::num_padded_calls)
+      .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def_static("available", &runtime::CudaGraphRunner::available);
 
   runtime::set_failure_cleanup([] {

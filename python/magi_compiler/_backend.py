@@ -128,10 +128,33 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
         mode = "PIECEWISE"
         if executable.num_pieces == 0:
             return None
+    ladder = bucket_ladder(config)
     if mode == "PIECEWISE" and executable.num_pieces > 0:
-        executable.enable_piece_cuda_graphs(config.max_cuda_graphs)
+        executable.enable_piece_cuda_graphs(config.max_cuda_graphs, ladder)
+        paddings = executable.piece_paddings
+    else:
+        paddings = [executable.padding]
+    if ladder:
+        for i, padding in enumerate(paddings):
+            if padding.startswith("not padded") and "no tensor input has a dynamic" not in padding:
+                where = f"piece {i}" if len(paddings) > 1 else "this graph"
+                logger.info(
+                    "CUDA graphs: batch sizes of %s are captured exactly, not padded into "
+                    "buckets (%s)",
+                    where,
+                    padding[len("not padded: ") :],
+                )
+    if mode == "PIECEWISE" and executable.num_pieces > 0:
         return None
-    return _C.CudaGraphRunner(executable, config.max_cuda_graphs)
+    return _C.CudaGraphRunner(executable, config.max_cuda_graphs, ladder)
+
+
+def bucket_ladder(config: CompileConfig) -> list[int]:
+    """Batch sizes CUDA graphs are captured for: compile_sizes, else the default ladder; none
+    when padding is off."""
+    if not config.cudagraph_padding:
+        return []
+    return sorted(set(config.compile_sizes)) or list(_C.default_bucket_ladder())
 
 
 _capturing = threading.local()  # .info: _capture_info of the Dynamo graph being compiled

@@ -86,6 +86,9 @@ class CompileConfig:
     strict: bool = False  # raise on code we cannot compile instead of running it eagerly
     max_recaptures: int = 8  # input signatures per compiled entry before a warning
     max_cuda_graphs: int = 32  # CUDA graphs (input signatures) per compiled graph or piece
+    # CUDA graphs: run a batch in the graph of the next larger size of compile_sizes (or the
+    # default ladder 1, 2, 4, 8, 16, ..., 256) when the graph's rows are independent.
+    cudagraph_padding: bool = True
     # Kernel behind CUDA attention (SDPA) calls of inference graphs: "auto" times the backends
     # at the first call of each shape and keeps the fastest; "graph" keeps the traced one;
     # "flash", "cudnn", "efficient" name one.
@@ -99,7 +102,6 @@ class CompileConfig:
 NOT_YET_ACTED_ON = {
     "aot",
     "disable_cache",
-    "compile_sizes",
 }
 _warned: set[str] = set()
 
@@ -251,6 +253,12 @@ def validate(cfg: CompileConfig) -> None:
         raise UserError(
             f"attention_backend={cfg.attention_backend!r} is not one of "
             f"{', '.join(ATTENTION_BACKENDS)} (docs/config.md)"
+        )
+    bad_sizes = [s for s in cfg.compile_sizes if not isinstance(s, int) or s < 1]
+    if bad_sizes:
+        raise UserError(
+            f"compile_sizes={cfg.compile_sizes!r}: {bad_sizes[0]!r} is not a batch size (an int "
+            ">= 1); compile_sizes are the batch sizes CUDA graphs are captured for (docs/config.md)"
         )
     oc = cfg.offload_config
     if not 0.0 <= oc.gpu_resident_weight_ratio <= 1.0:

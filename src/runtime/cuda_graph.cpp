@@ -1,6 +1,7 @@
 // CudaGraphRunner: see cuda_graph.h for the rules.
 #include "magi/runtime/cuda_graph.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -10,7 +11,9 @@
 
 #ifdef MAGI_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -26,12 +29,25 @@ namespace {
 // a scalar its value.
 using Signature = std::vector<int64_t>;
 
-Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda) {
+// A call padded into a bucket: `rows` samples run in a graph of `bucket` samples; batched
+// input i has rows_per_sample[i] rows (dim 0) per sample.
+struct Padding {
+  int64_t rows = 0;
+  int64_t bucket = 0;
+  const std::vector<int64_t>* rows_per_sample = nullptr;
+  int64_t k(size_t i) const { return rows == 0 ? 0 : (*rows_per_sample)[i]; }
+};
+
+// With padding, batched inputs enter as their padded selves: dim 0 (or the value) bucket * k,
+// contiguous strides.
+Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, const Padding& pad) {
   Signature sig;
   sig.reserve(inputs.size() * 8);
   *all_cuda = true;
   bool any_tensor = false;
-  for (const auto& v : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    const int64_t k = pad.k(i);
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       any_tensor = true;
@@ -39,11 +55,24 @@ Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda) {
       sig.push_back(static_cast<int64_t>(t.scalar_type()) << 32 | (t.device().index() + 1) << 1 |
                     (t.requires_grad() ? 1 : 0));
       sig.push_back(t.dim());
-      for (int64_t s : t.sizes()) sig.push_back(s);
-      for (int64_t s : t.strides()) sig.push_back(s);
+      if (k == 0) {
+        for (int64_t s : t.sizes()) sig.push_back(s);
+        for (int64_t s : t.strides()) sig.push_back(s);
+      } else {
+        const size_t at = sig.size();
+        for (int64_t s : t.sizes()) sig.push_back(s);
+        sig[at] = pad.bucket * k;
+        int64_t stride = 1;
+        std::vector<int64_t> strides(t.dim());
+        for (int64_t d = t.dim() - 1; d >= 0; --d) {
+          strides[d] = stride;
+          stride *= sig[at + d];
+        }
+        sig.insert(sig.end(), strides.begin(), strides.end());
+      }
     } else if (v.isInt()) {
       sig.push_back(-1);
-      sig.push_back(v.toInt());
+      sig.push_back(k == 0 ? v.toInt() : pad.bucket * k);
     } else if (v.isDouble()) {
       sig.push_back(-2);
       double d = v.toDouble();
@@ -78,10 +107,20 @@ struct CudaGraphRunner::Impl {
     std::unique_ptr<at::cuda::CUDAGraph> graph;
   };
 
+  Impl(const Executable& executable, size_t max, std::vector<int64_t> sizes)
+      : exe(executable), max_graphs(max), ladder(std::move(sizes)) {
+    std::sort(ladder.begin(), ladder.end());
+    ladder.erase(std::unique(ladder.begin(), ladder.end()), ladder.end());
+    const PaddingPlan& plan = exe.padding();
+    if (!ladder.empty() && plan.possible()) padding = &plan;
+  }
+
   const Executable& exe;
   size_t max_graphs;
+  std::vector<int64_t> ladder;
+  const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
   std::map<Signature, Entry> entries;
-  size_t captures = 0, replays = 0;
+  size_t captures = 0, replays = 0, padded_calls = 0;
   bool warned_full = false;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
   // graph uses it, so a new handle is taken whenever no captured graph is alive.
@@ -92,6 +131,61 @@ struct CudaGraphRunner::Impl {
     for (const auto& [key, e] : entries) alive |= e.graph != nullptr;
     if (!alive) pool = at::cuda::graph_pool_handle();
     return pool;
+  }
+
+  bool batched(size_t i) const { return padding != nullptr && padding->input_rows[i] > 0; }
+
+  // The padding of this call: its batch and bucket when it runs in a larger bucket's graph;
+  // rows 0 when it runs at its own size (no padding, above the ladder, a batched input that
+  // is not contiguous, or inputs that disagree on the batch).
+  Padding padding_of(const std::vector<c10::IValue>& inputs) const {
+    Padding pad;
+    if (padding == nullptr || padding->input_rows.size() != inputs.size()) return pad;
+    int64_t batch = -1;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t k = padding->input_rows[i];
+      if (k == 0) continue;
+      int64_t n = -1;
+      if (inputs[i].isTensor()) {
+        const at::Tensor& t = inputs[i].toTensor();
+        if (t.dim() == 0 || !t.is_contiguous()) return pad;
+        n = t.size(0);
+      } else if (inputs[i].isInt()) {
+        n = inputs[i].toInt();
+      }
+      if (n <= 0 || n % k != 0 || (batch >= 0 && n / k != batch)) return pad;
+      batch = n / k;
+    }
+    if (batch <= 0) return pad;
+    const int64_t bucket = bucket_for(ladder, batch);
+    if (bucket == batch) return pad;
+    pad.rows = batch;
+    pad.bucket = bucket;
+    pad.rows_per_sample = &padding->input_rows;
+    return pad;
+  }
+
+  // The call's inputs at the bucket's size: batched tensors in fresh zero-padded buffers.
+  static std::vector<c10::IValue> padded(const std::vector<c10::IValue>& inputs,
+                                         const Padding& pad) {
+    std::vector<c10::IValue> out;
+    out.reserve(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t k = pad.k(i);
+      if (k == 0) {
+        out.push_back(inputs[i]);
+      } else if (inputs[i].isTensor()) {
+        const at::Tensor& t = inputs[i].toTensor();
+        std::vector<int64_t> sizes = t.sizes().vec();
+        sizes[0] = pad.bucket * k;
+        at::Tensor p = at::zeros(sizes, t.options());
+        p.narrow(0, 0, t.size(0)).copy_(t);
+        out.emplace_back(std::move(p));
+      } else {
+        out.emplace_back(pad.bucket * k);
+      }
+    }
+    return out;
   }
 
   static const void* ptr_of(const c10::IValue& v) {
@@ -115,13 +209,15 @@ struct CudaGraphRunner::Impl {
     for (const auto& v : inputs) e.warmup_tensors.push_back(weak_of(v));
   }
 
-  std::vector<c10::IValue> capture(Entry& e, std::vector<c10::IValue> inputs) {
-    const size_t n = inputs.size();
+  // `graph_inputs`: the call's inputs at the graph's size (padded when `pad.rows` > 0).
+  std::vector<c10::IValue> capture(Entry& e, const std::vector<c10::IValue>& graph_inputs,
+                                   std::vector<c10::IValue> inputs, const Padding& pad) {
+    const size_t n = graph_inputs.size();
     e.in_place.assign(n, false);
     e.static_inputs.clear();
     for (size_t i = 0; i < n; ++i) {
-      const c10::IValue& v = inputs[i];
-      if (v.isTensor() && same_tensor(e.warmup_tensors[i], v)) {
+      const c10::IValue& v = graph_inputs[i];
+      if (v.isTensor() && !batched(i) && same_tensor(e.warmup_tensors[i], v)) {
         e.in_place[i] = true;  // a parameter or buffer: the graph reads it where it is
         e.static_inputs.push_back(v);
       } else if (v.isTensor()) {
@@ -131,7 +227,7 @@ struct CudaGraphRunner::Impl {
       }
     }
     const c10::Device device = [&] {
-      for (const auto& v : inputs) {
+      for (const auto& v : graph_inputs) {
         if (v.isTensor()) return v.toTensor().device();
       }
       return c10::Device(c10::DeviceType::CUDA, 0);
@@ -159,7 +255,7 @@ struct CudaGraphRunner::Impl {
     }
     ++captures;
     MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures)");
-    return replay(e, std::move(inputs));
+    return replay(e, std::move(inputs), pad);
   }
 
   // Copies between dense tensors of one layout go straight to cudaMemcpyAsync on the current
@@ -176,7 +272,37 @@ struct CudaGraphRunner::Impl {
                                    cudaMemcpyDeviceToDevice, stream));
   }
 
-  std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs) {
+  // The caller's copy of output `t`, or of its first `rows` rows along `dim` when rows >= 0.
+  static at::Tensor copy_out(const at::Tensor& graph_output, int64_t dim, int64_t rows,
+                             cudaStream_t stream) {
+    const at::Tensor t = rows >= 0 ? graph_output.narrow(dim, 0, rows) : graph_output;
+    if (stream != nullptr && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
+      at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+      copy_dense(copy, t, stream);
+      return copy;
+    }
+    at::Tensor copy = at::empty_like(t);  // dense, in t's dim order
+    copy.copy_(t, /*non_blocking=*/true);
+    return copy;
+  }
+
+  // Outputs of a run at the bucket's size cut to the call's batch (warm-up: no graph memory to
+  // protect, so rows are copied only where a view would not be dense).
+  std::vector<c10::IValue> unpadded(std::vector<c10::IValue> outputs, const Padding& pad) const {
+    for (size_t j = 0; j < outputs.size() && j < padding->output_rows.size(); ++j) {
+      const int64_t k = padding->output_rows[j];
+      if (k == 0) continue;
+      if (outputs[j].isInt()) {
+        outputs[j] = c10::IValue(pad.rows * k);
+      } else if (outputs[j].isTensor()) {
+        at::Tensor t = outputs[j].toTensor().narrow(padding->output_dims[j], 0, pad.rows * k);
+        outputs[j] = t.is_non_overlapping_and_dense() ? t : copy_out(t, 0, -1, nullptr);
+      }
+    }
+    return outputs;
+  }
+
+  std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
     cudaStream_t stream = nullptr;
     for (const auto& v : e.static_outputs) {
       if (v.isTensor()) {
@@ -186,8 +312,11 @@ struct CudaGraphRunner::Impl {
     }
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].isTensor() || e.in_place[i]) continue;
-      const at::Tensor& dst = e.static_inputs[i].toTensor();
       const at::Tensor& src = inputs[i].toTensor();
+      const at::Tensor& whole = e.static_inputs[i].toTensor();
+      // A padded call fills the first rows; the rest keep an earlier call's rows, which no
+      // valid row reads (the padding plan's guarantee).
+      const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
       if (stream != nullptr && same_dense_layout(dst, src)) {
         copy_dense(dst, src, stream);
       } else {
@@ -196,20 +325,17 @@ struct CudaGraphRunner::Impl {
     }
     e.graph->replay();
     ++replays;
+    padded_calls += pad.rows > 0;
     std::vector<c10::IValue> out;
     out.reserve(e.static_outputs.size());
-    for (const auto& v : e.static_outputs) {
-      if (!v.isTensor()) {
-        out.push_back(v);
-        continue;
-      }
-      const at::Tensor& t = v.toTensor();
-      if (stream != nullptr && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
-        at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
-        copy_dense(copy, t, stream);
-        out.emplace_back(std::move(copy));
+    for (size_t j = 0; j < e.static_outputs.size(); ++j) {
+      const c10::IValue& v = e.static_outputs[j];
+      const int64_t k = pad.rows > 0 ? padding->output_rows[j] : 0;
+      if (v.isTensor()) {
+        out.emplace_back(copy_out(v.toTensor(), k > 0 ? padding->output_dims[j] : 0,
+                                  k > 0 ? pad.rows * k : -1, stream));
       } else {
-        out.emplace_back(t.clone());
+        out.push_back(k > 0 ? c10::IValue(pad.rows * k) : v);
       }
     }
     return out;
@@ -217,7 +343,8 @@ struct CudaGraphRunner::Impl {
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
     bool all_cuda = false;
-    Signature key = signature_of(inputs, &all_cuda);
+    const Padding pad = padding_of(inputs);
+    Signature key = signature_of(inputs, &all_cuda, pad);
     if (!all_cuda) return exe.run(std::move(inputs));
     auto it = entries.find(key);
     if (it == entries.end()) {
@@ -231,12 +358,21 @@ struct CudaGraphRunner::Impl {
       }
       Entry& e = entries[key];
       e.calls = 1;
-      remember(e, inputs);
-      return exe.run(std::move(inputs));  // warm-up
+      if (pad.rows == 0) {
+        remember(e, inputs);
+        return exe.run(std::move(inputs));  // warm-up
+      }
+      std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
+      remember(e, graph_inputs);
+      ++padded_calls;
+      return unpadded(exe.run(std::move(graph_inputs)), pad);  // warm-up at the bucket's size
     }
     Entry& e = it->second;
     ++e.calls;
-    if (!e.graph) return capture(e, std::move(inputs));
+    if (!e.graph) {
+      std::vector<c10::IValue> graph_inputs = pad.rows > 0 ? padded(inputs, pad) : inputs;
+      return capture(e, graph_inputs, std::move(inputs), pad);
+    }
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (e.in_place[i] && (!same_tensor(weak_of(e.static_inputs[i]), inputs[i]) ||
                             ptr_of(inputs[i]) != ptr_of(e.static_inputs[i]))) {
@@ -244,16 +380,20 @@ struct CudaGraphRunner::Impl {
         // reads stale memory. Capture again.
         MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
         e.graph.reset();
-        remember(e, inputs);
-        return exe.run(std::move(inputs));
+        std::vector<c10::IValue> graph_inputs = pad.rows > 0 ? padded(inputs, pad) : inputs;
+        remember(e, graph_inputs);
+        if (pad.rows == 0) return exe.run(std::move(inputs));
+        ++padded_calls;
+        return unpadded(exe.run(std::move(graph_inputs)), pad);
       }
     }
-    return replay(e, std::move(inputs));
+    return replay(e, std::move(inputs), pad);
   }
 };
 
-CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t max_graphs)
-    : impl_(std::make_unique<Impl>(Impl{executable, max_graphs})) {}
+CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t max_graphs,
+                                 std::vector<int64_t> ladder)
+    : impl_(std::make_unique<Impl>(executable, max_graphs, std::move(ladder))) {}
 CudaGraphRunner::~CudaGraphRunner() = default;
 std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs) {
   return impl_->run(std::move(inputs));
@@ -265,6 +405,8 @@ size_t CudaGraphRunner::num_graphs() const {
 }
 size_t CudaGraphRunner::num_captures() const { return impl_->captures; }
 size_t CudaGraphRunner::num_replays() const { return impl_->replays; }
+size_t CudaGraphRunner::num_padded_calls() const { return impl_->padded_calls; }
+bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 bool CudaGraphRunner::available() { return true; }
 
 #else  // no CUDA graph support in this build
@@ -272,7 +414,7 @@ bool CudaGraphRunner::available() { return true; }
 struct CudaGraphRunner::Impl {
   const Executable& exe;
 };
-CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t)
+CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t, std::vector<int64_t>)
     : impl_(std::make_unique<Impl>(Impl{executable})) {}
 CudaGraphRunner::~CudaGraphRunner() = default;
 std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs) {
@@ -281,6 +423,8 @@ std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs) {
 size_t CudaGraphRunner::num_graphs() const { return 0; }
 size_t CudaGraphRunner::num_captures() const { return 0; }
 size_t CudaGraphRunner::num_replays() const { return 0; }
+size_t CudaGraphRunner::num_padded_calls() const { return 0; }
+bool CudaGraphRunner::pads() const { return false; }
 bool CudaGraphRunner::available() { return false; }
 
 #endif

@@ -241,6 +241,7 @@ struct Executable::Program {
   bool outputs_alias_inputs = false;       // some output may be a view of some input
   bool writes_inputs = false;              // some operator writes an input in place
   std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
+  PaddingPlan padding;                     // plan_padding() of the graph
 };
 
 // Folded values kept per executable at most; past it every call recomputes them.
@@ -405,6 +406,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
   ir::verify(graph);
   Program& p = *program_;
   p.private_outputs_from = options.private_outputs_from;
+  p.padding = plan_padding(graph);
   std::unordered_map<const ir::Value*, Ref> ref_of;
   std::unordered_set<const ir::Graph*> fusion_groups;
   for (const ir::Node* node : graph.nodes()) {
@@ -589,18 +591,26 @@ const Executable& Executable::piece(size_t i) const {
   return *this;
 }
 
-void Executable::enable_piece_cuda_graphs(size_t max_graphs) {
+void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t> ladder) {
   Program& p = *program_;
   p.piece_graphs.clear();
   for (const auto& piece : p.pieces) {
-    p.piece_graphs.push_back(piece ? std::make_unique<CudaGraphRunner>(*piece, max_graphs)
+    p.piece_graphs.push_back(piece ? std::make_unique<CudaGraphRunner>(*piece, max_graphs, ladder)
                                    : nullptr);
   }
 }
 
+const PaddingPlan& Executable::padding() const { return program_->padding; }
+
 size_t Executable::num_piece_graph_captures() const {
   size_t n = 0;
   for (const auto& r : program_->piece_graphs) n += r ? r->num_captures() : 0;
+  return n;
+}
+
+size_t Executable::num_piece_padded_calls() const {
+  size_t n = 0;
+  for (const auto& r : program_->piece_graphs) n += r ? r->num_padded_calls() : 0;
   return n;
 }
 

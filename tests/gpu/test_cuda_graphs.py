@@ -60,6 +60,8 @@ def test_modes_match_eager_across_batch_sizes(
         assert runner.num_graphs == 3  # one per batch size, each captured on its second call
         assert runner.num_captures == 3
         assert runner.num_replays == 4  # each capture replays once, and call 7 replays
+        # 3 and 5 are padded into the default ladder's buckets 4 and 8 (alone in them here).
+        assert runner.num_padded_calls == 4
 
 
 def test_held_outputs_are_not_overwritten(counters, lowered):

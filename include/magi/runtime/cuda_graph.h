@@ -13,11 +13,19 @@
 // Outputs: copied out of the graph's memory before they are returned, so a later replay
 // never overwrites a tensor the caller holds. The copy costs one pass over the outputs.
 //
+// Buckets: with a ladder of batch sizes and an executable whose padding plan allows it
+// (padding.h), a call with batch b runs in the graph of the smallest ladder size B >= b: its
+// batched inputs (contiguous ones; others run at their exact size) are copied into the first
+// rows of the graph's B-row buffers, and the first b rows of the batched outputs are copied
+// out. Batched inputs are then always copied, never read in place. Sizes above the ladder get
+// a graph of their own, as without a ladder.
+//
 // Without a CUDA build (or for CPU inputs) run() simply calls the executable.
 #pragma once
 
 #include <ATen/core/ivalue.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,8 +36,10 @@ class Executable;
 
 class CudaGraphRunner {
  public:
-  /// `max_graphs`: signatures captured at most; further ones run without graphs.
-  CudaGraphRunner(const Executable& executable, size_t max_graphs = 32);
+  /// `max_graphs`: signatures captured at most; further ones run without graphs. `ladder`:
+  /// batch sizes to pad up to (sorted here; empty or an unpaddable executable: exact sizes).
+  CudaGraphRunner(const Executable& executable, size_t max_graphs = 32,
+                  std::vector<int64_t> ladder = {});
   ~CudaGraphRunner();
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
@@ -37,6 +47,9 @@ class CudaGraphRunner {
   size_t num_graphs() const;    ///< graphs currently captured
   size_t num_captures() const;  ///< captures so far (re-captures included)
   size_t num_replays() const;
+  size_t num_padded_calls() const;  ///< calls that ran in a larger bucket's graph
+  /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
+  bool pads() const;
   static bool available();  ///< built with CUDA graph support
 
  private:

@@ -26,6 +26,7 @@
 #include "magi/ir/graph.h"
 #include "magi/runtime/attention_choice.h"
 #include "magi/runtime/offload.h"
+#include "magi/runtime/padding.h"
 
 namespace magi::runtime {
 
@@ -72,8 +73,12 @@ class Executable {
   const Executable& piece(size_t i) const;
   /// PIECEWISE CUDA graphs: run each piece through its own CudaGraphRunner (boundary ops stay
   /// eager between them). Not thread-safe: one caller at a time.
-  void enable_piece_cuda_graphs(size_t max_graphs);
+  /// `ladder`: batch sizes captured, smaller batches padded up to the next (padding.h); empty:
+  /// one graph per exact size.
+  void enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t> ladder = {});
   size_t num_piece_graph_captures() const;
+  /// Piece calls that ran in a larger bucket's CUDA graph (padded).
+  size_t num_piece_padded_calls() const;
   /// Fusion nodes run per call (generated kernels), those inside pieces included.
   size_t num_fusions() const;
   /// Every kernel variant generated and compiled so far, pieces included.
@@ -92,6 +97,8 @@ class Executable {
   /// operator writes an input in place (pieces included): what offload needs of a piece.
   bool outputs_may_alias_inputs() const;
   bool writes_inputs() const;
+  /// Whether (and how) calls may be padded along a dynamic batch dim: decided at lowering.
+  const PaddingPlan& padding() const;
 
  private:
   struct Program;
