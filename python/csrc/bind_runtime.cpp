@@ -271,7 +271,7 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_folded_values", &runtime::Executable::num_folded_values,
                              "Results of constant instructions kept by the first call.")
       .def("enable_piece_cuda_graphs", &runtime::Executable::enable_piece_cuda_graphs,
-           py::arg("max_graphs") = 32, py::arg("ladder") = std::vector<int64_t>{})
+           py::arg("max_graphs") = 64, py::arg("ladder") = std::vector<int64_t>{})
       .def_property_readonly(
           "padding", [](const runtime::Executable& e) { return e.padding().str(); },
           "Whether calls may be padded along a dynamic batch dim into CUDA-graph buckets, "
@@ -322,7 +322,7 @@ void bind_runtime(py::module_& m) {
   py::class_<runtime::CudaGraphRunner>(m, "CudaGraphRunner",
                                        "Captures and replays an Executable as CUDA graphs.")
       .def(py::init<const runtime::Executable&, size_t, std::vector<int64_t>>(),
-           py::arg("executable"), py::arg("max_graphs") = 32,
+           py::arg("executable"), py::arg("max_graphs") = 64,
            py::arg("ladder") = std::vector<int64_t>{}, py::keep_alive<1, 2>())
       .def(
           "run",

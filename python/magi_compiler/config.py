@@ -85,7 +85,7 @@ class CompileConfig:
     dynamic_dim_default: int | None = 0  # dim made dynamic when none are given; None: static
     strict: bool = False  # raise on code we cannot compile instead of running it eagerly
     max_recaptures: int = 8  # input signatures per compiled entry before a warning
-    max_cuda_graphs: int = 32  # CUDA graphs (input signatures) per compiled graph or piece
+    max_cuda_graphs: int = 64  # CUDA graphs (input signatures) per compiled graph or piece
     # CUDA graphs: run a batch in the graph of the next larger size of compile_sizes (or the
     # default ladder 1, 2, 4, 8, 16, ..., 256) when the graph's rows are independent.
     cudagraph_padding: bool = True

@@ -8,7 +8,7 @@ source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest bucket tests"
 timeout 150 python -m pytest tests/gpu/test_cuda_graph_padding.py tests/gpu/test_cuda_graphs.py -q \
-  -p no:cacheprovider -p no:logging --tb=short 2>&1 | grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_padding.log"
+  -p no:cacheprovider --tb=short 2>&1 | grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_padding.log"
 tail -40 "$OUT/pytest_padding.log"
 echo "== benchmarks/run.py (Llama stack, small batches)"
 timeout "${RUN_BUDGET_S:-150}" python benchmarks/run.py --device cuda \
@@ -16,7 +16,7 @@ timeout "${RUN_BUDGET_S:-150}" python benchmarks/run.py --device cuda \
   grep -v "^\[magi" | tail -16
 if [ "${FULL_TIER:-1}" = 1 ]; then
   echo "== pytest tests/gpu"
-  timeout 240 python -m pytest tests/gpu -q -p no:cacheprovider -p no:logging --tb=line 2>&1 |
+  timeout 330 python -m pytest tests/gpu -q -p no:cacheprovider --tb=line 2>&1 |
     grep -v "^DEBUG\|^\[magi\|^E  \+/" > "$OUT/pytest_gpu.log"
   grep -E "passed|failed|Error|error:|FAILED" "$OUT/pytest_gpu.log" | tail -25
 fi

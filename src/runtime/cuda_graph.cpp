@@ -13,7 +13,6 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -39,7 +38,7 @@ struct Padding {
 };
 
 // With padding, batched inputs enter as their padded selves: dim 0 (or the value) bucket * k,
-// contiguous strides.
+// the same strides.
 Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, const Padding& pad) {
   Signature sig;
   sig.reserve(inputs.size() * 8);
@@ -55,21 +54,10 @@ Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, c
       sig.push_back(static_cast<int64_t>(t.scalar_type()) << 32 | (t.device().index() + 1) << 1 |
                     (t.requires_grad() ? 1 : 0));
       sig.push_back(t.dim());
-      if (k == 0) {
-        for (int64_t s : t.sizes()) sig.push_back(s);
-        for (int64_t s : t.strides()) sig.push_back(s);
-      } else {
-        const size_t at = sig.size();
-        for (int64_t s : t.sizes()) sig.push_back(s);
-        sig[at] = pad.bucket * k;
-        int64_t stride = 1;
-        std::vector<int64_t> strides(t.dim());
-        for (int64_t d = t.dim() - 1; d >= 0; --d) {
-          strides[d] = stride;
-          stride *= sig[at + d];
-        }
-        sig.insert(sig.end(), strides.begin(), strides.end());
-      }
+      const size_t at = sig.size();
+      for (int64_t s : t.sizes()) sig.push_back(s);
+      if (k != 0) sig[at] = pad.bucket * k;  // dim 0 is outermost: no stride depends on it
+      for (int64_t s : t.strides()) sig.push_back(s);
     } else if (v.isInt()) {
       sig.push_back(-1);
       sig.push_back(k == 0 ? v.toInt() : pad.bucket * k);
@@ -136,8 +124,8 @@ struct CudaGraphRunner::Impl {
   bool batched(size_t i) const { return padding != nullptr && padding->input_rows[i] > 0; }
 
   // The padding of this call: its batch and bucket when it runs in a larger bucket's graph;
-  // rows 0 when it runs at its own size (no padding, above the ladder, a batched input that
-  // is not contiguous, or inputs that disagree on the batch).
+  // rows 0 when it runs at its own size (no padding, above the ladder, a batched input whose
+  // rows are not one run of memory each, or inputs that disagree on the batch).
   Padding padding_of(const std::vector<c10::IValue>& inputs) const {
     Padding pad;
     if (padding == nullptr || padding->input_rows.size() != inputs.size()) return pad;
@@ -148,7 +136,13 @@ struct CudaGraphRunner::Impl {
       int64_t n = -1;
       if (inputs[i].isTensor()) {
         const at::Tensor& t = inputs[i].toTensor();
-        if (t.dim() == 0 || !t.is_contiguous()) return pad;
+        // Dense with dim 0 outermost (contiguous, or e.g. attention's [b, h, t, d] output laid
+        // out as [b, t, h, d]): the first rows are a prefix of memory, and a bucket-sized
+        // buffer with the same strides holds them.
+        if (t.dim() == 0 || t.size(0) == 0 || !t.is_non_overlapping_and_dense() ||
+            t.stride(0) * t.size(0) != t.numel()) {
+          return pad;
+        }
         n = t.size(0);
       } else if (inputs[i].isInt()) {
         n = inputs[i].toInt();
@@ -178,7 +172,7 @@ struct CudaGraphRunner::Impl {
         const at::Tensor& t = inputs[i].toTensor();
         std::vector<int64_t> sizes = t.sizes().vec();
         sizes[0] = pad.bucket * k;
-        at::Tensor p = at::zeros(sizes, t.options());
+        at::Tensor p = at::empty_strided(sizes, t.strides(), t.options()).zero_();
         p.narrow(0, 0, t.size(0)).copy_(t);
         out.emplace_back(std::move(p));
       } else {

@@ -15,8 +15,8 @@
 //
 // Buckets: with a ladder of batch sizes and an executable whose padding plan allows it
 // (padding.h), a call with batch b runs in the graph of the smallest ladder size B >= b: its
-// batched inputs (contiguous ones; others run at their exact size) are copied into the first
-// rows of the graph's B-row buffers, and the first b rows of the batched outputs are copied
+// batched inputs (dense with dim 0 outermost; others run at their exact size) are copied into the
+// first rows of the graph's B-row buffers, and the first b rows of the batched outputs are copied
 // out. Batched inputs are then always copied, never read in place. Sizes above the ladder get
 // a graph of their own, as without a ladder.
 //
@@ -38,7 +38,7 @@ class CudaGraphRunner {
  public:
   /// `max_graphs`: signatures captured at most; further ones run without graphs. `ladder`:
   /// batch sizes to pad up to (sorted here; empty or an unpaddable executable: exact sizes).
-  CudaGraphRunner(const Executable& executable, size_t max_graphs = 32,
+  CudaGraphRunner(const Executable& executable, size_t max_graphs = 64,
                   std::vector<int64_t> ladder = {});
   ~CudaGraphRunner();
 
