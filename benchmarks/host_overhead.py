@@ -71,6 +71,7 @@ VARIANTS = (
     "magi_no_direct",
     "magi_cg",
     "magi_cg_no_direct",
+    "magi_cg_no_pad",
     "inductor",
     "inductor_ro",
 )
@@ -81,6 +82,7 @@ LABELS = {
     "magi_no_direct": "magi_compile (stack, fast_dispatch off)",
     "magi_cg": "magi_compile CUDA graphs (stack)",
     "magi_cg_no_direct": "magi_compile CUDA graphs (fast_dispatch off)",
+    "magi_cg_no_pad": "magi_compile CUDA graphs (cudagraph_padding off)",
     "inductor": "torch.compile",
     "inductor_ro": "torch.compile reduce-overhead",
 }
@@ -91,8 +93,9 @@ MAGI_PATCHES = {
     "magi_no_direct": {"fast_dispatch": False},
     "magi_cg": {"cudagraph_mode": "FULL"},
     "magi_cg_no_direct": {"cudagraph_mode": "FULL", "fast_dispatch": False},
+    "magi_cg_no_pad": {"cudagraph_mode": "FULL", "cudagraph_padding": False},
 }
-CUDA_ONLY = ("inductor_ro", "magi_cg", "magi_cg_no_direct")
+CUDA_ONLY = ("inductor_ro", "magi_cg", "magi_cg_no_direct", "magi_cg_no_pad")
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Result:
     host_us_p90: float | None = None
     device_us_median: float | None = None
     back_to_back_us: float | None = None
+    direct_calls: int | None = None  # magi variants: calls that took the direct path (of iters)
     error: str | None = None
 
 
@@ -195,7 +199,10 @@ def measure(variant: str, eager: nn.Module, x: torch.Tensor, iters: int, warmup:
         del out, expected
         for _ in range(warmup):
             fn(x)
+        direct_before = _direct_calls()
         host = host_times(fn, x, iters)
+        if variant.startswith("magi"):
+            result.direct_calls = _direct_calls() - direct_before
         result.host_us_median = statistics.median(host)
         result.host_us_p90 = percentile(host, 0.9)
         if x.device.type == "cuda":
@@ -207,6 +214,12 @@ def measure(variant: str, eager: nn.Module, x: torch.Tensor, iters: int, warmup:
         )
         traceback.print_exc()
     return result
+
+
+def _direct_calls() -> int:
+    import magi_compiler
+
+    return int(magi_compiler.get_counters().direct_calls)
 
 
 def timer_overhead_us(iters: int) -> float:

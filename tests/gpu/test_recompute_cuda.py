@@ -35,6 +35,11 @@ def _step(model, x):
     return {n: p.grad for n, p in model.named_parameters()}
 
 
+def _sum_step(model, x):
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+
+
 @pytest.mark.parametrize("rc", POLICIES, ids=lambda rc: "-".join(str(v) for v in rc.values()))
 def test_policies_give_eager_gradients_bf16(rc):
     eager = init_weights_(LlamaStack(2, **STACK), seed=0).to("cuda", torch.bfloat16)
@@ -53,7 +58,10 @@ def test_recomputation_lowers_the_measured_activation_peak():
     """HEURISTIC against no recomputation: at least half of the saved bytes it drops shows in
     the measured peak, and the peak is within 25% of the planner's prediction. (Weight
     gradients and backward temporaries are in the peak too, and recomputed values live in the
-    backward, so not all of the saved bytes come off it.)"""
+    backward, so not all of the saved bytes come off it.) The loss is a plain sum, whose
+    gradient is a broadcast scalar: an eager float32 loss head (cast, square, mean) adds about
+    6 MB of temporaries the planner does not model, which put the peak 1% over the bound when
+    other tests ran first (40.40 MB against 40.0 MB)."""
     base = init_weights_(LlamaStack(2, **STACK), seed=0).to("cuda", torch.bfloat16)
     x = torch.randn(4, 512, STACK["hidden"], device="cuda", dtype=torch.bfloat16)
     peaks, plans = {}, {}
@@ -62,13 +70,13 @@ def test_recomputation_lowers_the_measured_activation_peak():
         ("heuristic", {"recompute_policy": "HEURISTIC"}),
     ]:
         model = magi_compile(copy.deepcopy(base), config_patch={"recompute_config": rc})
-        _step(model, x)
+        _sum_step(model, x)
         plans[name] = inspection.last_recompute_plan()
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        _step(model, x)
+        _sum_step(model, x)
         torch.cuda.synchronize()
         peaks[name] = torch.cuda.max_memory_allocated() - before
         del model
