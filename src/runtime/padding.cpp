@@ -57,7 +57,11 @@ class Analysis {
 
   BatchDim batch_dim(const Value* v) const {
     BatchDim b;
-    if (!v->tensor_type()) return b;
+    if (!v->tensor_type()) {
+      // A tensor of unknown shape may be batched (assume the worst), unless it is a literal.
+      b.bad = v->kind() == ValueKind::kTensor && v->producer()->kind() != NodeKind::kConstant;
+      return b;
+    }
     const auto& sizes = v->tensor_type()->sizes;
     for (size_t d = 0; d < sizes.size(); ++d) {
       if (!mentions(sizes[d])) continue;
@@ -76,7 +80,9 @@ class Analysis {
   bool touches(const Value* v) {
     auto it = touches_.find(v);
     if (it != touches_.end()) return it->second;
-    bool t = false;
+    // A tensor of unknown shape may be batched, unless it is a literal.
+    bool t = v->kind() == ValueKind::kTensor && !v->tensor_type() &&
+             v->producer()->kind() != NodeKind::kConstant;
     if (v->tensor_type()) {
       for (const auto& e : v->tensor_type()->sizes) t |= mentions(e);
       for (const auto& e : v->tensor_type()->strides) t |= mentions(e);
@@ -366,8 +372,8 @@ std::string Analysis::check_aten(const Node& n) {
         v->kind() == ValueKind::kTensorList || v->kind() == ValueKind::kOptionalTensorList;
     in_dims.push_back(is_tensor ? batch_dim(v) : BatchDim{});
     if (is_tensor && in_dims.back().bad) {
-      return who + " reads " + v->type_str() + ", whose batch size is not k * " + s_ +
-             " in one dim";
+      return who + " reads " + (v->tensor_type() ? v->type_str() : "a tensor of unknown shape") +
+             ", whose batch size is not k * " + s_ + " in one dim";
     }
     if (is_tensor || is_tensor_list || !touches(v)) continue;
     const std::string arg_name = i < schema_args.size() ? schema_args[i].name() : "";
@@ -379,8 +385,8 @@ std::string Analysis::check_aten(const Node& n) {
   BatchDim out = n.outputs().empty() ? BatchDim{} : batch_dim(n.output());
   for (const Value* v : n.outputs()) {
     if (v->kind() == ValueKind::kTensor && batch_dim(v).bad) {
-      return who + " makes " + v->type_str() + ", whose batch size is not k * " + s_ +
-             " in one dim";
+      return who + " makes " + (v->tensor_type() ? v->type_str() : "a tensor of unknown shape") +
+             ", whose batch size is not k * " + s_ + " in one dim";
     }
   }
   const Value* self = n.inputs().empty() ? nullptr : n.input(0);
