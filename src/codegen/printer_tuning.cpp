@@ -44,9 +44,9 @@ int pointwise_unroll() {
 char row_column_loads() {
   static const char mode = [] {
     const char* text = std::getenv("MAGI_ROW_COLUMN_LOADS");
-    std::string m = text == nullptr || *text == '\0' ? "late" : text;
-    MAGI_CHECK(m == "block" || m == "row" || m == "late", "MAGI_ROW_COLUMN_LOADS=", m,
-               " is not one of block, row, late");
+    std::string m = text == nullptr || *text == '\0' ? "auto" : text;
+    MAGI_CHECK(m == "auto" || m == "block" || m == "row" || m == "late",
+               "MAGI_ROW_COLUMN_LOADS=", m, " is not one of auto, block, row, late");
     return m[0];
   }();
   return mode;

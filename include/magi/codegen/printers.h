@@ -27,9 +27,9 @@ int row_chunks_per_thread();
 /// default, MAGI_POINTWISE_UNROLL (1-8).
 int pointwise_unroll();
 /// When a row kernel whose rows fit in registers reads its per-column inputs (a norm's weight):
-/// 'l' in the output pass where used (default: no registers held across the reductions), 'r'
-/// with each row's loads, 'b' once per block before its first row.
-/// MAGI_ROW_COLUMN_LOADS=late|row|block.
+/// 'a' (default) 'r' for a kernel with one such input and 'l' for more; 'l' in the output pass
+/// where used (no registers held across the reductions), 'r' with each row's loads, 'b' once
+/// per block before its first row. MAGI_ROW_COLUMN_LOADS=auto|late|row|block.
 char row_column_loads();
 /// Threads per block of every generated CUDA kernel, at most: 256 by default, so the compiler
 /// may give each thread up to 255 registers (a row kernel holds its row chunks in registers);

@@ -26,12 +26,14 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_warps_cc
     // last row redo that row and store nothing.
     const bool live = row0 + threadIdx.y < a.rows;
     const long long row = live ? row0 + threadIdx.y : a.rows - 1;
+    MagiVec<float, V> w2[K];
     MagiVec<magi_bf16, V> c0[K];
     MagiVec<magi_bf16, V> c1[K];
     #pragma unroll
     for (int k = 0; k < K; ++k) {
       const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
       if (col0 < cols) {
+        magi_load_raw<true>(in2 + col0, w2[k]);
         magi_load_raw(in0 + row * cols + col0, c0[k]);
         magi_load_raw(in1 + row * cols + col0, c1[k]);
       }
@@ -59,14 +61,12 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_warps_cc
     for (int k = 0; k < K; ++k) {
       const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
       if (col0 < cols) {
-        A t2[V];
-        magi_load<A, float, 8, true>(in2 + col0, t2);
         A o0[V];
         A o1[V];
         _Pragma("unroll") for (int j = 0; j < V; ++j) {
           const A e0 = magi_to_acc<A>(c0[k].v[j]);
           const A e1 = magi_to_acc<A>(c1[k].v[j]);
-          const A e2 = t2[j];
+          const A e2 = magi_to_acc<A>(w2[k].v[j]);
           const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
           const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
           const A e19 = (e5 * r18);  // aten::mul.Tensor @ model.py:33 in forward
