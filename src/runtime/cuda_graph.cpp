@@ -37,8 +37,19 @@ struct Padding {
   int64_t k(size_t i) const { return rows == 0 ? 0 : (*rows_per_sample)[i]; }
 };
 
+// The strides of a batched input's bucket-sized buffer: its own, which do not depend on dim 0's
+// size when dim 0 is outermost, except that a size-1 dim's stride (meaningless, but possibly a
+// multiple of the batch, as in x.unsqueeze(0).permute(1, 0, 2)) becomes 1.
+std::vector<int64_t> padded_strides(const at::Tensor& t) {
+  std::vector<int64_t> strides = t.strides().vec();
+  for (int64_t d = 1; d < t.dim(); ++d) {
+    if (t.size(d) == 1) strides[d] = 1;
+  }
+  return strides;
+}
+
 // With padding, batched inputs enter as their padded selves: dim 0 (or the value) bucket * k,
-// the same strides.
+// padded_strides().
 Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, const Padding& pad) {
   Signature sig;
   sig.reserve(inputs.size() * 8);
@@ -56,8 +67,12 @@ Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, c
       sig.push_back(t.dim());
       const size_t at = sig.size();
       for (int64_t s : t.sizes()) sig.push_back(s);
-      if (k != 0) sig[at] = pad.bucket * k;  // dim 0 is outermost: no stride depends on it
-      for (int64_t s : t.strides()) sig.push_back(s);
+      if (k == 0) {
+        for (int64_t s : t.strides()) sig.push_back(s);
+      } else {
+        sig[at] = pad.bucket * k;
+        for (int64_t s : padded_strides(t)) sig.push_back(s);
+      }
     } else if (v.isInt()) {
       sig.push_back(-1);
       sig.push_back(k == 0 ? v.toInt() : pad.bucket * k);
@@ -159,7 +174,10 @@ struct CudaGraphRunner::Impl {
     return pad;
   }
 
-  // The call's inputs at the bucket's size: batched tensors in fresh zero-padded buffers.
+  // The call's inputs at the bucket's size: batched tensors in fresh buffers whose extra rows
+  // repeat the call's last sample. Any values would do for the results (no valid row reads
+  // them), but they must be values the graph accepts: zeros can be out-of-range indices
+  // (ids - 20 into a table of 10) where the caller's rows are not.
   static std::vector<c10::IValue> padded(const std::vector<c10::IValue>& inputs,
                                          const Padding& pad) {
     std::vector<c10::IValue> out;
@@ -172,8 +190,15 @@ struct CudaGraphRunner::Impl {
         const at::Tensor& t = inputs[i].toTensor();
         std::vector<int64_t> sizes = t.sizes().vec();
         sizes[0] = pad.bucket * k;
-        at::Tensor p = at::empty_strided(sizes, t.strides(), t.options()).zero_();
-        p.narrow(0, 0, t.size(0)).copy_(t);
+        at::Tensor p = at::empty_strided(sizes, padded_strides(t), t.options());
+        const int64_t rows = t.size(0);
+        p.narrow(0, 0, rows).copy_(t);
+        std::vector<int64_t> samples = t.sizes().vec();  // [extra samples, k, rest...]
+        samples[0] = k;
+        samples.insert(samples.begin(), pad.bucket - pad.rows);
+        p.narrow(0, rows, sizes[0] - rows)
+            .view(samples)
+            .copy_(t.narrow(0, rows - k, k).unsqueeze(0));
         out.emplace_back(std::move(p));
       } else {
         out.emplace_back(pad.bucket * k);
@@ -308,8 +333,9 @@ struct CudaGraphRunner::Impl {
       if (!inputs[i].isTensor() || e.in_place[i]) continue;
       const at::Tensor& src = inputs[i].toTensor();
       const at::Tensor& whole = e.static_inputs[i].toTensor();
-      // A padded call fills the first rows; the rest keep an earlier call's rows, which no
-      // valid row reads (the padding plan's guarantee).
+      // A padded call fills the first rows; the rest keep an earlier call's rows (or the
+      // capture's copies of a real sample): valid inputs that no valid row reads (the padding
+      // plan's guarantee).
       const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
       if (stream != nullptr && same_dense_layout(dst, src)) {
         copy_dense(dst, src, stream);

@@ -361,7 +361,9 @@ std::string Analysis::check_aten(const Node& n) {
       name == "unflatten") {
     size_args = {"size", "shape", "sizes"};
   } else if (factory_ops().count(name)) {
-    size_args = {"size", "stride", "end", "start"};
+    // arange's `end` sets only its length (element i is start + i * step), so `start` and
+    // `step` may not depend on the batch.
+    size_args = {"size", "stride", "end"};
   }
   const auto& schema_args = n.schema().arguments();
   std::vector<BatchDim> in_dims;
@@ -450,7 +452,9 @@ std::string Analysis::check_aten(const Node& n) {
   if (name == "index_select") {
     // table.index_select(dim, rows): out row r is table's row rows[r] (a constant table); a
     // batched tensor may be selected along another dim by a constant index.
-    const BatchDim bi = batch_dim(arg(n, "index"));
+    const Value* index = arg(n, "index");
+    if (!index) return who + ": unexpected schema";
+    const BatchDim bi = batch_dim(index);
     if (in0.dim < 0) return {};
     const auto dims = dims_of(arg(n, "dim"), rank_of(self));
     if (bi.dim >= 0 || !dims || (*dims)[0] == in0.dim) return who + " selects along the batch dim";
@@ -547,7 +551,11 @@ std::string PaddingPlan::str() const {
   for (size_t i = 0; i < output_rows.size(); ++i) {
     if (output_rows[i] == 0) continue;
     os << sep << i;
-    if (output_dims[i] >= 0) os << " (dim " << output_dims[i] << ", x" << output_rows[i] << ")";
+    if (output_dims[i] >= 0) {
+      os << " (dim " << output_dims[i] << ", x" << output_rows[i] << ")";
+    } else {
+      os << " (x" << output_rows[i] << ")";
+    }
     sep = ", ";
   }
   return os.str();

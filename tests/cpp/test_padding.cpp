@@ -56,7 +56,7 @@ TEST(Padding, RowwiseGraphPadsEveryBatchedInputAndOutput) {
   EXPECT_EQ(plan.output_rows, (std::vector<int64_t>{1, 2, 1, 2}));  // view: 2 rows per sample
   EXPECT_EQ(plan.output_dims, (std::vector<int64_t>{0, -1, 0, 0}));
   EXPECT_EQ(plan.str(),
-            "s0: inputs 0 (x1); outputs 0 (dim 0, x1), 1, 2 (dim 0, x1), 3 (dim 0, x2)");
+            "s0: inputs 0 (x1); outputs 0 (dim 0, x1), 1 (x2), 2 (dim 0, x1), 3 (dim 0, x2)");
 }
 
 TEST(Padding, SumOverTheBatchDimIsNamed) {

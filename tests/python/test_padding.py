@@ -13,6 +13,16 @@ from magi_compiler import _C, CompileConfig, UserError, _backend, config, inspec
 from torch import nn
 
 
+def _assert_rows_independent(module: nn.Module, x: torch.Tensor, extra: int = 2) -> None:
+    """What an accepted plan promises, checked in eager PyTorch: the first rows of a run on
+    a batch with random rows appended equal the run on the batch alone."""
+    pad = torch.randn(extra, *x.shape[1:], dtype=x.dtype)
+    with torch.no_grad():
+        alone = module(x)
+        padded = module(torch.cat([x, pad]))
+    torch.testing.assert_close(padded[: x.shape[0]], alone, rtol=1e-5, atol=1e-6)
+
+
 def _padding_of(module: nn.Module, x: torch.Tensor, compare: bool = True) -> str:
     inspection.clear()
     torch._dynamo.reset()
@@ -36,7 +46,10 @@ def _padding_of(module: nn.Module, x: torch.Tensor, compare: bool = True) -> str
 def test_transformer_blocks_are_paddable(make):
     import blocks
 
-    padding = _padding_of(blocks.init_weights_(make(blocks), seed=0), torch.randn(3, 8, 64))
+    module = blocks.init_weights_(make(blocks), seed=0).eval()
+    x = torch.randn(3, 8, 64)
+    padding = _padding_of(module, x)
+    _assert_rows_independent(module, x)
     # The activation (dim 0 = batch) and the batch size itself are padded; the output's first
     # dim is cut back.
     assert re.fullmatch(r"s\d+: inputs( \d+ \(x1\),?)+; outputs 0 \(dim 0, x1\)", padding), padding
@@ -89,6 +102,13 @@ CASES = {
         "aten::randn_like",
         "is not known to keep batch rows independent",
     ),
+    "arange_from_batch": (  # values start at the batch size: padding shifts every row
+        lambda m, x: (
+            m.lin(x) + torch.arange(x.shape[0], 2 * x.shape[0], dtype=x.dtype)[:, None, None]
+        ),
+        "aten::arange.start",
+        "takes the batch size as its argument 'start'",
+    ),
     "contract_batch": (
         lambda m, x: m.lin(x).flatten(0, 1).t() @ x.flatten(0, 1),
         "aten::mm",
@@ -105,9 +125,22 @@ def test_unpaddable_graphs_name_the_node_and_reason(name):
     assert reason in padding, padding
 
 
-def test_flatten_with_batch_outermost_is_paddable():
-    f = lambda m, x: m.lin(x.reshape(-1, 8)).view(x.shape) * 2  # noqa: E731
-    assert _padding_of(Lambda(f), torch.randn(3, 4, 8)).startswith("s")
+ACCEPTED = {
+    "flatten_outermost": lambda m, x: m.lin(x.reshape(-1, 8)).view(x.shape) * 2,
+    "arange_of_batch_length": lambda m, x: (
+        m.lin(x) + torch.arange(x.shape[0], dtype=x.dtype)[:, None, None]
+    ),
+    "table_lookup": lambda m, x: m.lin(x) + m.lin.weight[(x[:, :, 0].abs() * 7).long() % 8],
+    "per_row_norm": lambda m, x: torch.softmax(m.lin(x), -1) * x.pow(2).mean(-1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+def test_accepted_graphs_keep_rows_independent(name):
+    module = Lambda(ACCEPTED[name]).eval()
+    x = torch.randn(3, 4, 8)
+    assert _padding_of(module, x).startswith("s"), name
+    _assert_rows_independent(module, x)
 
 
 def test_static_graph_has_nothing_to_pad():
