@@ -114,6 +114,19 @@ TEST(Padding, UnknownShapesCountAsBatched) {
             "aten::t makes a tensor of unknown shape, whose batch size is not k * s0 in one dim");
 }
 
+TEST(Padding, UnreadExtraOutputsOfUnknownShapeDoNotCount) {
+  // var_mean's second output (the mean) left untyped and unread, as CUDA attention's RNG state.
+  Graph g;
+  Value* x = g.add_tensor_input("x", tensor_type({sym("s0"), 4}));
+  Value* dims = g.add_constant(c10::IValue(std::vector<int64_t>{1}), ValueKind::kIntList);
+  Node* vm = g.add_op(op("aten::var_mean", "correction"),
+                      {x, dims, g.add_constant(c10::IValue(), ValueKind::kNone),
+                       g.add_constant(true, ValueKind::kBool)});
+  vm->output(0)->set_tensor_type(tensor_type({sym("s0"), 1}));
+  g.set_outputs({vm->output(0)});
+  EXPECT_TRUE(plan_padding(g).possible()) << plan_padding(g).reason;
+}
+
 TEST(Padding, StaticGraphHasNothingToPad) {
   Graph g;
   Value* x = g.add_tensor_input("x", tensor_type({3, 4}));
