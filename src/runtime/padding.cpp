@@ -519,7 +519,10 @@ std::string Analysis::check_aten(const Node& n) {
   if (name == "scaled_dot_product_attention" || name.rfind("_scaled_dot_product_", 0) == 0) {
     for (const char* a : {"query", "key", "value"}) {
       const Value* v = arg(n, a);
-      if (!v || batch_dim(v).dim != 0) return who + ": " + a + " is not batched along dim 0";
+      // Rank 2 is [sequence, embedding]: dim 0 would be the sequence, not the batch.
+      if (!v || batch_dim(v).dim != 0 || rank_of(v) < 3) {
+        return who + ": " + a + " is not batched along dim 0";
+      }
     }
     for (const char* m : {"attn_mask", "attn_bias"}) {
       const Value* v = arg(n, m);
