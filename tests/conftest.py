@@ -81,6 +81,24 @@ def counters():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def lowered(monkeypatch):
+    """Every boxed callable ``_backend.lower_graph`` returns, in order (its executable,
+    CUDA-graph runner and graph hang off it as ``magi_*`` attributes)."""
+    from magi_compiler import _backend
+
+    runs = []
+    original = _backend.lower_graph
+
+    def spy(gm, kind, config):
+        run = original(gm, kind, config)
+        runs.append(run)
+        return run
+
+    monkeypatch.setattr(_backend, "lower_graph", spy)
+    return runs
+
+
 @pytest.fixture(autouse=True)
 def _fresh_random_inputs(request):
     """Reseeds the global RNG from entropy (or MAGI_TEST_SEED) so inputs differ per run."""

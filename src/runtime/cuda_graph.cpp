@@ -305,17 +305,28 @@ struct CudaGraphRunner::Impl {
     return copy;
   }
 
-  // Outputs of a run at the bucket's size cut to the call's batch (warm-up: no graph memory to
-  // protect, so rows are copied only where a view would not be dense).
-  std::vector<c10::IValue> unpadded(std::vector<c10::IValue> outputs, const Padding& pad) const {
+  // A run without a graph that prepares one (the first call of a signature, or the first after
+  // a parameter moved): kernels load, library handles are made, and the tensors are remembered
+  // to tell parameters (same tensor at capture) from activations. A padded call runs at the
+  // bucket's size and returns copies of its rows, so it keeps no bucket-sized buffer alive.
+  std::vector<c10::IValue> warm_up(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
+    if (pad.rows == 0) {
+      remember(e, inputs);
+      return exe.run(std::move(inputs));
+    }
+    std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
+    remember(e, graph_inputs);
+    ++padded_calls;
+    std::vector<c10::IValue> outputs = exe.run(std::move(graph_inputs));
     for (size_t j = 0; j < outputs.size() && j < padding->output_rows.size(); ++j) {
       const int64_t k = padding->output_rows[j];
       if (k == 0) continue;
       if (outputs[j].isInt()) {
         outputs[j] = c10::IValue(pad.rows * k);
       } else if (outputs[j].isTensor()) {
-        at::Tensor t = outputs[j].toTensor().narrow(padding->output_dims[j], 0, pad.rows * k);
-        outputs[j] = t.is_non_overlapping_and_dense() ? t : copy_out(t, 0, -1, nullptr);
+        const at::Tensor& t = outputs[j].toTensor();
+        outputs[j] = copy_out(t, padding->output_dims[j], pad.rows * k,
+                              c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
       }
     }
     return outputs;
@@ -378,14 +389,7 @@ struct CudaGraphRunner::Impl {
       }
       Entry& e = entries[key];
       e.calls = 1;
-      if (pad.rows == 0) {
-        remember(e, inputs);
-        return exe.run(std::move(inputs));  // warm-up
-      }
-      std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
-      remember(e, graph_inputs);
-      ++padded_calls;
-      return unpadded(exe.run(std::move(graph_inputs)), pad);  // warm-up at the bucket's size
+      return warm_up(e, std::move(inputs), pad);
     }
     Entry& e = it->second;
     ++e.calls;
@@ -400,11 +404,7 @@ struct CudaGraphRunner::Impl {
         // reads stale memory. Capture again.
         MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
         e.graph.reset();
-        std::vector<c10::IValue> graph_inputs = pad.rows > 0 ? padded(inputs, pad) : inputs;
-        remember(e, graph_inputs);
-        if (pad.rows == 0) return exe.run(std::move(inputs));
-        ++padded_calls;
-        return unpadded(exe.run(std::move(graph_inputs)), pad);
+        return warm_up(e, std::move(inputs), pad);
       }
     }
     return replay(e, std::move(inputs), pad);

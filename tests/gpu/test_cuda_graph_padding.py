@@ -10,28 +10,13 @@ import logging
 
 import pytest
 import torch
-from magi_compiler import _backend, magi_compile, magi_register_custom_op
+from magi_compiler import magi_compile, magi_register_custom_op
 from torch import nn
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-@pytest.fixture
-def lowered(monkeypatch):
-    """Every boxed callable lower_graph returns, in order."""
-    runs = []
-    original = _backend.lower_graph
-
-    def spy(gm, kind, config):
-        run = original(gm, kind, config)
-        runs.append(run)
-        return run
-
-    monkeypatch.setattr(_backend, "lower_graph", spy)
-    return runs
 
 
 def _llama(dtype):

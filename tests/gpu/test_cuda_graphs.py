@@ -8,27 +8,12 @@ import copy
 import magi_compiler
 import pytest
 import torch
-from magi_compiler import _backend, magi_compile
+from magi_compiler import magi_compile
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-@pytest.fixture
-def lowered(monkeypatch):
-    """Every boxed callable lower_graph returns, in order."""
-    runs = []
-    original = _backend.lower_graph
-
-    def spy(gm, kind, config):
-        run = original(gm, kind, config)
-        runs.append(run)
-        return run
-
-    monkeypatch.setattr(_backend, "lower_graph", spy)
-    return runs
 
 
 def _block(dtype):
