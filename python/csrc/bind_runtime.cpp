@@ -285,6 +285,9 @@ void bind_runtime(py::module_& m) {
           },
           "padding of each piece.")
       .def_property_readonly("num_piece_padded_calls", &runtime::Executable::num_piece_padded_calls)
+      .def_property_readonly("draws_random_numbers", &runtime::Executable::draws_random_numbers,
+                             "Whether some operator may draw random numbers its results depend "
+                             "on (random ops, attention with dropout, custom ops).")
       .def_property_readonly("num_piece_graph_captures",
                              &runtime::Executable::num_piece_graph_captures)
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
@@ -342,6 +345,7 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_captures", &runtime::CudaGraphRunner::num_captures)
       .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
       .def_property_readonly("num_padded_calls", &runtime::CudaGraphRunner::num_padded_calls)
+      .def_property_readonly("num_direct_launches", &runtime::CudaGraphRunner::num_direct_launches)
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def_static("available", &runtime::CudaGraphRunner::available);
 

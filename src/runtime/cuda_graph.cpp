@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <optional>
 
 #include "magi/common/error.h"
 #include "magi/common/log.h"
 #include "magi/runtime/executor.h"
 
 #ifdef MAGI_HAVE_CUDA_GRAPHS
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
@@ -46,6 +49,20 @@ std::vector<int64_t> padded_strides(const at::Tensor& t) {
     if (t.size(d) == 1) strides[d] = 1;
   }
   return strides;
+}
+
+// The stream every capture on `device` runs on. The pool hands out its streams in turn, and
+// each stream a cuBLAS call runs on gets a workspace of its own (32 MiB on Hopper) that stays
+// allocated: one stream for all captures keeps that to one workspace per device.
+c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(device);
+  if (it == streams.end()) {
+    it = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
+  }
+  return it->second;
 }
 
 // With padding, batched inputs enter as their padded selves: dim 0 (or the value) bucket * k,
@@ -108,6 +125,10 @@ struct CudaGraphRunner::Impl {
     std::vector<c10::IValue> static_inputs;  // what the graph reads
     std::vector<c10::IValue> static_outputs;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
+    // No kernel of the graph uses random numbers: the executable has no random operator, or
+    // its warm-up drew none from the device's default generator. Replays launch it directly
+    // (see launch()).
+    bool draws_no_rng = false;
   };
 
   Impl(const Executable& executable, size_t max, std::vector<int64_t> sizes)
@@ -123,7 +144,7 @@ struct CudaGraphRunner::Impl {
   std::vector<int64_t> ladder;
   const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
   std::map<Signature, Entry> entries;
-  size_t captures = 0, replays = 0, padded_calls = 0;
+  size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
   bool warned_full = false;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
   // graph uses it, so a new handle is taken whenever no captured graph is alive.
@@ -253,7 +274,7 @@ struct CudaGraphRunner::Impl {
     }();
     c10::cuda::CUDAGuard device_guard(device);
     auto current = c10::cuda::getCurrentCUDAStream(device.index());
-    auto side = c10::cuda::getStreamFromPool(false, device.index());
+    const c10::cuda::CUDAStream side = capture_stream(device.index());
     C10_CUDA_CHECK(cudaStreamSynchronize(current.stream()));
     c10::cuda::MempoolId_t graph_pool = shared_pool();
     e.graph = std::make_unique<at::cuda::CUDAGraph>();
@@ -292,17 +313,52 @@ struct CudaGraphRunner::Impl {
   }
 
   // The caller's copy of output `t`, or of its first `rows` rows along `dim` when rows >= 0.
+  // `stream`: the current stream of the output's device, which is current (nullopt: copy_).
   static at::Tensor copy_out(const at::Tensor& graph_output, int64_t dim, int64_t rows,
-                             cudaStream_t stream) {
+                             std::optional<cudaStream_t> stream) {
     const at::Tensor t = rows >= 0 ? graph_output.narrow(dim, 0, rows) : graph_output;
-    if (stream != nullptr && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
+    if (stream && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
       at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
-      copy_dense(copy, t, stream);
+      copy_dense(copy, t, *stream);
       return copy;
     }
     at::Tensor copy = at::empty_like(t);  // dense, in t's dim order
     copy.copy_(t, /*non_blocking=*/true);
     return copy;
+  }
+
+  // Runs the executable and notes whether its kernels may use random numbers: not when it has
+  // no random operator (exe.draws_random_numbers()), nor when the run leaves the Philox offset
+  // of the device's default generator where it was (dropout, rand, a custom op's randn all move
+  // it; another thread drawing at the same time only makes the answer "they may").
+  std::vector<c10::IValue> run_watching_rng(Entry& e, std::vector<c10::IValue> inputs) {
+    c10::DeviceIndex device = -1;
+    for (const auto& v : inputs) {
+      if (v.isTensor() && v.toTensor().is_cuda()) {
+        device = v.toTensor().device().index();
+        break;
+      }
+    }
+    e.draws_no_rng = !exe.draws_random_numbers();
+    if (e.draws_no_rng || device < 0) return exe.run(std::move(inputs));
+    auto* gen = at::cuda::detail::getDefaultCUDAGenerator(device).get<at::CUDAGeneratorImpl>();
+    const uint64_t before = gen->philox_offset_per_thread();
+    std::vector<c10::IValue> outputs = exe.run(std::move(inputs));
+    e.draws_no_rng = gen->philox_offset_per_thread() == before;
+    return outputs;
+  }
+
+  // Replays `e` on `stream`. CUDAGraph::replay() first refreshes the seed and offset tensors of
+  // every generator the capture registered (the default one always is): two fill kernels and
+  // their dispatch on every replay, needed only by graphs with random kernels. A graph whose
+  // warm-up drew nothing is launched directly.
+  void launch(Entry& e, std::optional<cudaStream_t> stream) {
+    if (e.draws_no_rng && stream) {
+      C10_CUDA_CHECK(cudaGraphLaunch(e.graph->raw_cuda_graph_exec(), *stream));
+      ++direct_launches;
+    } else {
+      e.graph->replay();
+    }
   }
 
   // A run without a graph that prepares one (the first call of a signature, or the first after
@@ -312,12 +368,12 @@ struct CudaGraphRunner::Impl {
   std::vector<c10::IValue> warm_up(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
     if (pad.rows == 0) {
       remember(e, inputs);
-      return exe.run(std::move(inputs));
+      return run_watching_rng(e, std::move(inputs));
     }
     std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
     remember(e, graph_inputs);
     ++padded_calls;
-    std::vector<c10::IValue> outputs = exe.run(std::move(graph_inputs));
+    std::vector<c10::IValue> outputs = run_watching_rng(e, std::move(graph_inputs));
     for (size_t j = 0; j < outputs.size() && j < padding->output_rows.size(); ++j) {
       const int64_t k = padding->output_rows[j];
       if (k == 0) continue;
@@ -325,18 +381,22 @@ struct CudaGraphRunner::Impl {
         outputs[j] = c10::IValue(pad.rows * k);
       } else if (outputs[j].isTensor()) {
         const at::Tensor& t = outputs[j].toTensor();
-        outputs[j] = copy_out(t, padding->output_dims[j], pad.rows * k,
-                              c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+        outputs[j] = copy_out(t, padding->output_dims[j], pad.rows * k, std::nullopt);
       }
     }
     return outputs;
   }
 
   std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
-    cudaStream_t stream = nullptr;
+    // The current stream of the outputs' device, with that device current: the default stream's
+    // handle is 0 (the legacy stream of whichever device is current).
+    std::optional<cudaStream_t> stream;
+    c10::cuda::OptionalCUDAGuard device_guard;
     for (const auto& v : e.static_outputs) {
       if (v.isTensor()) {
-        stream = c10::cuda::getCurrentCUDAStream(v.toTensor().device().index()).stream();
+        const c10::DeviceIndex device = v.toTensor().device().index();
+        device_guard.set_index(device);
+        stream = c10::cuda::getCurrentCUDAStream(device).stream();
         break;
       }
     }
@@ -348,13 +408,13 @@ struct CudaGraphRunner::Impl {
       // capture's copies of a real sample): valid inputs that no valid row reads (the padding
       // plan's guarantee).
       const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
-      if (stream != nullptr && same_dense_layout(dst, src)) {
-        copy_dense(dst, src, stream);
+      if (stream && same_dense_layout(dst, src)) {
+        copy_dense(dst, src, *stream);
       } else {
         dst.copy_(src, /*non_blocking=*/true);
       }
     }
-    e.graph->replay();
+    launch(e, stream);
     ++replays;
     padded_calls += pad.rows > 0;
     std::vector<c10::IValue> out;
@@ -426,6 +486,7 @@ size_t CudaGraphRunner::num_graphs() const {
 size_t CudaGraphRunner::num_captures() const { return impl_->captures; }
 size_t CudaGraphRunner::num_replays() const { return impl_->replays; }
 size_t CudaGraphRunner::num_padded_calls() const { return impl_->padded_calls; }
+size_t CudaGraphRunner::num_direct_launches() const { return impl_->direct_launches; }
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 bool CudaGraphRunner::available() { return true; }
 
@@ -444,6 +505,7 @@ size_t CudaGraphRunner::num_graphs() const { return 0; }
 size_t CudaGraphRunner::num_captures() const { return 0; }
 size_t CudaGraphRunner::num_replays() const { return 0; }
 size_t CudaGraphRunner::num_padded_calls() const { return 0; }
+size_t CudaGraphRunner::num_direct_launches() const { return 0; }
 bool CudaGraphRunner::pads() const { return false; }
 bool CudaGraphRunner::available() { return false; }
 

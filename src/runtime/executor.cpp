@@ -69,6 +69,34 @@ bool is_pure_operator(const ir::Node& node) {
   return true;
 }
 
+// Whether the call of `instr` (a kCall of `node`) may draw random numbers that its results
+// depend on. Custom operators are opaque: they may. Attention whose dropout_p is the constant 0
+// takes a Philox offset but uses no numbers.
+bool may_draw_random(const ir::Node& node, const Instr& instr,
+                     const std::vector<c10::IValue>& constants) {
+  if (node.kind() == ir::NodeKind::kCustomOp) return true;
+  if (node.kind() != ir::NodeKind::kAtenOp) return false;
+  const std::string name = node.op().operator_name().name;
+  bool random = node.op().hasTag(at::Tag::nondeterministic_seeded);
+  for (const char* word : {"rand", "dropout", "bernoulli", "normal", "uniform", "poisson",
+                           "multinomial", "exponential"}) {
+    random |= name.find(word) != std::string::npos;
+  }
+  if (!random || name.find("scaled_dot_product") == std::string::npos) return random;
+  const auto& arguments = node.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() != "dropout_p") continue;
+    std::optional<c10::IValue> p = arguments[i].default_value();  // when the call leaves it out
+    if (i < instr.in.size()) {
+      const Ref r = instr.in[i];
+      if (r >= 0) return true;  // a dropout probability known only at run time
+      p = constants[-r - 1];
+    }
+    return !p || !((p->isDouble() && p->toDouble() == 0.0) || (p->isInt() && p->toInt() == 0));
+  }
+  return true;
+}
+
 int64_t to_int(const c10::IValue& v) {
   if (v.isInt()) return v.toInt();
   if (v.isBool()) return v.toBool() ? 1 : 0;
@@ -228,6 +256,7 @@ struct Executable::Program {
   size_t num_piece_calls = 0;
   size_t num_fusions = 0;
   size_t max_stack = 0;
+  bool draws_random = false;  // see Executable::draws_random_numbers
   // Instructions marked `once` compute the same values on every call (rotary tables of a
   // static sequence length, masks from arange): the first call runs them and keeps the values
   // later instructions read; later calls start from those. Filled once, under the mutex.
@@ -455,6 +484,14 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
         instr.kind = InstrKind::kCall;
         instr.op = node->op();
         instr.pure = is_pure_operator(*node);
+        if (may_draw_random(*node, instr, p.constants)) {
+          if (!p.draws_random) {
+            MAGI_LOG_DEBUG("executor: ", instr.where,
+                           " may draw random numbers (CUDA graphs of this graph refresh the "
+                           "generator on each replay)");
+          }
+          p.draws_random = true;
+        }
         p.num_calls++;
         p.max_stack = std::max({p.max_stack, instr.in.size(), instr.out.size()});
         break;
@@ -484,6 +521,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
         instr.piece = static_cast<size_t>(graph.piece_index(node->piece()));
         p.num_piece_calls++;
         p.num_calls += p.pieces[instr.piece]->num_operator_calls();
+        p.draws_random |= p.pieces[instr.piece]->draws_random_numbers();
         break;
       default:
         MAGI_ASSERT(false, "unexpected node kind ", ir::node_kind_name(node->kind()));
@@ -601,6 +639,7 @@ void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t
 }
 
 const PaddingPlan& Executable::padding() const { return program_->padding; }
+bool Executable::draws_random_numbers() const { return program_->draws_random; }
 
 size_t Executable::num_piece_graph_captures() const {
   size_t n = 0;

@@ -86,3 +86,44 @@ def test_cpu_inputs_degrade_to_no_graphs(counters, lowered, caplog):
         torch.testing.assert_close(compiled(x), m(x))
     assert lowered[0].magi_cuda_graphs is None
     assert magi_compiler.get_counters().captures == 1
+
+
+def test_graphs_without_random_ops_launch_directly(counters, lowered, assert_close_rel):
+    """A graph whose warm-up drew no random numbers replays through cudaGraphLaunch alone."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(4, 16, 256, device="cuda")
+            assert_close_rel(compiled(x), eager(x), 1e-4)
+    assert lowered[0].magi_executable.draws_random_numbers is False  # attention's dropout_p is 0
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_replays == 4
+    assert runner.num_direct_launches == 4
+
+
+class _Noisy(torch.nn.Module):
+    """Adds fresh uniform noise: each replay must draw new numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return h, torch.rand_like(h)
+
+
+def test_graphs_with_random_ops_draw_new_numbers_on_each_replay(counters, lowered):
+    model = _Noisy().cuda().eval()
+    compiled = magi_compile(model, config_patch={"cudagraph_mode": "FULL"})
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        noise = [compiled(x)[1].clone() for _ in range(5)]  # warm-up, capture, 3 replays
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_replays == 4
+    assert runner.num_direct_launches == 0  # replay() refreshes the generator's offset
+    for i in range(len(noise)):
+        assert 0.0 <= noise[i].min() and noise[i].max() < 1.0
+        for j in range(i):
+            assert not torch.equal(noise[i], noise[j]), (i, j)

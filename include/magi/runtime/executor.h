@@ -97,6 +97,10 @@ class Executable {
   /// operator writes an input in place (pieces included): what offload needs of a piece.
   bool outputs_may_alias_inputs() const;
   bool writes_inputs() const;
+  /// Whether some operator may draw random numbers its results depend on (pieces included):
+  /// random operators, attention with a dropout probability other than the constant 0, custom
+  /// operators (opaque). A CUDA graph without such operators needs no generator refresh.
+  bool draws_random_numbers() const;
   /// Whether (and how) calls may be padded along a dynamic batch dim: decided at lowering.
   const PaddingPlan& padding() const;
 
