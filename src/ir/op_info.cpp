@@ -166,6 +166,17 @@ int64_t column_reduced_dims(const Node& node) {
   return op_info(node).op_class == OpClass::kColumnReduction ? leading_prefix(node, 1) : 0;
 }
 
+bool is_random_operator(const Node& node) {
+  if (node.kind() != NodeKind::kAtenOp && node.kind() != NodeKind::kCustomOp) return false;
+  if (node.op().hasTag(at::Tag::nondeterministic_seeded)) return true;
+  const std::string name = node.op().operator_name().name;
+  for (const char* word : {"rand", "dropout", "bernoulli", "normal", "uniform", "poisson",
+                           "multinomial", "exponential"}) {
+    if (name.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
+
 bool is_fusible_float_tensor(const Value& value) {
   if (value.kind() != ValueKind::kTensor || !value.tensor_type()) return false;
   switch (value.tensor_type()->dtype) {

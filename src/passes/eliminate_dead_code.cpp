@@ -5,6 +5,7 @@
 #include "magi/passes/passes.h"
 
 #include "magi/ir/node.h"
+#include "magi/ir/op_info.h"
 
 namespace magi::passes {
 namespace {
@@ -20,9 +21,7 @@ bool has_side_effects(const ir::Node* node) {
       const auto& schema = node->schema();
       if (schema.returns().empty() || schema.is_mutable()) return true;
       // Random ops advance the generator even when their result is unused.
-      return node->op_name().find("rand") != std::string::npos ||
-             node->op_name().find("dropout") != std::string::npos ||
-             node->op_name().find("bernoulli") != std::string::npos;
+      return ir::is_random_operator(*node);
     }
     default:
       return false;

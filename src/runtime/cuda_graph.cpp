@@ -12,7 +12,6 @@
 #include "magi/runtime/executor.h"
 
 #ifdef MAGI_HAVE_CUDA_GRAPHS
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
@@ -51,13 +50,20 @@ std::vector<int64_t> padded_strides(const at::Tensor& t) {
   return strides;
 }
 
-// The stream every capture on `device` runs on. The pool hands out its streams in turn, and
-// each stream a cuBLAS call runs on gets a workspace of its own (32 MiB on Hopper) that stays
-// allocated: one stream for all captures keeps that to one workspace per device.
+// Held for the whole of a capture: captures share their stream (below), so two runners
+// capturing from two threads take turns. Recursive: a graph being captured may call another
+// compiled module (a custom op's body) whose runner takes it again on the same thread.
+std::recursive_mutex& capture_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
+// The stream every capture on `device` runs on (call with capture_mutex() held). The pool hands
+// out its streams in turn, and each stream a cuBLAS call runs on gets a workspace of its own
+// (32 MiB on Hopper) that stays allocated: one stream for all captures keeps that to one
+// workspace per device.
 c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
-  static std::mutex mutex;
   static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
-  std::lock_guard<std::mutex> lock(mutex);
   auto it = streams.find(device);
   if (it == streams.end()) {
     it = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
@@ -125,9 +131,8 @@ struct CudaGraphRunner::Impl {
     std::vector<c10::IValue> static_inputs;  // what the graph reads
     std::vector<c10::IValue> static_outputs;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
-    // No kernel of the graph uses random numbers: the executable has no random operator, or
-    // its warm-up drew none from the device's default generator. Replays launch it directly
-    // (see launch()).
+    // No kernel of the graph uses random numbers (Executable::draws_random_numbers): replays
+    // launch it directly (see launch()).
     bool draws_no_rng = false;
   };
 
@@ -274,12 +279,13 @@ struct CudaGraphRunner::Impl {
     }();
     c10::cuda::CUDAGuard device_guard(device);
     auto current = c10::cuda::getCurrentCUDAStream(device.index());
-    const c10::cuda::CUDAStream side = capture_stream(device.index());
     C10_CUDA_CHECK(cudaStreamSynchronize(current.stream()));
     c10::cuda::MempoolId_t graph_pool = shared_pool();
     e.graph = std::make_unique<at::cuda::CUDAGraph>();
+    e.draws_no_rng = !exe.draws_random_numbers();
     {
-      c10::cuda::CUDAStreamGuard stream_guard(side);
+      std::lock_guard<std::recursive_mutex> capturing(capture_mutex());
+      c10::cuda::CUDAStreamGuard stream_guard(capture_stream(device.index()));
       e.graph->capture_begin(graph_pool);
       try {
         e.static_outputs = exe.run(e.static_inputs);
@@ -317,7 +323,7 @@ struct CudaGraphRunner::Impl {
   static at::Tensor copy_out(const at::Tensor& graph_output, int64_t dim, int64_t rows,
                              std::optional<cudaStream_t> stream) {
     const at::Tensor t = rows >= 0 ? graph_output.narrow(dim, 0, rows) : graph_output;
-    if (stream && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
+    if (stream && t.is_cuda() && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
       at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
       copy_dense(copy, t, *stream);
       return copy;
@@ -327,31 +333,10 @@ struct CudaGraphRunner::Impl {
     return copy;
   }
 
-  // Runs the executable and notes whether its kernels may use random numbers: not when it has
-  // no random operator (exe.draws_random_numbers()), nor when the run leaves the Philox offset
-  // of the device's default generator where it was (dropout, rand, a custom op's randn all move
-  // it; another thread drawing at the same time only makes the answer "they may").
-  std::vector<c10::IValue> run_watching_rng(Entry& e, std::vector<c10::IValue> inputs) {
-    c10::DeviceIndex device = -1;
-    for (const auto& v : inputs) {
-      if (v.isTensor() && v.toTensor().is_cuda()) {
-        device = v.toTensor().device().index();
-        break;
-      }
-    }
-    e.draws_no_rng = !exe.draws_random_numbers();
-    if (e.draws_no_rng || device < 0) return exe.run(std::move(inputs));
-    auto* gen = at::cuda::detail::getDefaultCUDAGenerator(device).get<at::CUDAGeneratorImpl>();
-    const uint64_t before = gen->philox_offset_per_thread();
-    std::vector<c10::IValue> outputs = exe.run(std::move(inputs));
-    e.draws_no_rng = gen->philox_offset_per_thread() == before;
-    return outputs;
-  }
-
-  // Replays `e` on `stream`. CUDAGraph::replay() first refreshes the seed and offset tensors of
-  // every generator the capture registered (the default one always is): two fill kernels and
-  // their dispatch on every replay, needed only by graphs with random kernels. A graph whose
-  // warm-up drew nothing is launched directly.
+  // Replays `e` on `stream`. CUDAGraph::replay() first brings the seed and offset of each
+  // generator the capture drew from up to date (two fill kernels and their dispatch on every
+  // replay of a graph whose capture took a Philox offset, as attention does even at dropout 0).
+  // A graph none of whose kernels uses the numbers needs none of that: it is launched directly.
   void launch(Entry& e, std::optional<cudaStream_t> stream) {
     if (e.draws_no_rng && stream) {
       C10_CUDA_CHECK(cudaGraphLaunch(e.graph->raw_cuda_graph_exec(), *stream));
@@ -368,12 +353,12 @@ struct CudaGraphRunner::Impl {
   std::vector<c10::IValue> warm_up(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
     if (pad.rows == 0) {
       remember(e, inputs);
-      return run_watching_rng(e, std::move(inputs));
+      return exe.run(std::move(inputs));
     }
     std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
     remember(e, graph_inputs);
     ++padded_calls;
-    std::vector<c10::IValue> outputs = run_watching_rng(e, std::move(graph_inputs));
+    std::vector<c10::IValue> outputs = exe.run(std::move(graph_inputs));
     for (size_t j = 0; j < outputs.size() && j < padding->output_rows.size(); ++j) {
       const int64_t k = padding->output_rows[j];
       if (k == 0) continue;
@@ -393,7 +378,7 @@ struct CudaGraphRunner::Impl {
     std::optional<cudaStream_t> stream;
     c10::cuda::OptionalCUDAGuard device_guard;
     for (const auto& v : e.static_outputs) {
-      if (v.isTensor()) {
+      if (v.isTensor() && v.toTensor().is_cuda()) {
         const c10::DeviceIndex device = v.toTensor().device().index();
         device_guard.set_index(device);
         stream = c10::cuda::getCurrentCUDAStream(device).stream();

@@ -6,6 +6,7 @@
 
 #include "magi/common/error.h"
 #include "magi/common/log.h"
+#include "magi/ir/op_info.h"
 #include "magi/ir/structural_hash.h"
 #include "magi/ir/verifier.h"
 #include "program.h"
@@ -18,13 +19,8 @@ bool is_pure_operator(const ir::Node& node) {
   if (node.kind() != ir::NodeKind::kAtenOp) return false;
   const c10::FunctionSchema& schema = node.schema();
   if (schema.returns().empty() || schema.is_mutable()) return false;
-  if (node.op().hasTag(at::Tag::nondeterministic_seeded)) return false;
-  const std::string name = node.op().operator_name().name;
-  for (const char* random : {"rand", "dropout", "bernoulli", "normal", "uniform", "poisson",
-                             "multinomial", "exponential", "empty"}) {
-    if (name.find(random) != std::string::npos) return false;
-  }
-  return true;
+  if (ir::is_random_operator(node)) return false;
+  return node.op().operator_name().name.find("empty") == std::string::npos;  // uninitialised
 }
 
 // Whether the call of `instr` (a kCall of `node`) may draw random numbers that its results
@@ -33,24 +29,16 @@ bool is_pure_operator(const ir::Node& node) {
 bool may_draw_random(const ir::Node& node, const Instr& instr,
                      const std::vector<c10::IValue>& constants) {
   if (node.kind() == ir::NodeKind::kCustomOp) return true;
-  if (node.kind() != ir::NodeKind::kAtenOp) return false;
+  if (!ir::is_random_operator(node)) return false;
   const std::string name = node.op().operator_name().name;
-  bool random = node.op().hasTag(at::Tag::nondeterministic_seeded);
-  for (const char* word : {"rand", "dropout", "bernoulli", "normal", "uniform", "poisson",
-                           "multinomial", "exponential"}) {
-    random |= name.find(word) != std::string::npos;
-  }
-  if (!random || name.find("scaled_dot_product") == std::string::npos) return random;
+  if (name.find("scaled_dot_product") == std::string::npos) return true;
   const auto& arguments = node.schema().arguments();
-  for (size_t i = 0; i < arguments.size(); ++i) {
+  for (size_t i = 0; i < arguments.size() && i < instr.in.size(); ++i) {
     if (arguments[i].name() != "dropout_p") continue;
-    std::optional<c10::IValue> p = arguments[i].default_value();  // when the call leaves it out
-    if (i < instr.in.size()) {
-      const Ref r = instr.in[i];
-      if (r >= 0) return true;  // a dropout probability known only at run time
-      p = constants[-r - 1];
-    }
-    return !p || !((p->isDouble() && p->toDouble() == 0.0) || (p->isInt() && p->toInt() == 0));
+    const Ref r = instr.in[i];
+    if (r >= 0) return true;  // a dropout probability known only at run time
+    const c10::IValue& p = constants[-r - 1];
+    return !((p.isDouble() && p.toDouble() == 0.0) || (p.isInt() && p.toInt() == 0));
   }
   return true;
 }

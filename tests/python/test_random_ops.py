@@ -47,3 +47,19 @@ def test_custom_op_counts_as_drawing_random_numbers(lowered):
     """A custom op is opaque: it may draw (a CUDA graph then refreshes the generator)."""
     f = magi_compile(lambda x: _twice(x) + 1)
     assert _draws(f, torch.randn(4, 8), lowered=lowered) is True
+
+
+def test_training_mode_dropout_draws_random_numbers(lowered):
+    f = magi_compile(lambda x: F.dropout(x, 0.5, training=True) * 2)
+    assert _draws(f, torch.randn(4, 8), lowered=lowered) is True
+
+
+def test_in_place_uniform_draws_random_numbers(lowered):
+    f = magi_compile(lambda x: x + torch.empty_like(x).uniform_())
+    assert _draws(f, torch.randn(4, 8), lowered=lowered) is True
+
+
+def test_pointwise_graph_draws_no_random_numbers(lowered):
+    """Names close to the random words (layer_norm, normalize) do not count."""
+    f = magi_compile(lambda x: F.normalize(F.layer_norm(x, (8,)).relu(), dim=-1))
+    assert _draws(f, torch.randn(4, 8), lowered=lowered) is False

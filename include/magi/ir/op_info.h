@@ -34,6 +34,13 @@ struct OpInfo {
   std::string fn;  ///< scalar function for kUnary/kBinary ("exp", "add", "gelu_tanh", ...)
 };
 
+/// Whether `node` (an AtenOp or CustomOp) is known to draw random numbers: ATen operators
+/// tagged nondeterministic_seeded, and operators named after a distribution (rand*, dropout,
+/// bernoulli, normal, uniform, poisson, multinomial, exponential). Such a node advances the
+/// generator even when its result is unused. Other node kinds: false. A custom op with another
+/// name may still draw: callers that must be sure treat custom ops as drawing.
+bool is_random_operator(const Node& node);
+
 /// Classifies `node` (an AtenOp). Checks argument values too: a reduction over a dim other
 /// than the last, a cast that changes device, or a gelu with an unknown approximation are
 /// kOther. `reason`, when given, says why a node is not fusible.
