@@ -90,7 +90,8 @@ def main() -> int:
             "list(inputs)": lambda: list(inputs),
         }
         if device.type == "cuda":
-            # The floor: replaying a torch.cuda.CUDAGraph of the eager model (launch only).
+            # PyTorch's own replay of the eager model: the launch plus the generator update that
+            # replay() does because the stack's attention takes a Philox offset.
             static_x = x.clone()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())

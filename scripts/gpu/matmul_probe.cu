@@ -15,13 +15,13 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    auto st_ = (x);                                                               \
-    if (st_ != 0) {                                                             \
+#define CK(x)                                                                      \
+  do {                                                                             \
+    auto st_ = (x);                                                                \
+    if (st_ != 0) {                                                                \
       std::fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, int(st_)); \
-      std::exit(1);                                                             \
-    }                                                                           \
+      std::exit(1);                                                                \
+    }                                                                              \
   } while (0)
 
 constexpr int kRequested = 16;

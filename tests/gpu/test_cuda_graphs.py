@@ -89,7 +89,8 @@ def test_cpu_inputs_degrade_to_no_graphs(counters, lowered, caplog):
 
 
 def test_graphs_without_random_ops_launch_directly(counters, lowered, assert_close_rel):
-    """A graph whose warm-up drew no random numbers replays through cudaGraphLaunch alone."""
+    """A graph none of whose kernels uses random numbers (attention at dropout_p 0 takes an
+    offset but no numbers) replays through cudaGraphLaunch alone."""
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
     with torch.no_grad():

@@ -58,10 +58,11 @@ def test_recomputation_lowers_the_measured_activation_peak():
     """HEURISTIC against no recomputation: at least half of the saved bytes it drops shows in
     the measured peak, and the peak is within 25% of the planner's prediction. (Weight
     gradients and backward temporaries are in the peak too, and recomputed values live in the
-    backward, so not all of the saved bytes come off it.) The loss is a plain sum, whose
-    gradient is a broadcast scalar: an eager float32 loss head (cast, square, mean) adds about
-    6 MB of temporaries the planner does not model, which put the peak 1% over the bound when
-    other tests ran first (40.40 MB against 40.0 MB)."""
+    backward, so not all of the saved bytes come off it.) The loss is a plain sum (its gradient
+    a broadcast scalar), so no eager loss head the planner does not model adds temporaries.
+    Known open (issue 9): run after the rest of tests/gpu, HEURISTIC measures 40.40 MB against
+    the 40.0 MB bound, 1 MiB more than alone (39.35 MB), and the extra MiB is transient within
+    the step (nothing is left allocated after it)."""
     base = init_weights_(LlamaStack(2, **STACK), seed=0).to("cuda", torch.bfloat16)
     x = torch.randn(4, 512, STACK["hidden"], device="cuda", dtype=torch.bfloat16)
     peaks, plans = {}, {}

@@ -48,8 +48,8 @@ class CudaGraphRunner {
   size_t num_captures() const;  ///< captures so far (re-captures included)
   size_t num_replays() const;
   size_t num_padded_calls() const;  ///< calls that ran in a larger bucket's graph
-  /// Replays launched with cudaGraphLaunch alone: graphs whose warm-up drew no random numbers
-  /// skip CUDAGraph::replay()'s refresh of the generators' seed and offset (two fill kernels).
+  /// Replays launched with cudaGraphLaunch alone: graphs none of whose kernels uses random
+  /// numbers (Executable::draws_random_numbers) skip CUDAGraph::replay()'s generator update.
   size_t num_direct_launches() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
