@@ -285,6 +285,16 @@ def rotate_computed(x, y):
     return torch.cat([h[..., C // 2 :], -h[..., : C // 2]], -1) * h
 
 
+def rotary_grad(g, cos, sin):
+    # The backward of apply_rotary as autograd emits it, with magi's decomposition of
+    # slice_backward (zeros around the slice's gradient) into constant_pad_nd.
+    half = g.shape[-1] // 2
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    gs = g * sin
+    pad = torch.ops.aten.constant_pad_nd
+    return pad(-gs[..., :half], [half, 0], 0.0) + pad(gs[..., half:], [0, half], 0.0) + g * cos
+
+
 def silu_grad(g, x):
     # A SwiGLU backward: the gate's gradient from the up projection's, as autograd emits it.
     return torch.ops.aten.silu_backward(g * x.sigmoid(), x)
@@ -380,6 +390,9 @@ PATTERNS = [
     Pattern("log_softmax", log_softmax, _inputs(ROWS), ("aten::div", "aten::_log_softmax")),
     Pattern("rotary", rotary, _rotary_inputs,
             ("aten::slice", "aten::neg", "aten::cat", "aten::mul", "aten::add")),
+    Pattern("rotary_grad", rotary_grad, _rotary_inputs,
+            ("aten::slice", "aten::neg", "aten::constant_pad_nd", "aten::mul", "aten::add"),
+            dynamic={"g": 0}),
     Pattern("silu_mul", silu_mul, _inputs(ROWS, ROWS), ("aten::silu", "aten::mul"),
             dynamic={"x": 0, "u": 0}),
     Pattern("swiglu_chunk", swiglu_chunk, _inputs(("B", 4, 2 * C)), ("aten::silu", "aten::mul")),

@@ -68,7 +68,8 @@ class Lowering {
       ir::OpClass c = ir::op_info(*node).op_class;
       bool reads_narrow = false;
       for (const ir::Value* in : node->inputs()) reads_narrow |= narrow.count(in->producer()) > 0;
-      if (c == ir::OpClass::kSlice || (c != ir::OpClass::kCat && reads_narrow)) narrow.insert(node);
+      const bool widens = c == ir::OpClass::kCat || c == ir::OpClass::kPad;
+      if (c == ir::OpClass::kSlice || (!widens && reads_narrow)) narrow.insert(node);
       spec_.fused_ops.push_back(node->op_name());
       if (!node->provenance().source.empty()) spec_.sources.push_back(node->provenance().source);
     }
@@ -306,6 +307,21 @@ class Lowering {
         offset += piece->tensor_type()->sizes.back().constant_value();
         piece_ends.push_back(offset);
       }
+    } else if (info.op_class == ir::OpClass::kPad) {
+      // The pad value left of the input's columns and right of them: a cat of three pieces.
+      const auto [left, right] = ir::pad_bounds(node);
+      const int value = constant(scalar_of(const_arg(node, 2)));
+      const int64_t width = node.output()->tensor_type()->sizes.back().constant_value();
+      if (left > 0) {
+        pieces.push_back(value);
+        piece_ends.push_back(left);
+      }
+      pieces.push_back(eval(node.input(0), shift - left));
+      piece_ends.push_back(right);
+      if (right < width) {
+        pieces.push_back(value);
+        piece_ends.push_back(width);
+      }
     } else if (info.op_class == ir::OpClass::kSlice) {
       set_at(node.output(), shift, eval(node.input(0), shift + ir::slice_bounds(node).first));
       return;
@@ -332,6 +348,12 @@ class Lowering {
     const ir::Value& out = *node.output();
 
     switch (info.op_class) {
+      case ir::OpClass::kPad:
+        if (pieces.size() == 1) {  // nothing padded
+          set(&out, round_as(pieces[0], out));
+          break;
+        }
+        [[fallthrough]];
       case ir::OpClass::kCat: {
         KOp op;
         op.kind = KOpKind::kSelect;

@@ -62,6 +62,7 @@ const std::unordered_map<std::string, OpInfo>& table() {
       {"aten::native_layer_norm", {OpClass::kLayerNorm, "layer_norm"}},
       {"aten::slice.Tensor", {OpClass::kSlice, "slice"}},
       {"aten::cat", {OpClass::kCat, "cat"}},
+      {"aten::constant_pad_nd", {OpClass::kPad, "pad"}},
       {"aten::view", {OpClass::kView, "view"}},
       {"aten::_unsafe_view", {OpClass::kView, "view"}},
       {"aten::reshape", {OpClass::kView, "view"}},
@@ -129,6 +130,12 @@ std::pair<int64_t, int64_t> slice_bounds(const Node& node) {
   };
   const int64_t start = bound(2, 0);
   return {start, std::max(start, bound(3, size))};
+}
+
+std::pair<int64_t, int64_t> pad_bounds(const Node& node) {
+  // constant_pad_nd(self, pad, value); op_info checked that pad is [left, right, 0...]
+  const int64_t left = constant_input(node, 1)->toIntList().get(0);
+  return {left, left + node.input(0)->tensor_type()->sizes.back().constant_value()};
 }
 
 const std::vector<Value*>& cat_pieces(const Node& node) {
@@ -253,12 +260,22 @@ OpInfo op_info(const Node& node, std::string* reason) {
     case OpClass::kCast: {
       // _to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format)
       // clone(self, memory_format)
+      // AOTAutograd's backward spells the defaults out (layout=torch.strided, device=the
+      // tensor's own), which is still a cast.
       if (node.op_name() == "aten::_to_copy") {
-        for (size_t i : {2u, 3u, 4u}) {
-          const c10::IValue* v = constant_input(node, i);
-          if (!v || !(v->isNone() || (i == 4 && v->isBool() && !v->toBool()))) {
-            return reject(reason, "a copy that changes layout or device");
-          }
+        const c10::IValue* layout = constant_input(node, 2);
+        const c10::IValue* device = constant_input(node, 3);
+        const c10::IValue* pin = constant_input(node, 4);
+        const auto& in_type = node.input(0)->tensor_type();
+        const bool strided =
+            layout && (layout->isNone() ||
+                       (layout->isInt() && layout->toInt() == static_cast<int64_t>(at::kStrided)));
+        const bool same_device =
+            device && (device->isNone() ||
+                       (device->isDevice() && in_type && device->toDevice() == in_type->device));
+        const bool unpinned = pin && (pin->isNone() || (pin->isBool() && !pin->toBool()));
+        if (!strided || !same_device || !unpinned) {
+          return reject(reason, "a copy that changes layout or device");
         }
       }
       break;
@@ -336,6 +353,29 @@ OpInfo op_info(const Node& node, std::string* reason) {
         if (piece->tensor_type()->device != node.output()->tensor_type()->device) {
           return reject(reason, "an operand on another device");
         }
+      }
+      break;
+    }
+    case OpClass::kPad: {
+      // constant_pad_nd(self, pad, value): pad lists (left, right) pairs from the last dim
+      // inwards; only the last dim's, without cropping, is generated.
+      const auto& type = node.input(0)->tensor_type();
+      const c10::IValue* pad = constant_input(node, 1);
+      const c10::IValue* value = constant_input(node, 2);
+      if (!pad || !pad->isIntList() || pad->toIntList().size() < 2) {
+        return reject(reason, "a pad of non-constant widths");
+      }
+      const auto widths = pad->toIntList();
+      for (size_t i = 0; i < widths.size(); ++i) {
+        if (widths.get(i) < 0) return reject(reason, "a negative pad (a crop)");
+        if (i >= 2 && widths.get(i) != 0)
+          return reject(reason, "a pad of a dim other than the last");
+      }
+      if (!type || type->rank() < 1 || !type->sizes.back().is_constant()) {
+        return reject(reason, "a pad of a symbolic size");
+      }
+      if (!value || !(value->isDouble() || value->isInt() || value->isBool())) {
+        return reject(reason, "a pad with a non-constant value");
       }
       break;
     }

@@ -93,7 +93,7 @@ class Fuser {
     adopt_lone_casts();
     bool changed = false;
     for (Group& g : groups_) {
-      drop_trailing_view(g);
+      drop_trailing_views(g);
       if (!narrow_values_closed(g)) {
         MAGI_LOG_DEBUG("not fusing ", g.members.size(),
                        " ops: a slice or an op on one is read outside the group");
@@ -120,6 +120,9 @@ class Fuser {
 
   static bool is_slice(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kSlice; }
   static bool is_cat(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kCat; }
+  static bool is_pad(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kPad; }
+  // Ops that give narrow values the full width back: a cat of the last dim, a pad of it.
+  static bool widens(const Node& n) { return is_cat(n) || is_pad(n); }
 
   static bool is_view(const Node& n) { return ir::op_info(n).op_class == ir::OpClass::kView; }
 
@@ -166,7 +169,8 @@ class Fuser {
   // Slices, cats and the ops between them (rotate_half: cat(-x[..., h:], x[..., :h])). A
   // slice reads a value of the full index space; an op on narrow values reads only narrow
   // values of its own shape (and 0-dim operands); a cat of the last dim reads members only and
-  // gives the full shape back. No reduction shares such a group.
+  // gives the full shape back, and so does a pad of the last dim (its gradient: slice_backward
+  // is decomposed into one). No reduction shares such a group.
   bool can_join_narrow(const Group& g, const Node& node) {
     if (g.reduces() || is_reducing(node) || is_column_reduction(node)) return false;
     const auto& out = node.output()->tensor_type()->sizes;
@@ -176,6 +180,9 @@ class Fuser {
         if (!g.member_set.count(piece->producer())) return false;
       }
       return true;
+    }
+    if (is_pad(node)) {
+      return same_shape(out, g.full) && g.narrow_nodes.count(node.input(0)->producer());
     }
     if (is_slice(node)) {
       const Value* src = node.input(0);
@@ -358,7 +365,7 @@ class Fuser {
     }
     if (is_view(node)) return can_join_view(g, node);
     if (reads_inner_value(g, node)) return false;
-    if (is_slice(node) || is_cat(node) || reads_narrow_value(g, node)) {
+    if (is_slice(node) || widens(node) || reads_narrow_value(g, node)) {
       return can_join_narrow(g, node);
     }
     if (!g.narrow_nodes.empty() && (is_reducing(node) || is_column_reduction(node))) return false;
@@ -436,9 +443,9 @@ class Fuser {
         return;
       }
     }
-    // A cat reads its pieces where a group computes them: it starts no group. Nor does a
-    // view: ATen's costs nothing, and a kernel is needed only to compute through one.
-    if (is_cat(*node) || is_view(*node)) return;
+    // A cat (or a pad) reads its pieces where a group computes them: it starts no group. Nor
+    // does a view: ATen's costs nothing, and a kernel is needed only to compute through one.
+    if (widens(*node) || is_view(*node)) return;
     Group g;
     g.full = space_of(*node);
     g.first_position = position_[node];
@@ -529,7 +536,7 @@ class Fuser {
       g.column_dims = ir::column_reduced_dims(*node);
     }
     if (is_column_reduction(*node) || reads_column_value(g, *node)) g.column_nodes.insert(node);
-    if (is_slice(*node) || (!is_cat(*node) && reads_narrow_value(g, *node))) {
+    if (is_slice(*node) || (!widens(*node) && reads_narrow_value(g, *node))) {
       g.narrow_nodes.insert(node);
     }
     if (is_cat(*node)) {  // its list goes with it
@@ -659,19 +666,25 @@ class Fuser {
   // A view that no member reads computes nothing through it: ATen's costs nothing, and in
   // the kernel it would only make the writes follow the view's order (a transpose's writes
   // strided against its reads). It leaves the group, and the values before it are the index
-  // space again, when it is the group's only member after them.
-  void drop_trailing_view(Group& g) {
-    if (g.region_of.empty() || g.members.empty()) return;
+  // space again, when it is the group's only member after them. Repeated: a chain of views
+  // at the end (`.view(b, s, -1)`, then a matmul's flattening) leaves one view at a time.
+  void drop_trailing_views(Group& g) {
+    while (drop_trailing_view(g)) {
+    }
+  }
+
+  bool drop_trailing_view(Group& g) {
+    if (g.region_of.empty() || g.members.empty()) return false;
     Node* last = nullptr;
     for (Node* m : g.members) {
       if (!g.region_of.count(m)) {
-        if (last != nullptr || !is_view(*m)) return;
+        if (last != nullptr || !is_view(*m)) return false;
         last = m;
       }
     }
-    if (last == nullptr) return;
+    if (last == nullptr) return false;
     for (const Node* u : last->output()->users()) {
-      if (g.member_set.count(u)) return;
+      if (g.member_set.count(u)) return false;
     }
     g.members.erase(std::find(g.members.begin(), g.members.end(), last));
     g.member_set.erase(last);
@@ -680,6 +693,7 @@ class Fuser {
       it = it->second == last ? g.region_of.erase(it) : std::next(it);
     }
     g.full = last->input(0)->tensor_type()->sizes;
+    return true;
   }
 
   // A cast of an operand smaller than the index space (`w.float()` of a norm's weight) starts a

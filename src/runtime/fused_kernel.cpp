@@ -230,7 +230,12 @@ FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
     const ir::Value* out = group.outputs()[k];
     bool per_row = spec_.outputs[k].per_row;
     bool keepdim = !per_row || out->tensor_type()->rank() >= rank;
-    outputs_.push_back({spec_.outputs[k].dtype, per_row, keepdim, out->tensor_type()->rank()});
+    outputs_.push_back({spec_.outputs[k].dtype, per_row, keepdim, out->tensor_type()->rank(), {}});
+    const ir::TensorType& type = *out->tensor_type();
+    if (!type.strides.empty() && type.strides != ir::TensorType::contiguous_strides(type.sizes)) {
+      outputs_.back().traced_strides = type.strides;
+      strided_outputs_ = true;
+    }
   }
   fallback_ = std::make_unique<Executable>(group);
   for (const ir::Value* in : group.inputs()) {
@@ -428,9 +433,83 @@ std::vector<at::Tensor> FusedKernel::run_fallback(const std::vector<at::Tensor>&
   return result;
 }
 
+namespace {
+
+// The dims of a dense layout from outermost to innermost (size-1 dims where they stand), or
+// empty when `strides` are not a permutation of a contiguous layout of `sizes` with the last dim
+// innermost (what a pointwise kernel can write by relabelling its index space).
+std::vector<int64_t> memory_order(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  const int64_t rank = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (sizes[d] != 1) order.push_back(d);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  int64_t expected = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (strides[*it] != expected) return {};
+    expected *= sizes[*it];
+  }
+  if (order.empty() || order.back() != rank - 1) return {};
+  // Size-1 dims go back in front of the first dim after them in the original order.
+  for (int64_t d = 0; d < rank; ++d) {
+    if (sizes[d] == 1) {
+      auto at = std::find_if(order.begin(), order.end(), [d](int64_t e) { return e > d; });
+      order.insert(at, d);
+    }
+  }
+  return order;
+}
+
+bool same_layout(const at::Tensor& t, c10::IntArrayRef strides) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) != 1 && t.stride(d) != strides[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) const {
   MAGI_ASSERT(inputs.size() == spec_.inputs.size(), spec_.name, " takes ", spec_.inputs.size(),
               " inputs, got ", inputs.size());
+  if (!strided_outputs_) return run_kernel(inputs, {});
+  // Outputs the trace laid out otherwise than contiguous get that layout: a pointwise kernel
+  // writes the first one's directly (its index space relabelled to the memory order), and any
+  // other is copied into it.
+  const ir::SymbolBindings bindings = bind_symbols(inputs);
+  std::vector<std::vector<int64_t>> traced(outputs_.size());
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    for (const ir::SymExpr& e : outputs_[k].traced_strides) {
+      const auto v = e.try_evaluate(bindings);
+      if (!v) {
+        traced[k].clear();
+        break;
+      }
+      traced[k].push_back(*v);
+    }
+  }
+  std::vector<at::Tensor> outputs = run_kernel(inputs, traced[0]);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    at::Tensor& t = outputs[k];
+    if (outputs_[k].traced_strides.empty()) {  // traced contiguous
+      if (!t.is_contiguous()) t = t.contiguous();
+      continue;
+    }
+    if (traced[k].empty() || t.dim() != static_cast<int64_t>(traced[k].size()) ||
+        same_layout(t, traced[k])) {
+      continue;
+    }
+    at::Tensor laid_out = at::empty_strided(t.sizes(), traced[k], t.options());
+    laid_out.copy_(t);
+    t = laid_out;
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& inputs,
+                                                c10::IntArrayRef first_output_strides) const {
   // MagiArgs has room for kMaxIO pointers; a larger group runs through ATen.
   if (inputs.size() + outputs_.size() > static_cast<size_t>(kMaxIO)) return run_fallback(inputs);
   // Each input's sizes and strides in the index space: its own, or through its views.
@@ -448,15 +527,51 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
       }
     }
   }
+  bool mapped = has_views_;
   auto sizes_of = [&](size_t i) -> c10::IntArrayRef {
-    return has_views_ ? c10::IntArrayRef(mapped_sizes[i]) : inputs[i].sizes();
+    return mapped ? c10::IntArrayRef(mapped_sizes[i]) : inputs[i].sizes();
   };
   auto strides_of = [&](size_t i) -> c10::IntArrayRef {
-    return has_views_ ? c10::IntArrayRef(mapped_strides[i]) : inputs[i].strides();
+    return mapped ? c10::IntArrayRef(mapped_strides[i]) : inputs[i].strides();
   };
   std::vector<int64_t> space;
   for (size_t i = 0; i < inputs.size(); ++i) space = at::infer_size(space, sizes_of(i));
   if (space.empty()) space = {1};
+  // A pointwise kernel's elements are independent: its index space may run in any dim order.
+  // In the first output's traced one, it writes that layout (the others take it too).
+  std::vector<int64_t> order;
+  if (spec_.schedule == codegen::Schedule::kPointwise && !spec_.outputs.empty() &&
+      first_output_strides.size() == space.size()) {
+    order = memory_order(space, first_output_strides);
+    bool identity = true;
+    for (size_t d = 0; d < order.size(); ++d) identity &= order[d] == static_cast<int64_t>(d);
+    if (identity) order.clear();
+  }
+  if (!order.empty()) {
+    std::vector<std::vector<int64_t>> sizes(inputs.size()), strides(inputs.size());
+    std::vector<int64_t> expanded;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      classify(sizes_of(i), strides_of(i), space, expanded);
+      for (int64_t d : order) {
+        sizes[i].push_back(space[d]);
+        strides[i].push_back(expanded[d]);
+      }
+    }
+    mapped_sizes = std::move(sizes);
+    mapped_strides = std::move(strides);
+    mapped = true;
+    std::vector<int64_t> relabelled;
+    for (int64_t d : order) relabelled.push_back(space[d]);
+    space = std::move(relabelled);
+  }
+  // Outputs made in the relabelled space, with the caller's dim order.
+  auto in_caller_order = [&](std::vector<at::Tensor> outputs) {
+    if (order.empty()) return outputs;
+    std::vector<int64_t> inverse(order.size());
+    for (size_t d = 0; d < order.size(); ++d) inverse[order[d]] = static_cast<int64_t>(d);
+    for (at::Tensor& t : outputs) t = t.permute(inverse);
+    return outputs;
+  };
   const int64_t rank = static_cast<int64_t>(space.size());
   int64_t numel = 1;
   for (int64_t s : space) numel *= s;
@@ -482,7 +597,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
     // Reductions over an empty dim give ATen's values (0 for sums, an error for amax).
     const bool empty = std::all_of(outputs.begin(), outputs.end(),
                                    [](const at::Tensor& t) { return t.numel() == 0; });
-    return empty ? outputs : run_fallback(inputs);
+    return empty ? in_caller_order(std::move(outputs)) : run_fallback(inputs);
   }
 
   MagiArgs args{};
@@ -582,7 +697,7 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   } else {
     v.cpu(&args);
   }
-  return outputs;
+  return in_caller_order(std::move(outputs));
 }
 
 }  // namespace magi::runtime

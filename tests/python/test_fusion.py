@@ -21,12 +21,13 @@ import torch
 from _fusion_patterns import (
     BY_NAME,
     RTOL,
+    _rotary_inputs,
     assert_fused,
     cases,
     lowered_graphs,
     run_pattern,
 )
-from blocks import RMSNorm, init_weights_
+from blocks import RMSNorm, apply_rotary, init_weights_
 from magi_compiler import _C, _logging, magi_compile
 
 FALLBACK_WARNING = "could not be compiled"
@@ -264,3 +265,126 @@ def test_training_gradients_match_eager(dtype, assert_close_rel, counters):
     assert "aten::sum.dim_IntList" in column[0]["fused_ops"]
     # The Linear bias gradients sum a view of the graph's input: a lone op, left to ATen.
     assert "aten::sum.dim_IntList" in backward.magi_graph.op_names(), backward.magi_graph
+
+
+class RotaryBlock(torch.nn.Module):
+    """A projection to heads, rotary embedding, a projection back: the rotary backward takes
+    the gradient of both slices of rotate_half (slice_backward, decomposed to zero pads)."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = torch.nn.Linear(hidden, hidden, bias=False)
+        self.o = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, h = x.shape
+        q = self.q(x).view(b, s, self.heads, h // self.heads)
+        return self.o(apply_rotary(q, cos, sin).reshape(b, s, h))
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_rotary_backward_is_one_kernel(dtype, assert_close_rel, capfd):
+    """The rotary gradient (two zero pads, a negation, products with cos and sin, the sum) is
+    one generated kernel over a dynamic batch: no slice_backward, pad, zero fill or copy left
+    to ATen, and no run through ATen because its output is flattened for the next matmul."""
+    eager = init_weights_(RotaryBlock(), seed=0).to(dtype)
+    compiled = magi_compile(copy.deepcopy(eager), dynamic_arg_dims={"x": 0})
+    _logging.set_level("debug")
+    try:
+        with lowered_graphs() as runs:
+            for batch in (3, 5):
+                _, cos, sin = _rotary_inputs(batch, dtype, "cpu")  # tables of seq 6, dim 16
+                x = torch.randn(batch, 6, 32, dtype=dtype)
+                x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
+                g = torch.randn(batch, 6, 32, dtype=dtype)
+                eager(x_eager, cos, sin).backward(g)
+                compiled(x_compiled, cos, sin).backward(g)
+                assert_close_rel(x_compiled.grad, x_eager.grad, RTOL[dtype])
+                for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
+                    assert_close_rel(p.grad, q.grad, RTOL[dtype])
+                    p.grad = q.grad = None
+    finally:
+        _logging.init_from_env()
+    backward = runs[-1]
+    ops = backward.magi_graph.op_names()
+    for op in ("aten::slice_backward", "aten::constant_pad_nd", "aten::neg", "aten::add.Tensor"):
+        assert op not in ops, (op, backward.magi_graph)
+    rotary = [
+        k for k in backward.magi_executable.generated_kernels()
+        if "aten::constant_pad_nd" in k["fused_ops"]
+    ]  # fmt: skip
+    assert len(rotary) == 1 and rotary[0]["fused_ops"].count("aten::constant_pad_nd") == 2
+    assert "not addressable with strides" not in capfd.readouterr().err
+
+
+def test_group_flattened_twice_computes_in_its_own_shape(assert_close_rel, capfd):
+    """Regression: a transposed operand scaled, made contiguous and flattened twice (to heads
+    merged, then to rows for a matmul) had the last flattening's shape as its index space, where
+    the operand has no strides: every call ran through ATen. Both views now leave the group."""
+
+    def fn(x, w):
+        y = (x.transpose(1, 2) * 2.0).contiguous().view(x.shape[0], x.shape[2], -1)
+        return y @ w
+
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    w = torch.randn(32, 8)
+    _logging.set_level("debug")
+    try:
+        with lowered_graphs() as runs, torch.no_grad():
+            for batch in (2, 3):
+                x = torch.randn(batch, 4, 16, 8)
+                assert_close_rel(compiled(x, w), fn(x, w), RTOL[torch.float32])
+    finally:
+        _logging.init_from_env()
+    kernels = runs[0].magi_executable.generated_kernels()
+    assert any("aten::mul" in op for k in kernels for op in k["fused_ops"]), kernels
+    assert "not addressable with strides" not in capfd.readouterr().err
+
+
+def test_pointwise_output_keeps_the_traced_layout(assert_close_rel):
+    """Regression: eager lays an elementwise result out like its input (here heads-major
+    [b, h, s, d] stored as [b, s, h, d]), so the trace may view it back without a copy. The
+    fused kernel wrote it contiguous and that view failed; it now writes the traced layout
+    (its index space relabelled), and an output traced contiguous is made contiguous."""
+
+    def fn(x, w):
+        y = x * 2.0 + 1.0
+        b, h, s, d = y.shape
+        z = (y - 1.0).contiguous() * 3.0  # traced contiguous, computed beside y
+        return y.transpose(1, 2).view(b, s, h * d) @ w, z.view(b, -1)
+
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    w = torch.randn(32, 8)
+    with lowered_graphs() as runs, torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, 6, 4, 8).transpose(1, 2)
+            got, want = compiled(x, w), fn(x, w)
+            assert_close_rel(got[0], want[0], RTOL[torch.float32])
+            assert_close_rel(got[1], want[1], RTOL[torch.float32])
+    assert runs[0].magi_executable.num_fusions >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("group", [2, 4, 9])
+def test_sum_over_a_middle_dim_fuses_when_short(group, dtype, assert_close_rel):
+    """A sum over one middle dim (grouped-query attention's gradient of K and V, summed over
+    the query heads sharing them) of 2 to 8 elements is a sum of views, fused with the
+    transpose and copy after it; a longer one stays ATen's reduction. Both match eager."""
+
+    def fn(x):
+        b, kv, g, s, d = x.shape
+        return x.sum(2).transpose(1, 2).reshape(b, s, kv * d) * 0.5
+
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, 2, group, 5, 8, dtype=dtype)
+            assert_close_rel(compiled(x), fn(x), RTOL[dtype])
+    ops = runs[0].magi_graph.op_names()
+    if group <= 8:
+        assert "aten::sum.dim_IntList" not in ops, runs[0].magi_graph
+        assert runs[0].magi_executable.num_fusions == 1
+    else:
+        assert "aten::sum.dim_IntList" in ops, runs[0].magi_graph

@@ -26,6 +26,7 @@ enum class OpClass : uint8_t {
   kLayerNorm,        ///< native_layer_norm over the last dim
   kSlice,            ///< slice of a constant-size last dim, step 1, constant bounds
   kCat,              ///< cat along the last dim of pieces of constant width
+  kPad,              ///< constant_pad_nd of the last dim (constant width, constant value)
   kView,  ///< view/reshape/unsqueeze/squeeze (fn "view"), permute/transpose/t ("permute")
 };
 
@@ -48,6 +49,10 @@ OpInfo op_info(const Node& node, std::string* reason = nullptr);
 
 /// [start, end) of a kSlice, clamped to its input's last dim.
 std::pair<int64_t, int64_t> slice_bounds(const Node& node);
+
+/// [left, left + input width) of a kPad: the output columns its input fills (the others hold
+/// the pad value).
+std::pair<int64_t, int64_t> pad_bounds(const Node& node);
 
 /// The pieces of a kCat (the values its list is built from).
 const std::vector<Value*>& cat_pieces(const Node& node);

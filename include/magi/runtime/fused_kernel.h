@@ -66,11 +66,19 @@ class FusedKernel {
     bool per_row;
     bool keepdim;
     int64_t rank;  ///< as traced (a column kernel's per-column outputs are [1, ..., 1, cols])
+    /// The strides the trace gave it when not contiguous (eager's elementwise ops lay their
+    /// result out like their inputs, and a later view may rely on it); empty otherwise.
+    std::vector<ir::SymExpr> traced_strides;
   };
 
   const Variant& variant_for(const std::string& key, const codegen::KernelVariant& v,
                              const c10::Device& device) const;
   std::vector<at::Tensor> run_fallback(const std::vector<at::Tensor>& inputs) const;
+  /// The kernel call. With `first_output_strides` (the first output's traced layout) a
+  /// pointwise kernel whose index space can be relabelled to that layout's dim order writes
+  /// its outputs in it (returned permuted back, so with those strides).
+  std::vector<at::Tensor> run_kernel(const std::vector<at::Tensor>& inputs,
+                                     c10::IntArrayRef first_output_strides) const;
 
   /// One view between where an input is read and the index space (see input_view_chains).
   struct ViewStep {
@@ -88,6 +96,7 @@ class FusedKernel {
   codegen::KernelSpec spec_;
   std::vector<std::vector<ViewStep>> input_views_;  ///< per input; all empty without views
   bool has_views_ = false;
+  bool strided_outputs_ = false;  ///< some output has traced_strides
   c10::Device device_{c10::DeviceType::CPU};
   std::vector<ir::TensorType> input_types_;  ///< as traced; empty when one is not a tensor
   std::vector<OutputInfo> outputs_;

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One device call for the training step's backward fusions: build; the whole CUDA test tier;
+# what the Llama training step leaves to ATen on CUDA; a kernel-level profile of the step
+# (torch.compile beside magi). Logs and JSON land in $OUT.   (carry .deps)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+bash scripts/gpu/run_gpu.sh build || exit 1
+echo "== pytest tests/gpu"
+timeout 330 python -m pytest tests/gpu -q -p no:cacheprovider --tb=short 2>&1 |
+  grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_gpu.log"
+grep -E "passed|failed|^E |^FAILED" "$OUT/pytest_gpu.log" | tail -12
+echo "== ATen calls left in the training step"
+MAGI_LOGGING_LEVEL=warn timeout 120 python scripts/gpu/fallback_summary.py llama_train 2>&1 | tail -40
+echo "== profile llama_train"
+timeout 200 python scripts/gpu/profile_workloads.py --only llama_train --variants inductor,magi \
+  --rows 30 --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | grep -v "^\[magi" | tail -70

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call to check the last session's untested changes and find where time and memory
+# go: build; the CUDA-graph tests; a kernel-level profile of the Llama training step and
+# prefill (torch.compile beside magi); the CUDA graphs' memory and a graph launch's host floor;
+# whether ncu is there. Logs and JSON land in $OUT.   (carry .deps)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+bash scripts/gpu/run_gpu.sh build || exit 1
+echo "== pytest CUDA-graph tests"
+timeout 200 python -m pytest tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_graph_padding.py -q \
+  -p no:cacheprovider --tb=short 2>&1 | grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_graphs.log"
+grep -E "passed|failed|^E " "$OUT/pytest_graphs.log" | tail -8
+echo "== graph memory and launch floor"
+timeout 200 python scripts/gpu/graph_memory.py 2>&1 | grep -v "^\[magi" | tail -12
+echo "== profile ${PROFILE_ONLY:-llama_train,llama_prefill}"
+timeout 300 python scripts/gpu/profile_workloads.py --only "${PROFILE_ONLY:-llama_train,llama_prefill}" \
+  --variants inductor,magi --rows "${PROFILE_ROWS:-40}" --json "$OUT/profile.json" 2>&1 |
+  tee "$OUT/profile.log" | grep -v "^\[magi" | tail -150
+echo "== tools"
+which ncu nsys 2>&1; ls /usr/local/cuda/bin 2>/dev/null | grep -i -E "ncu|nsys|nsight" | head
