@@ -4,7 +4,8 @@ AOTAutograd always applies PyTorch's CompositeImplicitAutograd decompositions (`
 ``aten.t`` + ``aten.addmm``, ``F.scaled_dot_product_attention`` → the backend's SDPA op, ...);
 this table adds ours on top. The executor can run any ATen op, so the table exists to give
 later passes (fusion) a small, stable op set, not for correctness. An entry is added only with
-the pass that benefits from it, and only where it leaves the numbers as they are:
+the pass that benefits from it, and only where it keeps eager's numbers (up to the order of a
+float32 sum):
 
 - ``slice_backward`` with step 1 over a dim of constant size (the gradient of ``x[..., a:b]``,
   as in rotary embeddings' ``rotate_half``) becomes ``constant_pad_nd`` with zeros: the same
@@ -13,9 +14,10 @@ the pass that benefits from it, and only where it leaves the numbers as they are
 - ``sum`` over one middle dim of constant size 2 to 8 (the gradient of grouped-query
   attention's ``expand`` of K and V over the query heads of a group) becomes a sum of that
   dim's ``select`` views, in float32 for half-precision inputs and rounded once, as ATen's sum
-  is. The views cost nothing, and the adds fuse with the transpose and copy that follow; a
+  is (added in order: float32 results of 5 or more elements may differ from ATen's in the last
+  bits). The views cost nothing, and the adds fuse with the transpose and copy that follow; a
   reduction over a middle dim has no generated form (only the last dim's and the leading
-  dims').
+  dims'). With fusion off (``MAGI_DISABLE_PASSES=fuse_groups``) the adds run as ATen calls.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def _sum_dim(x, dim, keepdim=False, *, dtype=None):
     rank = x.dim()
     if dtype is not None or dim is None or len(dim) != 1 or rank < 3 or not x.is_floating_point():
         return NotImplemented
+    if not -rank <= dim[0] < rank:
+        return NotImplemented  # ATen raises the error
     d = dim[0] % rank
     size = x.shape[d]
     if d in (0, rank - 1) or not isinstance(size, int) or not 2 <= size <= MAX_UNROLLED_SUM:

@@ -483,10 +483,8 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   for (size_t k = 0; k < outputs_.size(); ++k) {
     for (const ir::SymExpr& e : outputs_[k].traced_strides) {
       const auto v = e.try_evaluate(bindings);
-      if (!v) {
-        traced[k].clear();
-        break;
-      }
+      // A stride in a symbol no input's sizes bind: ATen's ops give eager's layout.
+      if (!v) return run_fallback(inputs);
       traced[k].push_back(*v);
     }
   }
