@@ -6,9 +6,7 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest tests/gpu"
-timeout 330 python -m pytest tests/gpu -q -p no:cacheprovider --tb=short 2>&1 |
-  grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_gpu.log"
-grep -E "passed|failed|^E |^FAILED" "$OUT/pytest_gpu.log" | tail -12
+gpu_pytest pytest_gpu.log 330 tests/gpu
 echo "== ATen calls left in the training step"
 MAGI_LOGGING_LEVEL=warn timeout 120 python scripts/gpu/fallback_summary.py llama_train 2>&1 | tail -40
 echo "== profile llama_train"

@@ -9,3 +9,13 @@ mkdir -p "$OUT"
 export CC=/usr/bin/gcc CXX=/usr/bin/g++ MAGI_CXX=/usr/bin/g++
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/python"
 export MAGI_CACHE_DIR="${MAGI_CACHE_DIR:-/tmp/magi_kernel_cache}"
+
+# gpu_pytest LOG SECONDS ARGS...: pytest ARGS under a time limit, the log (debug lines dropped)
+# in $OUT/LOG, and its summary lines printed.
+gpu_pytest() {
+  local log="$1" limit="$2"
+  shift 2
+  timeout "$limit" python -m pytest "$@" -q -p no:cacheprovider --tb=short 2>&1 |
+    grep -v "^DEBUG\|^\[magi" > "$OUT/$log"
+  grep -E "passed|failed|^E |^FAILED" "$OUT/$log" | tail -12
+}

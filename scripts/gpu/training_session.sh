@@ -6,10 +6,8 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest (the files after test_fusion_cuda.py)"
-timeout 200 python -m pytest tests/gpu/test_offload_cuda.py tests/gpu/test_recompute_cuda.py \
-  tests/gpu/test_runtime_choices_cuda.py -q -p no:cacheprovider --tb=short 2>&1 |
-  grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_rest.log"
-grep -E "passed|failed|^E |^FAILED" "$OUT/pytest_rest.log" | tail -12
+gpu_pytest pytest_rest.log 200 tests/gpu/test_offload_cuda.py tests/gpu/test_recompute_cuda.py \
+  tests/gpu/test_runtime_choices_cuda.py
 echo "== benchmarks/recompute.py"
 timeout 330 python benchmarks/recompute.py --device cuda --budget-s 300 \
   --out "$OUT/cuda_h100_recompute.json" 2>&1 | tee "$OUT/recompute.log" |

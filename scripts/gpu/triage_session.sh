@@ -7,9 +7,7 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest CUDA-graph tests"
-timeout 200 python -m pytest tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_graph_padding.py -q \
-  -p no:cacheprovider --tb=short 2>&1 | grep -v "^DEBUG\|^\[magi" > "$OUT/pytest_graphs.log"
-grep -E "passed|failed|^E " "$OUT/pytest_graphs.log" | tail -8
+gpu_pytest pytest_graphs.log 200 tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_graph_padding.py
 echo "== graph memory and launch floor"
 timeout 200 python scripts/gpu/graph_memory.py 2>&1 | grep -v "^\[magi" | tail -12
 echo "== profile ${PROFILE_ONLY:-llama_train,llama_prefill}"
