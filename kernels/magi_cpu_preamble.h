@@ -158,6 +158,25 @@ static inline long long magi_offset(const MagiArgs& a, int k, long long i) {
   return off;
 }
 
+// Row coordinates and the strided inputs' row offsets (see the CUDA preamble; kNarrow is
+// unused here, the host divides in 64 bits).
+template <int R, bool kNarrow>
+struct MagiRowAt {
+  long long c[R > 1 ? R - 1 : 1];
+  MagiRowAt(const MagiArgs& a, long long row) {
+    for (int d = R - 2; d > 0; --d) {
+      c[d] = row % a.sizes[d];
+      row /= a.sizes[d];
+    }
+    c[0] = row;
+  }
+  long long offset(const MagiArgs& a, int k) const {
+    long long off = 0;
+    for (int d = 0; d < R - 1; ++d) off += c[d] * a.strides[k][d];
+    return off;
+  }
+};
+
 template <typename A>
 static inline A magi_rsqrt(A x) {
   return A(1) / std::sqrt(x);

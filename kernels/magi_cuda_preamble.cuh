@@ -321,6 +321,47 @@ __device__ __forceinline__ long long magi_offset(const MagiArgs& a, int k, long 
   return off;
 }
 
+// The coordinates of row `row` of a rank-R index space (dims 0..R-2; dim R-1 is the columns),
+// and from them the offset of the row in each strided input. Row and pointwise kernels with
+// strided inputs decompose a row once and every strided input adds its own strides: one
+// division chain per row instead of one per input and load. R is a constant of the kernel
+// (KernelVariant::index_rank), so the loops unroll; kNarrow (every row index and offset under
+// 2^31) makes the arithmetic 32-bit, dividing by multiply and shift.
+template <bool kNarrow>
+struct MagiIndexType {
+  typedef long long T;
+};
+template <>
+struct MagiIndexType<true> {
+  typedef unsigned T;
+};
+template <int R, bool kNarrow>
+struct MagiRowAt {
+  typedef typename MagiIndexType<kNarrow>::T T;
+  T c[R > 1 ? R - 1 : 1];
+  __device__ __forceinline__ MagiRowAt(const MagiArgs& a, long long row) {
+    T u = static_cast<T>(row);
+#pragma unroll
+    for (int d = R - 2; d > 0; --d) {
+      T q;
+      if constexpr (kNarrow) {
+        q = magi_udiv(u, a.div_magic[d], a.div_shift[d]);
+      } else {
+        q = u / a.sizes[d];
+      }
+      c[d] = u - q * static_cast<T>(a.sizes[d]);
+      u = q;
+    }
+    c[0] = u;  // the outermost coordinate: the row index is below the product of the sizes
+  }
+  __device__ __forceinline__ long long offset(const MagiArgs& a, int k) const {
+    T off = 0;
+#pragma unroll
+    for (int d = 0; d < R - 1; ++d) off += c[d] * static_cast<T>(a.strides[k][d]);
+    return static_cast<long long>(off);
+  }
+};
+
 // Scalar math, overloaded for float and double.
 template <typename A>
 __device__ __forceinline__ A magi_rsqrt(A x) {

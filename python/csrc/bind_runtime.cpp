@@ -347,6 +347,10 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_padded_calls", &runtime::CudaGraphRunner::num_padded_calls)
       .def_property_readonly("num_direct_launches", &runtime::CudaGraphRunner::num_direct_launches)
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
+      .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
+           "Diagnostics: time the host stages of each replaying call (see stage_times).")
+      .def("stage_times", &runtime::CudaGraphRunner::stage_times,
+           "Host microseconds per stage summed over the replays timed, and their count.")
       .def_static("available", &runtime::CudaGraphRunner::available);
 
   runtime::set_failure_cleanup([] {

@@ -98,8 +98,10 @@ std::string KernelSpec::str() const {
 std::string KernelVariant::symbol() const {
   std::string s = spec->name + "_";
   for (AccessClass a : access) s += static_cast<char>(a);
-  return s + "_v" + std::to_string(vector_width) + (rows_in_warps ? "_w" : "") +
-         (streamed_rows ? "_s" : "");
+  s += "_v" + std::to_string(vector_width) + (rows_in_warps ? "_w" : "") +
+       (streamed_rows ? "_s" : "");
+  if (index_rank > 0) s += "_r" + std::to_string(index_rank) + (narrow_index ? "n" : "");
+  return s;
 }
 
 }  // namespace magi::codegen

@@ -1,20 +1,34 @@
 // The bodies of row and pointwise kernels, shared by the CUDA and C++ printers (the loops
 // around them differ: printers.cpp).
+#include <algorithm>
+
 #include "magi/common/error.h"
 #include "printer_parts.h"
 
 namespace magi::codegen::printer {
 
-// Fills `dest`[V] (default t<i>) from input i through its strides, for the V elements from
-// linear index `first`: they lie in one row (the vector width divides the row length), so the
-// offset is computed once and the lanes step by the last dim's stride (on the GPU one vector
-// load when that stride is 1 and the address aligned; `keep`: without the streaming hint).
+// Input i's stride along the last dim of the index space (a constant index with an index rank).
+std::string last_stride(const KernelVariant& v, int i, const std::string& args) {
+  const std::string last = v.index_rank > 0 ? "R - 1" : args + ".rank - 1";
+  return args + ".strides[" + std::to_string(i) + "][" + last + "]";
+}
+
+// The element offset, in strided input i, of column `col` of the current row: the row's
+// offset (ro<i>, from emit_row_offsets) plus the column times the last dim's stride.
+std::string strided_offset(const KernelVariant& v, int i, const std::string& args,
+                           const std::string& col) {
+  return "ro" + std::to_string(i) + " + (" + col + ") * " + last_stride(v, i, args);
+}
+
+// Fills `dest`[V] (default t<i>) from strided input i at element offset `off`: the V elements
+// lie in one row (the vector width divides the row length), so the lanes step by the last dim's
+// stride (on the GPU one vector load when that stride is 1 and the address aligned; `keep`:
+// without the streaming hint).
 std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
-                                const std::string& first, std::string dest, bool keep) {
+                                const std::string& off, std::string dest, bool keep) {
   const std::string k = std::to_string(i), in = "in" + k;
   if (dest.empty()) dest = "t" + k;
-  const std::string off = "magi_offset(" + args + ", " + k + ", " + first + ")";
-  const std::string step = args + ".strides[" + k + "][" + args + ".rank - 1]";
+  const std::string step = last_stride(v, i, args);
   if (gpu) {
     return "magi_load_strided<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V" +
            (keep ? ", true" : "") + ">(" + in + ", " + off + ", " + step + ", " + dest + ");";
@@ -22,6 +36,38 @@ std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const s
   return "{ const long long off = " + off + "; const long long step = " + step +
          "; for (int j = 0; j < V; ++j) " + dest + "[j] = magi_to_acc<A>(" + in +
          "[off + j * step]); }";
+}
+
+// Row and pointwise kernels decompose the row index into coordinates once (MagiRowAt, over
+// the variant's index rank) and give each strided input its row's offset, ro<i>; its loads add
+// column offsets to it. (A division chain per input and per load made strided kernels
+// compute-bound.)
+void emit_row_offsets(std::ostream& os, const KernelVariant& v, const std::vector<int>& inputs,
+                      const std::string& args, const std::string& row, const std::string& ind) {
+  std::vector<int> strided;
+  for (int i : inputs) {
+    if (v.access[i] == AccessClass::kStrided) strided.push_back(i);
+  }
+  if (strided.empty()) return;
+  MAGI_ASSERT(v.index_rank > 0, v.symbol(), ": strided inputs without an index rank");
+  os << ind << "const MagiRowAt<R, kNarrow> ri(" << args << ", " << row << ");\n";
+  for (int i : strided) {
+    os << ind << "const long long ro" << i << " = ri.offset(" << args << ", " << i << ");\n"
+       << ind << "(void)ro" << i << ";\n";
+  }
+}
+
+// The index rank and width of a variant with strided inputs, as constants of its kernel.
+void emit_index_constants(std::ostream& os, const KernelVariant& v) {
+  if (v.index_rank == 0) return;
+  os << "  constexpr int R = " << v.index_rank << ";\n";
+  os << "  constexpr bool kNarrow = " << (v.narrow_index ? "true" : "false") << ";\n";
+}
+
+std::vector<int> all_inputs(const KernelSpec& s) {
+  std::vector<int> out;
+  for (size_t i = 0; i < s.inputs.size(); ++i) out.push_back(static_cast<int>(i));
+  return out;
 }
 
 // Fills t<i>[V] for the chunk starting at column `col0` of row `row`.
@@ -45,7 +91,12 @@ std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::strin
     case AccessClass::kScalar:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
     case AccessClass::kStrided:
-      return strided_vector_load(v, i, gpu, args, "row * cols + col0");
+      if (s.schedule == Schedule::kColumn) {  // cols spans the kept dims: a linear index
+        return strided_vector_load(
+            v, i, gpu, args,
+            "magi_offset(" + args + ", " + std::to_string(i) + ", row * cols + col0)");
+      }
+      return strided_vector_load(v, i, gpu, args, strided_offset(v, i, args, "col0"));
   }
   return "";
 }
@@ -57,8 +108,7 @@ std::string load_row_value(const KernelVariant& v, int i, const std::string& arg
     case AccessClass::kScalar:
       return "magi_to_acc<A>(" + in + "[0])";
     case AccessClass::kStrided:
-      return "magi_to_acc<A>(" + in + "[magi_offset(" + args + ", " + std::to_string(i) +
-             ", row * cols)])";
+      return "magi_to_acc<A>(" + in + "[ro" + std::to_string(i) + "])";
     default:
       return "magi_to_acc<A>(" + in + "[row])";
   }
@@ -154,7 +204,7 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
     case AccessClass::kScalar:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
     case AccessClass::kStrided:
-      return strided_vector_load(v, i, gpu, args, "base", "", true);
+      return strided_vector_load(v, i, gpu, args, strided_offset(v, i, args, "col_base"), "", true);
   }
   return "";
 }
@@ -179,8 +229,7 @@ std::string shifted_load(const KernelVariant& v, int i, int64_t shift, const std
       offset = "0";
       break;
     case AccessClass::kStrided:
-      offset = "magi_offset(" + args + ", " + std::to_string(i) + ", row_start) + " + c + " * " +
-               args + ".strides[" + std::to_string(i) + "][" + args + ".rank - 1]";
+      offset = strided_offset(v, i, args, c);
       break;
   }
   return "magi_to_acc<A>(" + in + "[" + offset + "])";
@@ -203,14 +252,18 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
     const KOp& op = s.ops[n];
     if (!vector_shift(v, op)) continue;
     const std::string k = std::to_string(op.input), T = ctype(s.inputs[op.input].dtype);
-    const std::string first =
-        "row_start + magi_col(col_base + " + std::to_string(op.shift) + "LL, cols - V + 1)";
+    const std::string col = "magi_col(col_base + " + std::to_string(op.shift) + "LL, cols - V + 1)";
+    const std::string first = "row_start + " + col;
     const std::string dest = "s" + std::to_string(n);
     os << ind << "A " << dest << "[V];\n";
     if (v.access[op.input] == AccessClass::kStrided) {
-      os << ind << strided_vector_load(v, op.input, gpu, args, first, dest, true) << "\n";
+      os << ind
+         << strided_vector_load(v, op.input, gpu, args, strided_offset(v, op.input, args, col),
+                                dest, true)
+         << "\n";
     } else if (gpu) {
-      os << ind << "magi_load<A, " << T << ", V>(in" << k << " + " << first << ", " << dest
+      // Kept in cache like the unshifted load: the same bytes are read at other shifts.
+      os << ind << "magi_load<A, " << T << ", V, true>(in" << k << " + " << first << ", " << dest
          << ");\n";
     } else {
       os << ind << "{ const long long off = " << first << "; for (int j = 0; j < V; ++j) " << dest
@@ -223,18 +276,29 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
                          const std::string& args, const std::string& ind) {
   const KernelSpec& s = *v.spec;
   std::vector<int> ops = element_closure(s, full_output_roots(s));
-  for (int i : element_inputs(s, ops)) {
+  const std::vector<int> inputs = element_inputs(s, ops);
+  std::vector<int> read;  // every input the ops load, shifted or not
+  for (int n : ops) {
+    if (s.ops[n].kind == KOpKind::kLoad) read.push_back(s.ops[n].input);
+  }
+  std::sort(read.begin(), read.end());
+  read.erase(std::unique(read.begin(), read.end()), read.end());
+  const bool strided = std::any_of(read.begin(), read.end(),
+                                   [&](int i) { return v.access[i] == AccessClass::kStrided; });
+  const bool columns = uses_columns(s);
+  if (columns || strided) {  // the V lanes lie in one row (the vector width divides the row length)
+    os << ind << "const long long row_index = "
+       << (gpu ? "magi_div_cols(" + args + ", base)" : std::string("base / cols")) << ";\n";
+    os << ind << "const long long col_base = base - row_index * cols;\n";
+    os << ind << "const long long row_start = base - col_base;\n";
+    os << ind << "(void)row_start;\n";
+    emit_row_offsets(os, v, read, args, "row_index", ind);
+  }
+  for (int i : inputs) {
     os << ind << "A t" << i << "[V];\n" << ind << load_pointwise(v, i, gpu, args) << "\n";
   }
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
-  const bool columns = uses_columns(s);
-  if (columns) {  // the V lanes lie in one row (the vector width divides the row length)
-    os << ind << "const long long col_base = "
-       << (gpu ? "magi_mod_cols(" + args + ", base)" : std::string("base % cols")) << ";\n";
-    os << ind << "const long long row_start = base - col_base;\n";
-    os << ind << "(void)row_start;\n";
-    emit_shifted_vector_loads(os, v, ops, gpu, args, ind);
-  }
+  if (columns) emit_shifted_vector_loads(os, v, ops, gpu, args, ind);
   os << ind << "for (int j = 0; j < V; ++j) {\n";
   if (columns) os << ind << "  const long long col = col_base + j;\n";
   emit_ops(

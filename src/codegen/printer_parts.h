@@ -62,8 +62,17 @@ std::vector<int> full_output_roots(const KernelSpec& s);
 void emit_header_comment(std::ostream& os, const KernelVariant& v);
 void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& args);
 
+std::string last_stride(const KernelVariant& v, int i, const std::string& args);
+std::string strided_offset(const KernelVariant& v, int i, const std::string& args,
+                           const std::string& col);
 std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
-                                const std::string& first, std::string dest = "", bool keep = false);
+                                const std::string& off, std::string dest = "", bool keep = false);
+// Statements giving each strided input among `inputs` the offset of row `row`: ro<i>.
+void emit_row_offsets(std::ostream& os, const KernelVariant& v, const std::vector<int>& inputs,
+                      const std::string& args, const std::string& row, const std::string& ind);
+std::vector<int> all_inputs(const KernelSpec& s);
+// `constexpr int R` and `constexpr bool kNarrow` of a variant with an index rank.
+void emit_index_constants(std::ostream& os, const KernelVariant& v);
 std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::string& args);
 std::string load_row_value(const KernelVariant& v, int i, const std::string& args);
 void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,

@@ -44,6 +44,7 @@ std::string print_cuda(const KernelVariant& v) {
      << "(const MagiArgs a) {\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
+  emit_index_constants(os, v);
   emit_pointers(os, s, "a.");
   if (s.schedule == Schedule::kColumn) {
     emit_column_cuda(os, v);
@@ -122,10 +123,9 @@ std::string print_cuda(const KernelVariant& v) {
       case AccessClass::kColumn:  // read again by every row: never streamed
         return "magi_load_raw<true>(" + in + " + col0, " + slot + ");";
       default:  // strided: as strided_vector_load
-        return "{ const long long off = magi_offset(a, " + std::to_string(i) +
-               ", row * cols + col0); const long long step = a.strides[" + std::to_string(i) +
-               "][a.rank - 1]; for (int j = 0; j < V; ++j) " + slot + ".v[j] = " + in +
-               "[off + j * step]; }";
+        return "{ const long long off = " + strided_offset(v, i, "a", "col0") +
+               "; const long long step = " + last_stride(v, i, "a") +
+               "; for (int j = 0; j < V; ++j) " + slot + ".v[j] = " + in + "[off + j * step]; }";
     }
   };
   auto chunk_loop = [](std::ostream& o, const std::string& ind, const std::string& body) {
@@ -234,6 +234,7 @@ std::string print_cuda(const KernelVariant& v) {
             "magi_l2_evict_first();\n  (void)keep;\n  (void)drop;\n";
     }
     emit_gpu_row_loop(os, v.rows_in_warps, "  ");
+    emit_row_offsets(os, v, all_inputs(s), "a", "row", "    ");
     emit_row_body(os, v, make_target(false), "    ");
     os << "  }\n}\n";
     return unroll_lane_loops(os.str());
@@ -249,6 +250,7 @@ std::string print_cuda(const KernelVariant& v) {
     if (!column_inputs.empty()) chunk_loop(os, "  ", column_loads.str());
   }
   emit_gpu_row_loop(os, v.rows_in_warps, "  ");
+  emit_row_offsets(os, v, all_inputs(s), "a", "row", "    ");
   std::ostringstream row_loads;
   if (column_mode == 'r') {
     for (int i : column_inputs) {
@@ -274,6 +276,7 @@ std::string print_cpp(const KernelVariant& v) {
   os << "extern \"C\" void " << v.symbol() << "(const MagiArgs* a) {\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
+  emit_index_constants(os, v);
   emit_pointers(os, s, "a->");
   if (s.schedule == Schedule::kColumn) {
     emit_column_cpp(os, v);
@@ -313,6 +316,7 @@ std::string print_cpp(const KernelVariant& v) {
   };
   os << "#pragma omp parallel for schedule(static) if (a->rows * cols > 32768)\n";
   os << "  for (long long row = 0; row < a->rows; ++row) {\n";
+  emit_row_offsets(os, v, all_inputs(s), "(*a)", "row", "    ");
   emit_row_body(os, v, t, "    ");
   os << "  }\n}\n";
   return os.str();

@@ -2,6 +2,8 @@
 #include "magi/runtime/cuda_graph.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -120,6 +122,26 @@ Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, c
 
 }  // namespace
 
+// Host time per stage of replaying calls (set_stage_timing): a diagnostic, off by default.
+struct StageClock {
+  static constexpr const char* kNames[] = {"signature",    "lookup", "checks",
+                                           "input_copies", "launch", "outputs"};
+  static constexpr size_t kStages = sizeof(kNames) / sizeof(kNames[0]);
+  bool on = false;
+  std::array<double, kStages> totals_us{};
+  size_t calls = 0;
+  std::chrono::steady_clock::time_point last;
+  void start() {
+    if (on) last = std::chrono::steady_clock::now();
+  }
+  void lap(size_t stage) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    totals_us[stage] += std::chrono::duration<double, std::micro>(now - last).count();
+    last = now;
+  }
+};
+
 struct CudaGraphRunner::Impl {
   struct Entry {
     int calls = 0;
@@ -151,6 +173,7 @@ struct CudaGraphRunner::Impl {
   std::map<Signature, Entry> entries;
   size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
   bool warned_full = false;
+  StageClock clock;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
   // graph uses it, so a new handle is taken whenever no captured graph is alive.
   c10::cuda::MempoolId_t pool{0, 0};
@@ -385,6 +408,7 @@ struct CudaGraphRunner::Impl {
         break;
       }
     }
+    clock.lap(2);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].isTensor() || e.in_place[i]) continue;
       const at::Tensor& src = inputs[i].toTensor();
@@ -399,7 +423,9 @@ struct CudaGraphRunner::Impl {
         dst.copy_(src, /*non_blocking=*/true);
       }
     }
+    clock.lap(3);
     launch(e, stream);
+    clock.lap(4);
     ++replays;
     padded_calls += pad.rows > 0;
     std::vector<c10::IValue> out;
@@ -414,15 +440,20 @@ struct CudaGraphRunner::Impl {
         out.push_back(k > 0 ? c10::IValue(pad.rows * k) : v);
       }
     }
+    clock.lap(5);
+    ++clock.calls;
     return out;
   }
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
+    clock.start();
     bool all_cuda = false;
     const Padding pad = padding_of(inputs);
     Signature key = signature_of(inputs, &all_cuda, pad);
     if (!all_cuda) return exe.run(std::move(inputs));
+    clock.lap(0);
     auto it = entries.find(key);
+    clock.lap(1);
     if (it == entries.end()) {
       if (entries.size() >= max_graphs) {
         if (!warned_full) {
@@ -473,6 +504,18 @@ size_t CudaGraphRunner::num_replays() const { return impl_->replays; }
 size_t CudaGraphRunner::num_padded_calls() const { return impl_->padded_calls; }
 size_t CudaGraphRunner::num_direct_launches() const { return impl_->direct_launches; }
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
+void CudaGraphRunner::set_stage_timing(bool on) {
+  impl_->clock = StageClock{};
+  impl_->clock.on = on;
+}
+std::vector<std::pair<std::string, double>> CudaGraphRunner::stage_times() const {
+  std::vector<std::pair<std::string, double>> out;
+  const StageClock& c = impl_->clock;
+  for (size_t i = 0; i < StageClock::kStages; ++i)
+    out.emplace_back(StageClock::kNames[i], c.totals_us[i]);
+  out.emplace_back("calls", static_cast<double>(c.calls));
+  return out;
+}
 bool CudaGraphRunner::available() { return true; }
 
 #else  // no CUDA graph support in this build
@@ -492,6 +535,8 @@ size_t CudaGraphRunner::num_replays() const { return 0; }
 size_t CudaGraphRunner::num_padded_calls() const { return 0; }
 size_t CudaGraphRunner::num_direct_launches() const { return 0; }
 bool CudaGraphRunner::pads() const { return false; }
+void CudaGraphRunner::set_stage_timing(bool) {}
+std::vector<std::pair<std::string, double>> CudaGraphRunner::stage_times() const { return {}; }
 bool CudaGraphRunner::available() { return false; }
 
 #endif

@@ -86,6 +86,27 @@ AccessClass classify(c10::IntArrayRef sizes, c10::IntArrayRef strides,
 }
 
 // A column kernel sees its index space as [rows, cols], cols the product of the kept dims.
+// Row and pointwise variants with strided inputs take the index space's rank as a constant,
+// and 32-bit coordinate arithmetic when every row index and every strided input's offsets
+// (args.strides, over `space`) stay under 2^31.
+void set_index_rank(codegen::KernelVariant& kv, const std::vector<int64_t>& space,
+                    const MagiArgs& args) {
+  const bool strided = std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
+  if (!strided || kv.spec->schedule == codegen::Schedule::kColumn) return;
+  kv.index_rank = static_cast<int>(space.size());
+  constexpr int64_t kLimit = 0x7fffffff;
+  int64_t numel = 1;
+  for (int64_t n : space) numel *= n;
+  bool narrow = numel <= kLimit;
+  for (size_t i = 0; i < kv.access.size() && narrow; ++i) {
+    if (kv.access[i] != AccessClass::kStrided) continue;
+    int64_t span = 0;
+    for (size_t d = 0; d < space.size(); ++d) span += (space[d] - 1) * args.strides[i][d];
+    narrow = span <= kLimit;
+  }
+  kv.narrow_index = narrow;
+}
+
 int64_t kernel_cols(const codegen::KernelSpec& spec, const std::vector<int64_t>& space) {
   if (spec.schedule != codegen::Schedule::kColumn) return space.back();
   int64_t cols = 1;
@@ -372,6 +393,15 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
   choose_row_layout(kv, kernel_cols(spec_, space));
+  MagiArgs args{};
+  std::vector<int64_t> expanded_strides;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    classify(sizes[i], strides[i], space, expanded_strides);
+    for (size_t d = 0; d < space.size() && d < codegen::kMaxRank; ++d) {
+      args.strides[i][d] = expanded_strides[d];
+    }
+  }
+  set_index_rank(kv, space, args);
   return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
 }
 
@@ -640,16 +670,19 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   }
   kv.vector_width = width;
   if (device.is_cuda()) choose_row_layout(kv, cols);
+  set_index_rank(kv, space, args);
 
   // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
   // per FusedKernel, so its fingerprint need not be part of it).
-  std::string key(kv.access.size() + 5, ' ');
+  std::string key(kv.access.size() + 7, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
   key[kv.access.size() + 2] = device.is_cuda() ? 'g' : 'c';
   key[kv.access.size() + 3] = static_cast<char>('0' + (device.is_cuda() ? device.index() : 0));
   key[kv.access.size() + 4] = kv.rows_in_warps ? 'w' : (kv.streamed_rows ? 's' : 'b');
+  key[kv.access.size() + 5] = static_cast<char>('0' + kv.index_rank);
+  key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
 

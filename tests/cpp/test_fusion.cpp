@@ -203,10 +203,11 @@ TEST(FuseGroups, ColumnReductionGroupTakesPerColumnOpsOnly) {
   EXPECT_TRUE(fuse_groups(g));
   ir::verify(g);
   auto fusions = nodes_of_kind(g, NodeKind::kFusion);
-  ASSERT_EQ(fusions.size(), 1u);
+  ASSERT_EQ(fusions.size(), 2u);  // sum_1, over another run of dims, is a column group alone
   EXPECT_EQ(op_list(*fusions[0]->piece()),
             "aten::mul.Tensor aten::sum.dim_IntList aten::mul.Tensor aten::_to_copy");
-  EXPECT_EQ(op_list(g), "aten::sub.Tensor aten::amax aten::sum.dim_IntList");
+  EXPECT_EQ(op_list(*fusions[1]->piece()), "aten::sum.dim_IntList");
+  EXPECT_EQ(op_list(g), "aten::sub.Tensor aten::amax");
   codegen::KernelSpec spec = codegen::lower_group(*fusions[0]->piece(), "k");
   EXPECT_EQ(spec.schedule, codegen::Schedule::kColumn);
   EXPECT_EQ(spec.column_dims, 2);
@@ -450,6 +451,59 @@ TEST(FuseGroups, OperandsKernelsCannotLoadAreNotFusible) {
   EXPECT_EQ(ir::op_info(*mg->producer(), &reason).op_class, ir::OpClass::kOther);
   EXPECT_TRUE(test::contains(reason, "another device"));
   EXPECT_FALSE(fuse_groups(g));
+}
+
+// A lone sum over the leading dims (a weight gradient whose product another group computed)
+// is a column group; a lone row sum stays ATen's.
+TEST(FuseGroups, LoneColumnSumIsAGroup) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 6, 32});
+  Value* col = b.column_reduce("aten::sum", "dim_IntList", x, 2, false, "sum");
+  Value* row = b.row_reduce("aten::sum", "dim_IntList", x, false, "sum_1");
+  g.set_outputs({col, row});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(codegen::lower_group(*fusions[0]->piece(), "col").schedule, codegen::Schedule::kColumn);
+  EXPECT_EQ(op_list(g), "aten::sum.dim_IntList");
+}
+
+// A lone copy of a non-contiguous operand (repeat_kv's clone of an expand, a cast of a
+// transposed tensor) is a group: a generated kernel reads the operand through its strides.
+// A lone copy of a contiguous operand stays one ATen call.
+TEST(FuseGroups, LoneCopyOfAStridedOperandIsAGroup) {
+  for (const bool strided : {true, false}) {
+    for (const bool cast : {false, true}) {
+      Graph g;
+      Builder b(g);
+      Value* x = b.input("x", {sym("s0"), 8, 16});
+      Value* operand = x;
+      if (strided) {  // x.transpose(1, 2), with the strides the importer records
+        operand = b.permute(x, {0, 2, 1}, "permute");
+        TensorType t = *operand->tensor_type();
+        t.strides = {SymExpr(128), SymExpr(1), SymExpr(16)};
+        operand->set_tensor_type(t);
+      }
+      TensorType out = *operand->tensor_type();
+      out.strides = TensorType::contiguous_strides(out.sizes);
+      Value* copy = cast ? b.cast(operand, kBF16, "to_copy")
+                         : b.op("aten::clone", "", {operand, b.none()}, out, "clone");
+      out.dtype = copy->tensor_type()->dtype;
+      Value* w = b.input("w", {out.sizes[2], SymExpr(8)}, out.dtype);
+      g.set_outputs({b.op("aten::matmul", "", {copy, w}, out, "matmul")});
+      SCOPED_TRACE(std::string(strided ? "strided" : "contiguous") + (cast ? " cast" : " clone"));
+      EXPECT_EQ(fuse_groups(g), strided);
+      ir::verify(g);
+      auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+      ASSERT_EQ(fusions.size(), strided ? 1u : 0u);
+      if (strided) {
+        EXPECT_EQ(op_list(*fusions[0]->piece()),
+                  std::string(cast ? "aten::_to_copy" : "aten::clone"));
+      }
+    }
+  }
 }
 
 // ---- printed kernels -------------------------------------------------------------------------

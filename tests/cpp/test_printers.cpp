@@ -99,11 +99,13 @@ std::unique_ptr<Graph> column_weight_grad_group() {
 using codegen::AccessClass;
 
 codegen::KernelVariant variant(const codegen::KernelSpec& spec, std::vector<AccessClass> access,
-                               int width) {
+                               int width, int index_rank) {
   codegen::KernelVariant v;
   v.spec = &spec;
   v.access = std::move(access);
   v.vector_width = width;
+  v.index_rank = index_rank;
+  v.narrow_index = index_rank > 0;
   return v;
 }
 
@@ -114,13 +116,17 @@ struct Case {
   int cuda_width;
   bool rows_in_warps = false;  // the GPU form for rows of at most 32 threads
   bool streamed_rows = false;  // the GPU form for rows too long for registers
+  int index_rank = 0;          // with strided inputs: the index space's rank (32-bit offsets)
 };
 
 const Case kCases[] = {
     {"pointwise_silu_mul",
      &silu_mul_group,
      {AccessClass::kContiguous, AccessClass::kColumn, AccessClass::kStrided},
-     8},
+     8,
+     false,
+     false,
+     2},
     {"row_add_rmsnorm",
      &add_rmsnorm_group,
      {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn},
@@ -151,7 +157,7 @@ TEST_P(PrintedKernel, CudaMatchesGoldenAndCompiles) {
   std::unique_ptr<Graph> group = c.build();
   ir::verify(*group);
   codegen::KernelSpec spec = codegen::lower_group(*group, std::string("fused_") + c.name);
-  codegen::KernelVariant v = variant(spec, c.access, c.cuda_width);
+  codegen::KernelVariant v = variant(spec, c.access, c.cuda_width, c.index_rank);
   v.rows_in_warps = c.rows_in_warps;
   v.streamed_rows = c.streamed_rows;
   std::string source = codegen::print_cuda(v);
@@ -169,7 +175,7 @@ TEST_P(PrintedKernel, CppMatchesGoldenAndCompiles) {
   }
   std::unique_ptr<Graph> group = c.build();
   codegen::KernelSpec spec = codegen::lower_group(*group, std::string("fused_") + c.name);
-  codegen::KernelVariant v = variant(spec, c.access, 1);
+  codegen::KernelVariant v = variant(spec, c.access, 1, c.index_rank);
   std::string source = codegen::print_cpp(v);
   expect_golden(source, std::string(c.name) + ".cpp");
   EXPECT_NE(
@@ -212,7 +218,9 @@ TEST_P(PrintedKernel, RunsLikeAten) {
   std::string access;
   for (AccessClass a : c.access) access += static_cast<char>(a);
   ASSERT_EQ(kernel.generated().size(), 1u);
-  EXPECT_EQ(kernel.generated()[0].symbol, std::string("fused_") + c.name + "_" + access + "_v1");
+  const std::string rank = c.index_rank > 0 ? "_r" + std::to_string(c.index_rank) + "n" : "";
+  EXPECT_EQ(kernel.generated()[0].symbol,
+            std::string("fused_") + c.name + "_" + access + "_v1" + rank);
 }
 
 // Moves every tensor of `g` to `device`, keeping sizes and dtypes; `strides` (when given)
@@ -244,8 +252,9 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   runtime::FusedKernel kernel(*g, "fused_add_rmsnorm");
   auto expected = kernel.expected_cuda_source();
   ASSERT_TRUE(expected.has_value());
-  auto call = variant(
-      kernel.spec(), {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+  auto call =
+      variant(kernel.spec(),
+              {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8, 0);
   call.rows_in_warps = true;
   EXPECT_EQ(expected->name, call.symbol());
   EXPECT_EQ(expected->source, codegen::cuda_preamble() + codegen::print_cuda(call));
@@ -259,7 +268,8 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   auto expected_strided = strided.expected_cuda_source();
   ASSERT_TRUE(expected_strided.has_value());
   auto strided_call = variant(
-      strided.spec(), {AccessClass::kStrided, AccessClass::kContiguous, AccessClass::kColumn}, 8);
+      strided.spec(), {AccessClass::kStrided, AccessClass::kContiguous, AccessClass::kColumn}, 8,
+      2);  // a rank-2 index space with small sizes: 32-bit offsets
   strided_call.rows_in_warps = true;
   EXPECT_EQ(expected_strided->name, strided_call.symbol());
 

@@ -128,6 +128,12 @@ struct KernelVariant {
   /// GPU row kernels: rows longer than a block holds in registers, read once per pass over
   /// them (each step of a pass loads K vectors ahead); else held in registers, read once.
   bool streamed_rows = false;
+  /// Row and pointwise kernels with strided inputs: the rank of the index space, which the
+  /// printed kernel takes as a constant (its row-coordinate loops unroll to it); 0 otherwise.
+  int index_rank = 0;
+  /// With index_rank: every row index and every strided input's offsets fit in 31 bits, so
+  /// the coordinate arithmetic is 32-bit.
+  bool narrow_index = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace magi::runtime {
@@ -53,6 +54,11 @@ class CudaGraphRunner {
   size_t num_direct_launches() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
+  /// Diagnostics of the host time of replays: with timing on, each replaying call adds the
+  /// host time of its stages (signature, lookup, checks, input copies, launch, outputs) to
+  /// totals that stage_times() returns in microseconds, with the number of calls timed.
+  void set_stage_timing(bool on);
+  std::vector<std::pair<std::string, double>> stage_times() const;
   static bool available();  ///< built with CUDA graph support
 
  private:

@@ -1,10 +1,12 @@
-// fused_pointwise_silu_mul_clg_v1: pointwise kernel fusing aten::add.Tensor aten::silu aten::mul.Tensor
+// fused_pointwise_silu_mul_clg_v1_r2n: pointwise kernel fusing aten::add.Tensor aten::silu aten::mul.Tensor
 //   from model.py:20 in forward
 //   from model.py:21 in forward
 // input access: in0=c in1=l in2=g, vector width 1
-extern "C" void fused_pointwise_silu_mul_clg_v1(const MagiArgs* a) {
+extern "C" void fused_pointwise_silu_mul_clg_v1_r2n(const MagiArgs* a) {
   typedef float A;
   constexpr int V = 1;
+  constexpr int R = 2;
+  constexpr bool kNarrow = true;
   const magi_bf16* __restrict__ in0 = static_cast<const magi_bf16*>(a->ptr[0]);
   const magi_bf16* __restrict__ in1 = static_cast<const magi_bf16*>(a->ptr[1]);
   const magi_bf16* __restrict__ in2 = static_cast<const magi_bf16*>(a->ptr[2]);
@@ -17,12 +19,19 @@ extern "C" void fused_pointwise_silu_mul_clg_v1(const MagiArgs* a) {
 #pragma omp parallel for schedule(static) if (a->numel > 32768)
   for (long long vi = 0; vi < vectors; ++vi) {
     const long long base = vi * V;
+    const long long row_index = base / cols;
+    const long long col_base = base - row_index * cols;
+    const long long row_start = base - col_base;
+    (void)row_start;
+    const MagiRowAt<R, kNarrow> ri((*a), row_index);
+    const long long ro2 = ri.offset((*a), 2);
+    (void)ro2;
     A t0[V];
     for (int j = 0; j < V; ++j) t0[j] = magi_to_acc<A>(in0[base + j]);
     A t1[V];
     for (int j = 0; j < V; ++j) t1[j] = magi_to_acc<A>(in1[(base + j) % cols]);
     A t2[V];
-    { const long long off = magi_offset((*a), 2, base); const long long step = (*a).strides[2][(*a).rank - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
+    { const long long off = ro2 + (col_base) * (*a).strides[2][R - 1]; const long long step = (*a).strides[2][R - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
     A o0[V];
     for (int j = 0; j < V; ++j) {
       const A e0 = t0[j];

@@ -1,10 +1,12 @@
-// fused_pointwise_silu_mul_clg_v8: pointwise kernel fusing aten::add.Tensor aten::silu aten::mul.Tensor
+// fused_pointwise_silu_mul_clg_v8_r2n: pointwise kernel fusing aten::add.Tensor aten::silu aten::mul.Tensor
 //   from model.py:20 in forward
 //   from model.py:21 in forward
 // input access: in0=c in1=l in2=g, vector width 8
-extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v8(const MagiArgs a) {
+extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v8_r2n(const MagiArgs a) {
   typedef float A;
   constexpr int V = 8;
+  constexpr int R = 2;
+  constexpr bool kNarrow = true;
   const magi_bf16* __restrict__ in0 = static_cast<const magi_bf16*>(a.ptr[0]);
   const magi_bf16* __restrict__ in1 = static_cast<const magi_bf16*>(a.ptr[1]);
   const magi_bf16* __restrict__ in2 = static_cast<const magi_bf16*>(a.ptr[2]);
@@ -17,12 +19,19 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
   const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (vi < vectors) {
     const long long base = vi * V;
+    const long long row_index = magi_div_cols(a, base);
+    const long long col_base = base - row_index * cols;
+    const long long row_start = base - col_base;
+    (void)row_start;
+    const MagiRowAt<R, kNarrow> ri(a, row_index);
+    const long long ro2 = ri.offset(a, 2);
+    (void)ro2;
     A t0[V];
     magi_load<A, magi_bf16, 8, true>(in0 + base, t0);
     A t1[V];
     magi_load<A, magi_bf16, 8, true>(in1 + magi_mod_cols(a, base), t1);
     A t2[V];
-    magi_load_strided<A, magi_bf16, V, true>(in2, magi_offset(a, 2, base), a.strides[2][a.rank - 1], t2);
+    magi_load_strided<A, magi_bf16, V, true>(in2, ro2 + (col_base) * a.strides[2][R - 1], a.strides[2][R - 1], t2);
     A o0[V];
     _Pragma("unroll") for (int j = 0; j < V; ++j) {
       const A e0 = t0[j];
