@@ -1,0 +1,35 @@
+"""Runs what scripts/gpu/ncu_session.sh profiles with Nsight Compute: the bandwidth benchmark's
+rotary workload under magi_compile (``rotary``), or two steps of the Llama training workload
+(``train``, full preset, bf16)."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (str(ROOT / "benchmarks"), str(ROOT / "examples"), str(ROOT)):
+    sys.path.insert(0, p)
+
+from magi_compiler import magi_compile  # noqa: E402
+
+if sys.argv[1] == "rotary":
+    from bandwidth import rotary
+
+    x = torch.randn(16384, 8192, dtype=torch.bfloat16, device="cuda")
+    cos = torch.randn(16384, 128, dtype=torch.bfloat16, device="cuda")
+    sin = torch.randn(16384, 128, dtype=torch.bfloat16, device="cuda")
+    f = magi_compile(rotary)
+    for _ in range(3):
+        f(x, cos, sin)
+    g = torch.compile(rotary)
+    for _ in range(3):
+        g(x, cos, sin)
+else:
+    from benchmarks import harness, workloads
+
+    case = workloads.BY_NAME["llama_train"].build("full", torch.device("cuda"), torch.bfloat16)
+    fn, hook = harness.make_variant("magi", case.module)
+    for _ in range(2):
+        case.step(fn, case.inputs[0], hook)
+torch.cuda.synchronize()
