@@ -142,11 +142,15 @@ class Fuser {
   // repeat_kv (the clone of an expand) or a cast of a transposed tensor. ATen's general copy
   // kernel ran such copies at about a third of the copy bandwidth on the H100; a generated
   // kernel reads the operand through its strides, a vector at a time along its last dim.
+  // Only into a contiguous result: a copy that keeps the operand's layout (preserve_format of
+  // a transposed tensor) is one dense pass in ATen, where the kernel would write contiguously
+  // and then copy into the traced layout.
   static bool is_strided_copy(const Node& n) {
     const std::string& op = n.op_name();
     if (op != "aten::clone" && op != "aten::_to_copy") return false;
     const auto& type = n.input(0)->tensor_type();
-    return type && !type->strides.empty() && !type->is_contiguous();
+    const auto& out = n.output()->tensor_type();
+    return type && !type->strides.empty() && !type->is_contiguous() && out && out->is_contiguous();
   }
 
   // Every non-tensor operand must be a constant: runtime scalars stay out of kernels.

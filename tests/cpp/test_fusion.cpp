@@ -470,9 +470,10 @@ TEST(FuseGroups, LoneColumnSumIsAGroup) {
   EXPECT_EQ(op_list(g), "aten::sum.dim_IntList");
 }
 
-// A lone copy of a non-contiguous operand (repeat_kv's clone of an expand, a cast of a
-// transposed tensor) is a group: a generated kernel reads the operand through its strides.
-// A lone copy of a contiguous operand stays one ATen call.
+// A lone copy of a non-contiguous operand into a contiguous result (repeat_kv's clone of an
+// expand, a cast of a transposed tensor) is a group: a generated kernel reads the operand
+// through its strides. A lone copy of a contiguous operand, or one keeping the operand's layout,
+// stays one ATen call.
 TEST(FuseGroups, LoneCopyOfAStridedOperandIsAGroup) {
   for (const bool strided : {true, false}) {
     for (const bool cast : {false, true}) {
@@ -491,6 +492,7 @@ TEST(FuseGroups, LoneCopyOfAStridedOperandIsAGroup) {
       Value* copy = cast ? b.cast(operand, kBF16, "to_copy")
                          : b.op("aten::clone", "", {operand, b.none()}, out, "clone");
       out.dtype = copy->tensor_type()->dtype;
+      copy->set_tensor_type(out);  // into a contiguous result (contiguous_format)
       Value* w = b.input("w", {out.sizes[2], SymExpr(8)}, out.dtype);
       g.set_outputs({b.op("aten::matmul", "", {copy, w}, out, "matmul")});
       SCOPED_TRACE(std::string(strided ? "strided" : "contiguous") + (cast ? " cast" : " clone"));
@@ -504,6 +506,15 @@ TEST(FuseGroups, LoneCopyOfAStridedOperandIsAGroup) {
       }
     }
   }
+  Graph g;  // x.transpose(1, 2).clone(): preserve_format keeps the transposed layout
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 8, 16});
+  Value* p = b.permute(x, {0, 2, 1}, "permute");
+  TensorType t = *p->tensor_type();
+  t.strides = {SymExpr(128), SymExpr(1), SymExpr(16)};
+  p->set_tensor_type(t);
+  g.set_outputs({b.op("aten::clone", "", {p, b.none()}, t, "clone")});
+  EXPECT_FALSE(fuse_groups(g));
 }
 
 // ---- printed kernels -------------------------------------------------------------------------

@@ -395,8 +395,9 @@ def test_sum_over_a_middle_dim_fuses_when_short(group, dtype, assert_close_rel):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_lone_copy_of_a_strided_operand_is_a_kernel(dtype, assert_close_rel):
     """Grouped-query attention's repeat_kv (the clone of an expanded, transposed matmul output)
-    and a cast of a transposed tensor run as generated kernels reading through the operand's
-    strides, and match eager; a copy of a contiguous tensor stays an ATen call."""
+    and a cast of a transposed tensor into a contiguous result run as generated kernels reading
+    through the operand's strides, and match eager; a copy of a contiguous tensor, or one that
+    keeps the transposed layout, stays an ATen call."""
 
     def repeat_kv(x, w):
         b, s, _ = x.shape
@@ -404,6 +405,9 @@ def test_lone_copy_of_a_strided_operand_is_a_kernel(dtype, assert_close_rel):
         return kv[:, :, None].expand(b, 2, 3, s, 8).reshape(b, 6, s, 8)
 
     def cast_transposed(x):
+        return x.transpose(1, 2).to(torch.float64, memory_format=torch.contiguous_format)
+
+    def cast_keeping_layout(x):  # preserve_format: one dense pass in ATen
         return x.transpose(1, 2).to(torch.float64)
 
     def copy_contiguous(x):
@@ -413,6 +417,7 @@ def test_lone_copy_of_a_strided_operand_is_a_kernel(dtype, assert_close_rel):
     for fn, args, fused in (
         (repeat_kv, lambda b: (torch.randn(b, 5, 16, dtype=dtype), w), True),
         (cast_transposed, lambda b: (torch.randn(b, 5, 7, dtype=dtype),), True),
+        (cast_keeping_layout, lambda b: (torch.randn(b, 5, 7, dtype=dtype),), False),
         (copy_contiguous, lambda b: (torch.randn(b, 5, 7, dtype=dtype),), False),
     ):
         compiled = magi_compile(fn, dynamic_arg_dims={fn.__code__.co_varnames[0]: 0})

@@ -56,7 +56,8 @@ class CudaGraphRunner {
   bool pads() const;
   /// Diagnostics of the host time of replays: with timing on, each replaying call adds the
   /// host time of its stages (signature, lookup, checks, input copies, launch, outputs) to
-  /// totals that stage_times() returns in microseconds, with the number of calls timed.
+  /// totals that stage_times() returns in microseconds, with the number of replays timed (turn
+  /// it on after warm-up and capture: their signature and lookup time counts, their calls not).
   void set_stage_timing(bool on);
   std::vector<std::pair<std::string, double>> stage_times() const;
   static bool available();  ///< built with CUDA graph support
