@@ -10,5 +10,4 @@ gpu_pytest pytest_gpu.log 330 tests/gpu
 echo "== ATen calls left in the training step"
 MAGI_LOGGING_LEVEL=warn timeout 120 python scripts/gpu/fallback_summary.py llama_train 2>&1 | tail -40
 echo "== profile llama_train"
-timeout 200 python scripts/gpu/profile_workloads.py --only llama_train --variants inductor,magi \
-  --rows 30 --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | grep -v "^\[magi" | tail -70
+gpu_profile llama_train 30 200 | tail -70

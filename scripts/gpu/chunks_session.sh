@@ -8,6 +8,4 @@ bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest tests/gpu/test_fusion_cuda.py tests/gpu/test_recompute_cuda.py"
 gpu_pytest pytest_fusion_recompute.log 240 tests/gpu/test_fusion_cuda.py tests/gpu/test_recompute_cuda.py
 echo "== profile llama_train"
-timeout 200 python scripts/gpu/profile_workloads.py --only llama_train --variants inductor,magi \
-  --rows 40 --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | grep -v "^\[magi" |
-  sed -n '/llama_train \/ magi/,$p' | head -45
+gpu_profile llama_train 40 200 | sed -n '/llama_train \/ magi/,$p' | head -45

@@ -19,3 +19,11 @@ gpu_pytest() {
     grep -v "^DEBUG\|^\[magi" > "$OUT/$log"
   grep -E "passed|failed|^E |^FAILED" "$OUT/$log" | tail -12
 }
+
+# gpu_profile WORKLOADS ROWS SECONDS: a kernel-level profile of WORKLOADS (comma-separated)
+# under torch.compile and magi_compile, ROWS kernels per variant, into $OUT/profile.{json,log};
+# the filtered log on stdout.
+gpu_profile() {
+  timeout "$3" python scripts/gpu/profile_workloads.py --only "$1" --variants inductor,magi \
+    --rows "$2" --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | grep -v "^\[magi"
+}

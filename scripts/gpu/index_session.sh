@@ -12,6 +12,4 @@ echo "== benchmarks/bandwidth.py"
 timeout 150 python benchmarks/bandwidth.py --device cuda --only rotary,bias_grad,rmsnorm,silu_mul \
   --no-compile-latency --out "$OUT/bandwidth.json" 2>&1 | grep -v "^\[magi" | tail -10
 echo "== profile llama_train"
-timeout 200 python scripts/gpu/profile_workloads.py --only llama_train --variants inductor,magi \
-  --rows 40 --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | grep -v "^\[magi" |
-  sed -n '/llama_train \/ magi/,$p' | head -60
+gpu_profile llama_train 40 200 | sed -n '/llama_train \/ magi/,$p' | head -60

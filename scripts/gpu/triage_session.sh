@@ -11,8 +11,6 @@ gpu_pytest pytest_graphs.log 200 tests/gpu/test_cuda_graphs.py tests/gpu/test_cu
 echo "== graph memory and launch floor"
 timeout 200 python scripts/gpu/graph_memory.py 2>&1 | grep -v "^\[magi" | tail -12
 echo "== profile ${PROFILE_ONLY:-llama_train,llama_prefill}"
-timeout 300 python scripts/gpu/profile_workloads.py --only "${PROFILE_ONLY:-llama_train,llama_prefill}" \
-  --variants inductor,magi --rows "${PROFILE_ROWS:-40}" --json "$OUT/profile.json" 2>&1 |
-  tee "$OUT/profile.log" | grep -v "^\[magi" | tail -150
+gpu_profile "${PROFILE_ONLY:-llama_train,llama_prefill}" "${PROFILE_ROWS:-40}" 300 | tail -150
 echo "== tools"
 which ncu nsys 2>&1; ls /usr/local/cuda/bin 2>/dev/null | grep -i -E "ncu|nsys|nsight" | head

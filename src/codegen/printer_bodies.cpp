@@ -57,7 +57,8 @@ void emit_row_offsets(std::ostream& os, const KernelVariant& v, const std::vecto
   }
 }
 
-// The index rank and width of a variant with strided inputs, as constants of its kernel.
+// The index rank of a variant with strided inputs, and whether its offsets fit 32 bits, as
+// constants of its kernel.
 void emit_index_constants(std::ostream& os, const KernelVariant& v) {
   if (v.index_rank == 0) return;
   os << "  constexpr int R = " << v.index_rank << ";\n";

@@ -130,8 +130,9 @@ class Fuser {
 
   // Single ops that a generated kernel runs faster than ATen: softmax, log-softmax and layer
   // norm (our row kernel reads the row once where ATen's may not), and sums over leading dims
-  // (a weight gradient: ATen's reduction ran a [4096, 2048] float32 column sum at half the copy
-  // bandwidth on the H100, where the column kernel reaches above 90%).
+  // (a weight gradient: on the H100 ATen's reduction ran the training step's [4096, 2048]
+  // float32 column sums at about half the copy bandwidth, the column kernel 17% faster, and at
+  // 16384 x 8192 the column kernel reaches 93% of copy).
   static bool is_compound(const Node& n) {
     ir::OpClass c = ir::op_info(n).op_class;
     return c == ir::OpClass::kSoftmax || c == ir::OpClass::kLayerNorm ||

@@ -376,11 +376,15 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   if (space.empty()) space = {1};
   codegen::KernelVariant kv;
   kv.spec = &spec_;
+  MagiArgs args{};  // the strides set_index_rank reads
   std::vector<int64_t> expanded;
   for (size_t i = 0; i < sizes.size(); ++i) {
     kv.access.push_back(classify(sizes[i], strides[i], space, expanded));
     if (kv.access.back() == AccessClass::kStrided && space.size() > codegen::kMaxRank) {
       return std::nullopt;  // runs through ATen
+    }
+    for (size_t d = 0; d < space.size() && d < codegen::kMaxRank; ++d) {
+      args.strides[i][d] = expanded[d];
     }
   }
   adapt_column_access(spec_, space.size(), kv.access);
@@ -393,14 +397,6 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
   choose_row_layout(kv, kernel_cols(spec_, space));
-  MagiArgs args{};
-  std::vector<int64_t> expanded_strides;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    classify(sizes[i], strides[i], space, expanded_strides);
-    for (size_t d = 0; d < space.size() && d < codegen::kMaxRank; ++d) {
-      args.strides[i][d] = expanded_strides[d];
-    }
-  }
   set_index_rank(kv, space, args);
   return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
 }

@@ -103,6 +103,29 @@ def test_graphs_without_random_ops_launch_directly(counters, lowered, assert_clo
     assert runner.num_direct_launches == 4
 
 
+def test_stage_timing_counts_the_replays_it_timed(counters, lowered, assert_close_rel):
+    """The runner's host-stage timers (a diagnostic): off, nothing is counted; on, each replay
+    adds to every stage, and the count is the replays timed while on."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    x = torch.randn(4, 16, 256, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, capture, one replay: untimed
+            compiled(x)
+        runner = lowered[0].magi_cuda_graphs
+        assert dict(runner.stage_times())["calls"] == 0
+        replays = runner.num_replays
+        runner.set_stage_timing(True)
+        for _ in range(4):
+            assert_close_rel(compiled(x), eager(x), 1e-4)
+        times = dict(runner.stage_times())
+        runner.set_stage_timing(False)
+    assert times.pop("calls") == 4
+    assert set(times) == {"signature", "lookup", "checks", "input_copies", "launch", "outputs"}
+    assert all(t > 0 for t in times.values()), times
+    assert runner.num_replays == replays + 4
+
+
 class _Noisy(torch.nn.Module):
     """Adds fresh uniform noise: each replay must draw new numbers."""
 
