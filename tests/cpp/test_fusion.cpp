@@ -517,6 +517,82 @@ TEST(FuseGroups, LoneCopyOfAStridedOperandIsAGroup) {
   EXPECT_FALSE(fuse_groups(g));
 }
 
+// w = float(x + y) feeds an mm through exp in one group and, after the mm, a mul in another.
+// Writing w (float32) and reading it back costs 8 bytes per element; writing x + y (bf16) and
+// casting it where the mul reads it costs 4: the mul's group recomputes the cast. When an ATen
+// call (the mm) reads w itself, w stays written.
+TEST(FuseGroups, CheapWideValueIsRecomputedWhereItIsRead) {
+  for (const bool mm_reads_cast : {false, true}) {
+    Graph g;
+    Builder b(g);
+    Value* x = b.input("x", {sym("s0"), 16}, kBF16);
+    Value* y = b.input("y", {sym("s0"), 16}, kBF16);
+    Value* sum = b.add(x, y, "add");
+    Value* w = b.cast(sum, kF32, "to_copy");
+    Value* t = b.unary("aten::exp", w, "exp");
+    Value* mm = b.op("aten::mm", "", {mm_reads_cast ? w : t, b.input("m", {16, 16})},
+                     tensor_type({sym("s0"), 16}), "mm");
+    g.set_outputs({b.mul(w, mm, "mul"), t});
+    SCOPED_TRACE(mm_reads_cast ? "the mm reads the cast" : "only groups read the cast");
+
+    EXPECT_TRUE(fuse_groups(g));
+    ir::verify(g);
+    auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+    ASSERT_EQ(fusions.size(), mm_reads_cast ? 1u : 2u);
+    std::vector<std::string> written;
+    for (const Value* out : fusions[0]->outputs()) {
+      written.push_back(ir::dtype_short_name(out->tensor_type()->dtype));
+    }
+    if (mm_reads_cast) {  // the mul stays a lone ATen call
+      EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::add.Tensor aten::_to_copy aten::exp");
+      EXPECT_EQ(written, (std::vector<std::string>{"f32", "f32"}));  // the cast and exp
+      EXPECT_EQ(op_list(g), "aten::mm aten::mul.Tensor");
+      continue;
+    }
+    EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::add.Tensor aten::_to_copy aten::exp");
+    EXPECT_EQ(written, (std::vector<std::string>{"bf16", "f32"}));  // the sum and exp
+    EXPECT_EQ(op_list(*fusions[1]->piece()), "aten::_to_copy aten::mul.Tensor");
+    EXPECT_EQ(fusions[1]->input(0), fusions[0]->output(0));  // reads the bf16 sum
+    EXPECT_EQ(op_list(g), "aten::mm");
+  }
+}
+
+// silu(a) * u and exp(a * u) both read a and u, and neither reads the other: one kernel reads
+// them once. The mm reading the first group's value moves after it. Groups that share only a
+// narrow operand (a [16] weight) stay apart.
+TEST(FuseGroups, PointwiseSiblingsReadingOneTensorMerge) {
+  for (const bool share_full : {true, false}) {
+    Graph g;
+    Builder b(g);
+    Value* a = b.input("a", {sym("s0"), 16});
+    Value* u = b.input("u", {sym("s0"), 16});
+    Value* c = b.input("c", {16});
+    Value* h = b.mul(b.unary("aten::silu", a, "silu"), share_full ? u : c, "mul");
+    Value* mm =
+        b.op("aten::mm", "", {h, b.input("m", {16, 16})}, tensor_type({sym("s0"), 16}), "mm");
+    Value* e = b.unary("aten::exp",
+                       b.mul(share_full ? a : b.input("z", {sym("s0"), 16}), c, "mul_1"), "exp");
+    g.set_outputs({mm, e});
+    SCOPED_TRACE(share_full ? "a and u shared" : "only c shared");
+
+    EXPECT_TRUE(fuse_groups(g));
+    ir::verify(g);
+    auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+    if (!share_full) {
+      EXPECT_EQ(fusions.size(), 2u);
+      continue;
+    }
+    ASSERT_EQ(fusions.size(), 1u);
+    EXPECT_EQ(op_list(*fusions[0]->piece()),
+              "aten::silu aten::mul.Tensor aten::mul.Tensor aten::exp");
+    EXPECT_EQ(fusions[0]->inputs(), (std::vector<Value*>{a, u, c}));
+    EXPECT_EQ(op_list(g), "aten::mm");
+    const auto nodes = g.nodes();
+    EXPECT_LT(std::find(nodes.begin(), nodes.end(), fusions[0]),
+              std::find(nodes.begin(), nodes.end(), mm->producer()));
+  }
+}
+
 // ---- printed kernels -------------------------------------------------------------------------
 
 }  // namespace
