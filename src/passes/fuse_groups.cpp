@@ -93,6 +93,7 @@ class Fuser {
   explicit Fuser(Graph& graph) : graph_(graph) {}
 
   bool run() {
+    fold_broadcast_expands();
     std::vector<Node*> nodes = graph_.nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
       position_[nodes[i]] = i;
@@ -271,7 +272,11 @@ class Fuser {
     std::unordered_set<const Node*> seen;
     std::function<bool(const Node*)> visit = [&](const Node* n) -> bool {
       if (g.member_set.count(n)) return true;
-      if (position_[n] < g.first_position || !seen.insert(n).second) return false;
+      // Fusion nodes of groups rewritten before this one have no position: walk them.
+      auto at = position_.find(n);
+      if ((at != position_.end() && at->second < g.first_position) || !seen.insert(n).second) {
+        return false;
+      }
       for (const Value* in : n->inputs()) {
         if (visit(in->producer())) return true;
       }
@@ -457,10 +462,14 @@ class Fuser {
     }
     std::sort(candidates.rbegin(), candidates.rend());
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-    auto merge_others = [&](size_t gi) {
+    auto merge_others = [&](size_t gi, bool per_row) {
       for (size_t other : candidates) {
-        if (other != gi && !groups_[other].members.empty() && can_merge(gi, other)) {
+        if (other == gi || groups_[other].members.empty()) continue;
+        if (can_merge(gi, other)) {
           merge(gi, other);
+        } else if (per_row && can_merge_per_row(other, gi)) {
+          merge(other, gi);  // the row group takes gi's per-row values
+          gi = other;
         }
       }
     };
@@ -468,7 +477,7 @@ class Fuser {
       Group& g = groups_[gi];
       if (can_join(g, *node)) {
         add(gi, node);
-        merge_others(gi);
+        merge_others(gi, true);
         return;
       }
     }
@@ -478,7 +487,7 @@ class Fuser {
         (is_cat(*node) || std::any_of(candidates.begin(), candidates.end(), [&](size_t gi) {
            return reads_narrow_value(groups_[gi], *node);
          }))) {
-      merge_others(candidates.front());
+      merge_others(candidates.front(), false);
       if (can_join(groups_[candidates.front()], *node)) {
         add(candidates.front(), node);
         return;
@@ -515,6 +524,13 @@ class Fuser {
     if ((!g.narrow_nodes.empty() && o.reduces()) || (!o.narrow_nodes.empty() && g.reduces())) {
       return false;
     }
+    return can_merge_barriers_and_paths(g, o);
+  }
+
+  // No mutation lies between the members of `g` and `o`, no operand of one depends on the other
+  // through a node outside both, and no full-size op of one reads a per-column value of the
+  // other.
+  bool can_merge_barriers_and_paths(const Group& g, const Group& o) {
     const size_t lo = std::min(g.first_position, o.first_position);
     const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
     for (size_t b : barriers_) {
@@ -538,6 +554,34 @@ class Fuser {
       }
     }
     return true;
+  }
+
+  // A pointwise group over the per-row shape of row group `ri` (pow(r, 3) * the row sum, in a
+  // norm's gradient) joins it: its values are per-row values of the row kernel, computed once
+  // a row, instead of a kernel of their own between two row kernels. The same safety checks
+  // as can_merge (no mutation between, no path through other nodes, the arity).
+  bool can_merge_per_row(size_t ri, size_t pi) {
+    const Group& r = groups_[ri];
+    const Group& p = groups_[pi];
+    if (!r.has_reduction || r.has_column || !r.region_of.empty() || !r.narrow_nodes.empty() ||
+        p.reduces() || !p.region_of.empty() || !p.narrow_nodes.empty() || r.full.empty() ||
+        p.full.size() != r.full.size() || same_shape(p.full, r.full) || !fits(r, p.full)) {
+      return false;  // (the row shape with its last dim kept: operands load per row)
+    }
+    for (const Node* m : p.members) {
+      for (const Value* in : m->inputs()) {
+        if (p.member_set.count(in->producer()) || r.member_set.count(in->producer()) ||
+            in->producer()->kind() == ir::NodeKind::kConstant ||
+            in->kind() != ir::ValueKind::kTensor || !in->tensor_type()) {
+          continue;
+        }
+        // An operand from outside is loaded per row: of the row shape, or 0-dim.
+        if (in->tensor_type()->rank() > 0 && !same_shape(in->tensor_type()->sizes, p.full)) {
+          return false;
+        }
+      }
+    }
+    return can_merge_barriers_and_paths(r, p) && within_arity({&r, &p}, nullptr);
   }
 
   void merge(size_t into, size_t from) {
@@ -695,11 +739,16 @@ class Fuser {
       }
     }
     for (auto it = g.members.rbegin(); it != g.members.rend(); ++it) {
-      // Members may still read each other; erase consumers first (reverse order).
+      // Members may still read each other; erase consumers first (reverse order). A later
+      // node may take an erased one's address: it must not inherit its position.
+      position_.erase(*it);
       graph_.erase(*it);
     }
     for (Node* c : constants) {
-      if (c->output()->users().empty()) graph_.erase(c);  // copied into the group
+      if (c->output()->users().empty()) {  // copied into the group
+        position_.erase(c);
+        graph_.erase(c);
+      }
     }
     MAGI_LOG_DEBUG("fused ", g.members.size(), " ops into ", fusion->op_name());
   }
@@ -766,6 +815,117 @@ class Fuser {
           ok &= !depends_on(in->producer(), g);
       }
       if (ok) merge(gi, si);
+    }
+  }
+
+  // ---- fold_broadcast_expands ------------------------------------------------------------
+
+  // Does expand node `e` only broadcast size-1 dims of an operand of its own rank?
+  static bool is_broadcast_expand(const Node& e) {
+    if (e.kind() != ir::NodeKind::kAtenOp || e.op_name() != "aten::expand") return false;
+    const Value* src = e.input(0);
+    if (src->kind() != ir::ValueKind::kTensor || !src->tensor_type() ||
+        !e.output()->tensor_type()) {
+      return false;
+    }
+    const auto& from = src->tensor_type()->sizes;
+    const auto& to = e.output()->tensor_type()->sizes;
+    if (from.size() != to.size()) return false;
+    for (size_t d = 0; d < from.size(); ++d) {
+      if (from[d] != to[d] && !(from[d].is_constant() && from[d].constant_value() == 1)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Does elementwise node `u` read, besides `v`, a tensor of `shape`? Then `u` broadcasts a
+  // narrower operand in place of `v` to the same result.
+  static bool reads_other_of_shape(const Node& u, const Value* v,
+                                   const std::vector<SymExpr>& shape) {
+    if (u.kind() != ir::NodeKind::kAtenOp) return false;
+    const ir::OpInfo info = ir::op_info(u);
+    const std::string& fn = info.fn;
+    const bool gradient = fn.size() > 9 && fn.compare(fn.size() - 9, 9, "_backward") == 0;
+    if ((info.op_class != ir::OpClass::kBinary && info.op_class != ir::OpClass::kWhere) ||
+        gradient) {
+      return false;
+    }
+    return std::any_of(u.inputs().begin(), u.inputs().end(), [&](const Value* in) {
+      return in != v && in->kind() == ir::ValueKind::kTensor && in->tensor_type() &&
+             same_shape(in->tensor_type()->sizes, shape);
+    });
+  }
+
+  // Elementwise ops broadcast their operands, so an expand of a per-row value that only
+  // elementwise ops read is folded away (x.expand(s) / n * y is (x / n) * y): a norm's gradient
+  // expands its row sum before scaling it, and the expand, an ATen call, would cut the row
+  // kernel in two. Readers reading a full-size operand beside it read the narrow value instead;
+  // a unary op (or one with a constant operand) between them computes at the narrow shape when
+  // all its readers do so.
+  //
+  // A detach that only ops read is folded too: the graph computes no gradients, and a detach
+  // between a row kernel's value and an op on it (the saved rsqrt of a norm's gradient) would
+  // look like a path leaving the group.
+  void fold_broadcast_expands() {
+    for (Node* e : graph_.nodes()) {
+      if (e->kind() == ir::NodeKind::kAtenOp && e->op_name() == "aten::detach" &&
+          e->input(0)->kind() == ir::ValueKind::kTensor) {
+        const std::vector<Node*> users = e->output()->users();
+        if (!users.empty() && std::all_of(users.begin(), users.end(), [](const Node* u) {
+              return u->kind() == ir::NodeKind::kAtenOp;
+            })) {
+          for (Node* u : users) replace_input(u, e->output(), e->input(0));
+          graph_.erase(e);
+        }
+        continue;
+      }
+      if (!is_broadcast_expand(*e)) continue;
+      Value* src = e->input(0);
+      const std::vector<SymExpr> full = e->output()->tensor_type()->sizes;
+      const std::vector<Node*> users = e->output()->users();
+      for (Node* u : users) {
+        if (reads_other_of_shape(*u, e->output(), full)) {
+          replace_input(u, e->output(), src);
+          continue;
+        }
+        // A unary op on the expand, every reader of which reads a full-size operand beside it.
+        const ir::OpClass c =
+            u->kind() == ir::NodeKind::kAtenOp ? ir::op_info(*u).op_class : ir::OpClass::kOther;
+        if (c != ir::OpClass::kUnary && c != ir::OpClass::kBinary && c != ir::OpClass::kCast) {
+          continue;
+        }
+        if (u->outputs().size() != 1 || !u->output()->tensor_type() ||
+            !same_shape(u->output()->tensor_type()->sizes, full)) {
+          continue;
+        }
+        bool unary = true;
+        for (const Value* in : u->inputs()) {
+          if (in != e->output() && in->kind() == ir::ValueKind::kTensor &&
+              in->producer()->kind() != ir::NodeKind::kConstant) {
+            unary = false;
+          }
+        }
+        const auto& readers = u->output()->users();
+        if (!unary || readers.empty() ||
+            !std::all_of(readers.begin(), readers.end(), [&](const Node* r) {
+              return reads_other_of_shape(*r, u->output(), full);
+            })) {
+          continue;
+        }
+        replace_input(u, e->output(), src);
+        ir::TensorType narrow = *u->output()->tensor_type();
+        narrow.sizes = src->tensor_type()->sizes;
+        narrow.strides = ir::TensorType::contiguous_strides(narrow.sizes);
+        u->output()->set_tensor_type(narrow);
+      }
+      if (e->output()->users().empty()) graph_.erase(e);
+    }
+  }
+
+  static void replace_input(Node* u, const Value* from, Value* to) {
+    for (size_t k = 0; k < u->inputs().size(); ++k) {
+      if (u->input(k) == from) u->set_input(k, to);
     }
   }
 

@@ -593,6 +593,60 @@ TEST(FuseGroups, PointwiseSiblingsReadingOneTensorMerge) {
   }
 }
 
+// RMSNorm's gradient as the capture decomposes it: a row sum, scaled per row by the cube of
+// the rsqrt (saved, so read through a detach, or a graph input), expanded to the row and
+// divided by its length, then combined with full-size values. The detach and the expand fold
+// away (elementwise ops broadcast), the per-row scaling joins the row group, and the whole
+// gradient is one row kernel.
+TEST(FuseGroups, NormGradientWithExpandAndDetachIsOneRowGroup) {
+  for (const bool saved_rsqrt_is_input : {false, true}) {
+    Graph g;
+    Builder b(g);
+    Value* x = b.cast(b.input("x", {8, 64}, kBF16), kF32, "xf");
+    Value* dy = b.input("dy", {8, 64});
+    Value* ms = b.row_reduce("aten::mean", "dim", b.mul(x, x, "sq"), true, "mean");
+    Value* r = b.unary("aten::rsqrt", ms, "rsqrt");
+    Value* cubed_of = saved_rsqrt_is_input
+                          ? b.input("r_saved", {8, 1})
+                          : b.op("aten::detach", "", {r}, *r->tensor_type(), "detach");
+    Value* cube =
+        b.op("aten::pow", "Tensor_Scalar", {cubed_of, b.scalar(3)}, *r->tensor_type(), "pow");
+    Value* s = b.row_reduce("aten::sum", "dim_IntList", b.mul(dy, x, "dyx"), true, "sum");
+    Value* t = b.mul(s, cube, "scaled");
+    Value* e = b.op("aten::expand", "", {t, b.dims({8, 64}), b.flag(false)}, tensor_type({8, 64}),
+                    "expand");
+    Value* d = b.op("aten::div", "Scalar", {e, b.scalar(64)}, tensor_type({8, 64}), "div");
+    g.set_outputs({b.add(b.mul(dy, r, "dyr"), b.mul(d, x, "dx"), "grad")});
+    SCOPED_TRACE(saved_rsqrt_is_input ? "rsqrt saved as an input" : "rsqrt through a detach");
+
+    EXPECT_TRUE(fuse_groups(g));
+    ir::verify(g);
+    auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+    ASSERT_EQ(fusions.size(), 1u);
+    EXPECT_EQ(op_list(g), "");  // no expand, detach or pow left to ATen
+    const Graph& group = *fusions[0]->piece();
+    EXPECT_EQ(codegen::lower_group(group, "norm_grad").schedule, codegen::Schedule::kRow);
+    for (const Node* n : group.nodes()) {
+      if (n->op_name() == "aten::div.Scalar") {  // computed once a row
+        EXPECT_EQ(n->output()->tensor_type()->sizes, (std::vector<SymExpr>{8, 1}));
+      }
+    }
+  }
+}
+
+// An expand that a matmul reads is no broadcast an elementwise op could do: it stays.
+TEST(FuseGroups, ExpandReadByAMatmulStays) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {8, 1});
+  Value* e =
+      b.op("aten::expand", "", {b.unary("aten::exp", x, "exp"), b.dims({8, 16}), b.flag(false)},
+           tensor_type({8, 16}), "expand");
+  g.set_outputs({b.op("aten::mm", "", {e, b.input("w", {16, 4})}, tensor_type({8, 4}), "mm")});
+  EXPECT_FALSE(fuse_groups(g));
+  EXPECT_EQ(op_list(g), "aten::exp aten::expand aten::mm");
+}
+
 // ---- printed kernels -------------------------------------------------------------------------
 
 }  // namespace
