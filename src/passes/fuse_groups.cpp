@@ -899,12 +899,12 @@ class Fuser {
             !same_shape(u->output()->tensor_type()->sizes, full)) {
           continue;
         }
-        bool unary = true;
+        bool unary = true;  // its other operands are numbers or one-element constants
         for (const Value* in : u->inputs()) {
-          if (in != e->output() && in->kind() == ir::ValueKind::kTensor &&
-              in->producer()->kind() != ir::NodeKind::kConstant) {
-            unary = false;
-          }
+          if (in == e->output() || in->kind() != ir::ValueKind::kTensor) continue;
+          const Node* p = in->producer();
+          unary &= p->kind() == ir::NodeKind::kConstant && p->constant().isTensor() &&
+                   p->constant().toTensor().numel() == 1;
         }
         const auto& readers = u->output()->users();
         if (!unary || readers.empty() ||
@@ -1033,6 +1033,10 @@ class Fuser {
       for (const Node* other : v->users()) {
         if (c.member_set.count(other) && view_after(c, other) != view) return false;
       }
+      // The clones read the recipe's operands where `u` is: no write may come between.
+      for (size_t b : barriers_) {
+        if (b > position_.at(m) && b < position_.at(u)) return false;
+      }
       if (std::find(readers.begin(), readers.end(), it->second) == readers.end()) {
         readers.push_back(it->second);
       }
@@ -1052,7 +1056,10 @@ class Fuser {
       std::unordered_set<const Value*> args = args_of({&groups_[ci]}, nullptr);
       args.erase(v);
       args.insert(anchors.begin(), anchors.end());
-      if (args.size() > kMaxKernelArgs) return false;
+      // Before a view an operand is a kernel argument of its own (addressed through the view):
+      // count each anchor twice there, at the most.
+      const size_t twice = groups_[ci].region_of.empty() ? 0 : anchors.size();
+      if (args.size() + twice > kMaxKernelArgs) return false;
     }
     std::unordered_set<const Value*> args = args_of({&g}, nullptr);
     args.erase(v);

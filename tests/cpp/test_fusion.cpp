@@ -557,6 +557,27 @@ TEST(FuseGroups, CheapWideValueIsRecomputedWhereItIsRead) {
   }
 }
 
+// The same graph with y.add_(x) between the groups: the recomputed cast would read x + y after
+// the write, so the float32 cast stays written.
+TEST(FuseGroups, NoRecomputationAcrossAWrite) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16}, kBF16);
+  Value* y = b.input("y", {sym("s0"), 16}, kBF16);
+  Value* w = b.cast(b.add(x, y, "add"), kF32, "to_copy");
+  Value* t = b.unary("aten::exp", w, "exp");
+  Value* mm = b.op("aten::mm", "", {t, b.input("m", {16, 16})}, tensor_type({sym("s0"), 16}), "mm");
+  b.op("aten::add_", "Tensor", {y, x, b.one()}, *y->tensor_type(), "add_");
+  g.set_outputs({b.mul(w, b.unary("aten::exp", mm, "exp_1"), "mul"), t});
+
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 2u);
+  EXPECT_EQ(op_list(*fusions[1]->piece()), "aten::exp aten::mul.Tensor");  // no cast recomputed
+  EXPECT_EQ(fusions[0]->output(0)->tensor_type()->dtype, kF32);
+}
+
 // silu(a) * u and exp(a * u) both read a and u, and neither reads the other: one kernel reads
 // them once. The mm reading the first group's value moves after it. Groups that share only a
 // narrow operand (a [16] weight) stay apart.
