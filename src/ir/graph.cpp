@@ -110,6 +110,12 @@ void Node::set_input(size_t i, Value* value) {
   value->users_.push_back(this);
 }
 
+void Node::replace_input(const Value* from, Value* to) {
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (inputs_[i] == from) set_input(i, to);
+  }
+}
+
 const c10::OperatorHandle& Node::op() const {
   MAGI_ASSERT(op_.has_value(), "op() of a ", node_kind_name(kind_), " node");
   return *op_;

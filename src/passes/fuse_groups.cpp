@@ -30,6 +30,9 @@
 // applying the same views to them (FusedKernel). So no value before a view leaves the group,
 // and no later op reads one except through the view.
 //
+// Before grouping, fold_broadcasts (its own file) removes expands and detaches that would cut
+// a kernel in two, such as the expand in the middle of a norm's gradient.
+//
 // After grouping, two steps cut what the kernels move:
 // - A value computed cheaply (casts, elementwise ops) from narrower values and read only by
 //   other groups is recomputed in each of them from those values, which its group writes
@@ -93,7 +96,7 @@ class Fuser {
   explicit Fuser(Graph& graph) : graph_(graph) {}
 
   bool run() {
-    fold_broadcast_expands();
+    bool changed = fold_broadcasts(graph_);
     std::vector<Node*> nodes = graph_.nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
       position_[nodes[i]] = i;
@@ -105,7 +108,6 @@ class Fuser {
     for (Group& g : groups_) drop_trailing_views(g);
     sink_cheap_outputs();
     merge_siblings();
-    bool changed = false;
     for (Group& g : groups_) {
       if (!narrow_values_closed(g)) {
         MAGI_LOG_DEBUG("not fusing ", g.members.size(),
@@ -723,10 +725,7 @@ class Fuser {
     for (size_t i = 0; i < outputs.size(); ++i) {
       std::vector<Node*> users = outputs[i]->users();
       for (Node* u : users) {
-        if (g.member_set.count(u)) continue;
-        for (size_t k = 0; k < u->inputs().size(); ++k) {
-          if (u->input(k) == outputs[i]) u->set_input(k, fusion->output(i));
-        }
+        if (!g.member_set.count(u)) u->replace_input(outputs[i], fusion->output(i));
       }
     }
     std::unordered_set<Node*> constants;  // and the size lists of views
@@ -815,117 +814,6 @@ class Fuser {
           ok &= !depends_on(in->producer(), g);
       }
       if (ok) merge(gi, si);
-    }
-  }
-
-  // ---- fold_broadcast_expands ------------------------------------------------------------
-
-  // Does expand node `e` only broadcast size-1 dims of an operand of its own rank?
-  static bool is_broadcast_expand(const Node& e) {
-    if (e.kind() != ir::NodeKind::kAtenOp || e.op_name() != "aten::expand") return false;
-    const Value* src = e.input(0);
-    if (src->kind() != ir::ValueKind::kTensor || !src->tensor_type() ||
-        !e.output()->tensor_type()) {
-      return false;
-    }
-    const auto& from = src->tensor_type()->sizes;
-    const auto& to = e.output()->tensor_type()->sizes;
-    if (from.size() != to.size()) return false;
-    for (size_t d = 0; d < from.size(); ++d) {
-      if (from[d] != to[d] && !(from[d].is_constant() && from[d].constant_value() == 1)) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  // Does elementwise node `u` read, besides `v`, a tensor of `shape`? Then `u` broadcasts a
-  // narrower operand in place of `v` to the same result.
-  static bool reads_other_of_shape(const Node& u, const Value* v,
-                                   const std::vector<SymExpr>& shape) {
-    if (u.kind() != ir::NodeKind::kAtenOp) return false;
-    const ir::OpInfo info = ir::op_info(u);
-    const std::string& fn = info.fn;
-    const bool gradient = fn.size() > 9 && fn.compare(fn.size() - 9, 9, "_backward") == 0;
-    if ((info.op_class != ir::OpClass::kBinary && info.op_class != ir::OpClass::kWhere) ||
-        gradient) {
-      return false;
-    }
-    return std::any_of(u.inputs().begin(), u.inputs().end(), [&](const Value* in) {
-      return in != v && in->kind() == ir::ValueKind::kTensor && in->tensor_type() &&
-             same_shape(in->tensor_type()->sizes, shape);
-    });
-  }
-
-  // Elementwise ops broadcast their operands, so an expand of a per-row value that only
-  // elementwise ops read is folded away (x.expand(s) / n * y is (x / n) * y): a norm's gradient
-  // expands its row sum before scaling it, and the expand, an ATen call, would cut the row
-  // kernel in two. Readers reading a full-size operand beside it read the narrow value instead;
-  // a unary op (or one with a constant operand) between them computes at the narrow shape when
-  // all its readers do so.
-  //
-  // A detach that only ops read is folded too: the graph computes no gradients, and a detach
-  // between a row kernel's value and an op on it (the saved rsqrt of a norm's gradient) would
-  // look like a path leaving the group.
-  void fold_broadcast_expands() {
-    for (Node* e : graph_.nodes()) {
-      if (e->kind() == ir::NodeKind::kAtenOp && e->op_name() == "aten::detach" &&
-          e->input(0)->kind() == ir::ValueKind::kTensor) {
-        const std::vector<Node*> users = e->output()->users();
-        if (!users.empty() && std::all_of(users.begin(), users.end(), [](const Node* u) {
-              return u->kind() == ir::NodeKind::kAtenOp;
-            })) {
-          for (Node* u : users) replace_input(u, e->output(), e->input(0));
-          graph_.erase(e);
-        }
-        continue;
-      }
-      if (!is_broadcast_expand(*e)) continue;
-      Value* src = e->input(0);
-      const std::vector<SymExpr> full = e->output()->tensor_type()->sizes;
-      const std::vector<Node*> users = e->output()->users();
-      for (Node* u : users) {
-        if (reads_other_of_shape(*u, e->output(), full)) {
-          replace_input(u, e->output(), src);
-          continue;
-        }
-        // A unary op on the expand, every reader of which reads a full-size operand beside it.
-        const ir::OpClass c =
-            u->kind() == ir::NodeKind::kAtenOp ? ir::op_info(*u).op_class : ir::OpClass::kOther;
-        if (c != ir::OpClass::kUnary && c != ir::OpClass::kBinary && c != ir::OpClass::kCast) {
-          continue;
-        }
-        if (u->outputs().size() != 1 || !u->output()->tensor_type() ||
-            !same_shape(u->output()->tensor_type()->sizes, full)) {
-          continue;
-        }
-        bool unary = true;  // its other operands are numbers or one-element constants
-        for (const Value* in : u->inputs()) {
-          if (in == e->output() || in->kind() != ir::ValueKind::kTensor) continue;
-          const Node* p = in->producer();
-          unary &= p->kind() == ir::NodeKind::kConstant && p->constant().isTensor() &&
-                   p->constant().toTensor().numel() == 1;
-        }
-        const auto& readers = u->output()->users();
-        if (!unary || readers.empty() ||
-            !std::all_of(readers.begin(), readers.end(), [&](const Node* r) {
-              return reads_other_of_shape(*r, u->output(), full);
-            })) {
-          continue;
-        }
-        replace_input(u, e->output(), src);
-        ir::TensorType narrow = *u->output()->tensor_type();
-        narrow.sizes = src->tensor_type()->sizes;
-        narrow.strides = ir::TensorType::contiguous_strides(narrow.sizes);
-        u->output()->set_tensor_type(narrow);
-      }
-      if (e->output()->users().empty()) graph_.erase(e);
-    }
-  }
-
-  static void replace_input(Node* u, const Value* from, Value* to) {
-    for (size_t k = 0; k < u->inputs().size(); ++k) {
-      if (u->input(k) == from) u->set_input(k, to);
     }
   }
 
@@ -1113,11 +1001,7 @@ class Fuser {
       group_of_[copy] = ci;
     }
     graph_.set_insert_point(nullptr);
-    for (Node* u : users) {
-      for (size_t k = 0; k < u->inputs().size(); ++k) {
-        if (u->input(k) == v) u->set_input(k, env.at(v));
-      }
-    }
+    for (Node* u : users) u->replace_input(v, env.at(v));
   }
 
   // Members whose values nothing reads any more leave the group and the graph.

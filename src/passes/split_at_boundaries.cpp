@@ -141,10 +141,7 @@ void replace_outside_uses(Value* from, Value* to,
                           const std::unordered_set<const Node*>& in_segment) {
   std::vector<Node*> users = from->users();
   for (Node* user : users) {
-    if (in_segment.count(user)) continue;
-    for (size_t i = 0; i < user->inputs().size(); ++i) {
-      if (user->input(i) == from) user->set_input(i, to);
-    }
+    if (!in_segment.count(user)) user->replace_input(from, to);
   }
 }
 

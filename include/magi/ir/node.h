@@ -82,6 +82,8 @@ class Node {
   Value* output(size_t i = 0) const { return outputs_.at(i); }
   /// Replaces input i, keeping use lists right.
   void set_input(size_t i, Value* value);
+  /// Replaces every input that is `from` with `to`.
+  void replace_input(const Value* from, Value* to);
 
   bool is_operator() const { return kind_ == NodeKind::kAtenOp || kind_ == NodeKind::kCustomOp; }
   /// AtenOp / CustomOp: the dispatcher handle and its schema.

@@ -25,6 +25,12 @@ bool split_at_boundaries(ir::Graph& graph, const std::vector<std::string>& split
 /// holds): fuse_groups makes no larger group, and the printers check it.
 constexpr size_t kMaxKernelArgs = 16;
 
+/// Folds away ops that would cut a generated kernel in two without computing anything: an
+/// expand of a value with size-1 dims that only elementwise ops read (they broadcast it), and a
+/// detach that only ops read. Run by fuse_groups on each graph before grouping; does not
+/// recurse into pieces. See src/passes/fold_broadcasts.cpp.
+bool fold_broadcasts(ir::Graph& graph);
+
 /// Groups chains of fusible ops (ir/op_info.h) with one index space into Fusion nodes, each
 /// run as one generated kernel; recurses into pieces. See src/passes/fuse_groups.cpp.
 bool fuse_groups(ir::Graph& graph);
