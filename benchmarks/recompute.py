@@ -323,7 +323,8 @@ def plan_summary(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     keys = ("saved_bytes", "no_recompute_bytes", "recomputed_bytes", "predicted_peak_bytes",
             "no_recompute_peak_bytes", "lowest_peak_bytes", "predicted_forward_peak_bytes",
-            "recompute_seconds", "num_recomputed_ops")  # fmt: skip
+            "recompute_seconds", "num_recomputed_ops", "compiled_peak_bytes",
+            "compiled_forward_peak_bytes", "compiled_backward_peak_bytes")  # fmt: skip
     out: dict[str, Any] = {k: sum(p.get(k) or 0 for p in plans) for k in keys}
     out["policy"] = plans[-1].get("policy")
     out["budget_met"] = all(p.get("budget_met", True) for p in plans)

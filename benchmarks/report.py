@@ -706,8 +706,9 @@ def _recompute_section(doc: dict, source: str) -> str:
         f"One training step (forward, loss `{st.get('loss', '?')}`, backward; no optimizer), "
         f"median of {st.get('steps')} steps after {st.get('warmup')} warm-up. *Act. peak*: "
         "`max_memory_allocated` during a step less what was allocated before it (activations, "
-        "backward temporaries and the gradients produced). *Predicted*: the planner's simulated "
-        "activation peak. *Saved*: bytes autograd saved for the backward (measured through "
+        "backward temporaries and the gradients produced). *Predicted*: the simulated activation "
+        "peak of the compiled forward and backward graphs, fusion groups included (before "
+        "2026-11-24 evening: the planner's, op by op on the joint graph). *Saved*: bytes autograd saved for the backward (measured through "
         "saved-tensor hooks), beside the plan's. `tc`: torch.compile, `budget b`: its "
         "`activation_memory_budget`; AUTOSEARCH budgets (`AUTOSEARCH f`) are the floor plus f of "
         "the range from the floor (the lowest predicted peak the planner found) to the "
@@ -740,7 +741,8 @@ def _recompute_section(doc: dict, source: str) -> str:
             )
             rows.append([
                 r.get("label", "?"), f"{ms:.2f}" if ms else "–", t_ratio, mib(peak), p_ratio,
-                mib(plan.get("predicted_peak_bytes")), mib(r.get("saved_bytes_measured")),
+                mib(plan.get("compiled_peak_bytes") or plan.get("predicted_peak_bytes")),
+                mib(r.get("saved_bytes_measured")),
                 mib(plan.get("saved_bytes")), f"{r.get('first_step_s', 0):.1f}", err_text,
             ])  # fmt: skip
         header = ["variant", "step ms", "time / tc", "act. peak MiB", "peak / tc",

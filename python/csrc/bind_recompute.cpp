@@ -4,6 +4,7 @@
 
 #include <pybind11/stl.h>
 
+#include "magi/passes/passes.h"
 #include "magi/passes/plan_recompute.h"
 
 namespace magi::bindings {
@@ -52,6 +53,23 @@ void bind_recompute(py::module_& m) {
       py::arg("forward_names") = std::vector<std::string>{}, py::arg("num_forward_outputs") = 0,
       "Plans recomputation for a joint forward+backward graph (passes/plan_recompute.h): which "
       "forward nodes (FX names) the backward recomputes, which values it saves, and the report.");
+  m.def(
+      "simulate_peak",
+      [](const ir::Graph& graph, const std::unordered_map<std::string, int64_t>& size_hints,
+         const std::vector<bool>& counted_inputs) {
+        const passes::ProgramPeak peak = passes::simulate_peak(
+            graph, ir::SymbolBindings(size_hints.begin(), size_hints.end()), counted_inputs);
+        py::dict d;
+        d["bytes"] = peak.bytes;
+        d["node"] = peak.node;
+        d["where"] = peak.where;
+        return d;
+      },
+      py::arg("graph"), py::arg("size_hints") = std::unordered_map<std::string, int64_t>{},
+      py::arg("counted_inputs") = std::vector<bool>{},
+      "The most tensor memory a lowered graph holds at once, simulated in node order "
+      "(passes::simulate_peak): {'bytes', 'node', 'where'}. Inputs flagged False in "
+      "`counted_inputs` are not counted (parameters).");
 }
 
 }  // namespace magi::bindings

@@ -3,6 +3,12 @@ planner (``passes/plan_recompute.h``), which decides what the backward recompute
 tags the FX nodes with that decision and lets PyTorch's partitioner cut the graph where the tags
 say (it recomputes just in time, in the order the autograd engine would run the backward).
 
+The planner predicts peaks op by op on the joint graph, but the compiled graphs run fusion
+groups, whose outputs are allocated while everything they read is alive. So the forward and
+backward graphs the partitioner makes are lowered here as the backend will lower them and
+simulated (``passes::simulate_peak``); that is the peak reported, and under AUTOSEARCH a plan
+whose compiled peak exceeds the budget is planned again against a budget lowered by the excess.
+
 Glue only: the plan is made in C++. Policies and budgets: docs/training.md.
 """
 
@@ -29,12 +35,106 @@ def partition(
 ):
     from torch._functorch import partitioners
 
-    plan = plan_for(joint_module, num_fwd_outputs, config)
-    if plan is not None:
+    def split():
+        return partitioners.default_partition(
+            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
+        )
+
+    plan = plan_for(joint_module, num_fwd_outputs, config, report=False)
+    if plan is None:
+        return split()
+    _tag(joint_module, plan)
+    graphs = split()
+    rc = config.recompute_config
+    budget = int(rc.memory_budget_bytes) if plan["policy"] == "AUTOSEARCH" else 0
+    hints = size_hints(joint_module.graph)
+    target = budget
+    for attempt in range(MAX_REPLANS + 1):
+        peak = compiled_peak(*graphs, hints, config)
+        if peak is None:
+            break
+        plan.update(peak)
+        if not budget or plan["compiled_peak_bytes"] <= budget or attempt == MAX_REPLANS:
+            break
+        again, target = _lower_plan(joint_module, num_fwd_outputs, config, plan, target, budget)
+        if again is None:
+            break
+        plan = again
         _tag(joint_module, plan)
-    return partitioners.default_partition(
-        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
-    )
+        graphs = split()
+    if budget and "compiled_peak_bytes" in plan:
+        # The verdict is on the user's budget, not on the lowered target the last plan was for.
+        compiled = plan["compiled_peak_bytes"]
+        plan["budget_met"] = compiled <= budget
+        plan["note"] = (
+            ""
+            if compiled <= budget
+            else f"the compiled graphs' simulated activation peak {_size(compiled)} exceeds the "
+            f"budget {_size(budget)} (the lowest peak the planner found is "
+            f"{_size(plan['lowest_peak_bytes'])} before fusion)"
+        )
+    _report(plan)
+    return graphs
+
+
+def _lower_plan(
+    joint_module: torch.fx.GraphModule,
+    num_fwd_outputs: int,
+    config: CompileConfig,
+    plan: dict[str, Any],
+    target: int,
+    budget: int,
+) -> tuple[dict[str, Any] | None, int]:
+    """AUTOSEARCH, when ``plan`` compiles to more than ``budget``: a plan for a target lowered
+    by the excess (what fusion adds to the joint graph's prediction), lowered further, doubling
+    the step, until the planner answers with a different plan. (None, target) when it cannot."""
+    step = plan["compiled_peak_bytes"] - budget
+    for _ in range(MAX_LOWERINGS):
+        target -= step
+        if target <= 0:
+            return None, target
+        again = plan_for(joint_module, num_fwd_outputs, config, budget_bytes=target, report=False)
+        if again is None:
+            return None, target
+        if set(again["recomputed"]) != set(plan["recomputed"]):
+            return again, target
+        step *= 2
+    return None, target
+
+
+MAX_REPLANS = 3  # AUTOSEARCH: plans made again when the compiled peak misses the budget
+MAX_LOWERINGS = 8  # targets tried for each, the step doubling
+
+
+def compiled_peak(
+    forward: torch.fx.GraphModule,
+    backward: torch.fx.GraphModule,
+    hints: dict[str, int],
+    config: CompileConfig,
+) -> dict[str, Any] | None:
+    """The simulated activation peak of the forward and backward graphs as the backend will
+    lower them (import, pass pipeline, fusion): the forward from nothing to what it returns and
+    saves, the backward from its saved tensors and tangents (primals, that is parameters and
+    inputs, are not counted). None, with a debug line, when a graph cannot be lowered here."""
+    out: dict[str, Any] = {}
+    for kind, gm in (("forward", forward), ("backward", backward)):
+        try:
+            graph = _C.import_fx_graph(gm)
+            graph.run_pipeline(list(config.pass_config.disabled_passes), list(config.splitting_ops))
+        except (UnsupportedError, InternalError) as e:
+            logger.debug("recompute planner: no compiled peak for the %s graph: %s", kind, e)
+            return None
+        names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+        counted = [kind == "backward" and not n.startswith("primals") for n in names]
+        if len(counted) != graph.num_inputs:
+            counted = []  # count every input rather than guess which is which
+        out[kind] = _C.simulate_peak(graph, hints, counted)
+    return {
+        "compiled_peak_bytes": max(out["forward"]["bytes"], out["backward"]["bytes"]),
+        "compiled_forward_peak_bytes": out["forward"]["bytes"],
+        "compiled_backward_peak_bytes": out["backward"]["bytes"],
+        "compiled_peak_where": max(out.values(), key=lambda p: p["bytes"])["where"],
+    }
 
 
 def forward_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -75,10 +175,17 @@ def size_hints(graph: torch.fx.Graph) -> dict[str, int]:
 
 
 def plan_for(
-    joint_module: torch.fx.GraphModule, num_fwd_outputs: int, config: CompileConfig
+    joint_module: torch.fx.GraphModule,
+    num_fwd_outputs: int,
+    config: CompileConfig,
+    *,
+    budget_bytes: int | None = None,
+    report: bool = True,
 ) -> dict[str, Any] | None:
     """The C++ planner's plan for this joint graph, or None (with a log line saying why) when
-    the graph cannot be planned: then every value the backward reads is saved."""
+    the graph cannot be planned: then every value the backward reads is saved.
+    ``budget_bytes`` replaces AUTOSEARCH's peak budget; ``report=False`` leaves the report to
+    the caller (``partition`` reports once the compiled peak is known)."""
     from torch._functorch import partitioners
 
     rc = config.recompute_config
@@ -104,14 +211,15 @@ def plan_for(
         joint,
         policy=rc.recompute_policy.name,
         memory_budget=float(rc.memory_budget),
-        memory_budget_bytes=int(rc.memory_budget_bytes),
+        memory_budget_bytes=int(rc.memory_budget_bytes if budget_bytes is None else budget_bytes),
         compute_sensitive_ops=list(rc.custom_compute_sensitive_ops),
         size_hints=size_hints(graph),
         forward_names=[n.name for n in forward],
         num_forward_outputs=num_fwd_outputs,
     )
     plan["forward_names"] = [n.name for n in forward]
-    _report(plan)
+    if report:
+        _report(plan)
     return plan
 
 
@@ -145,6 +253,11 @@ def _report(plan: dict[str, Any]) -> None:
         f"{plan['num_recomputed_ops']} ops (~{plan['recompute_seconds'] * 1e3:.3f} ms), predicted "
         f"activation peak {_size(plan['predicted_peak_bytes'])}"
     )
+    if "compiled_peak_bytes" in plan:
+        line += (
+            f" ({_size(plan['compiled_peak_bytes'])} in the compiled graphs, with fusion; at "
+            f"{plan['compiled_peak_where']})"
+        )
     if not plan["budget_met"]:
         logger.warning("%s; budget not met: %s", line, plan["note"])
     else:

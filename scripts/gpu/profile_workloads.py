@@ -4,7 +4,11 @@ eager, torch.compile and magi_compile side by side. Used to find what magi loses
 (attention backend, matmul choice, unfused chains).
 
     python scripts/gpu/profile_workloads.py --only llama_prefill,dit_block [--rows 14]
-        [--json $OUT/profile.json]
+        [--json $OUT/profile.json] [--host]
+
+--host profiles the host too: the CUDA runtime calls that can block the host (synchronise,
+blocking copies, cudaMalloc/cudaFree) per step, and for the largest idle stretches of the GPU
+the longest host operations running during them (why the GPU waited).
 """
 
 from __future__ import annotations
@@ -29,12 +33,41 @@ from benchmarks import harness, workloads  # noqa: E402
 STEPS = 5
 
 
-def kernel_table(case: workloads.Case, fn, hook) -> dict:
+BLOCKING = ("Synchronize", "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaMemcpy", "cudaMemset")
+
+
+def host_view(prof, gaps: list) -> dict:
+    """Blocking runtime calls per step and what the host was doing in the largest GPU gaps."""
+    calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    host = []
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            continue
+        host.append((ev.time_range.start, ev.time_range.end, ev.name))
+        if any(b in ev.name for b in BLOCKING) and "Async" not in ev.name:
+            calls[ev.name][0] += (ev.time_range.end - ev.time_range.start) / STEPS
+            calls[ev.name][1] += 1 / STEPS
+    during = []
+    for us, start, end, after, before in gaps[:4]:
+        inside = [(min(e, end) - max(s, start), n) for s, e, n in host if s < end and e > start]
+        inside.sort(reverse=True)
+        during.append(
+            {"gap_us": us, "after": after, "before": before,
+             "host": [{"us": round(t, 1), "name": n[:80]} for t, n in inside[:8]]}
+        )  # fmt: skip
+    return {
+        "blocking_calls": {k: {"us_per_step": v[0], "per_step": v[1]} for k, v in calls.items()},
+        "host_in_gaps": during,
+    }
+
+
+def kernel_table(case: workloads.Case, fn, hook, with_host: bool = False) -> dict:
     args = case.inputs[0]
     for _ in range(3):
         case.step(fn, args, hook)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if with_host else [])
+    with profile(activities=activities) as prof:
         for _ in range(STEPS):
             case.step(fn, args, hook)
         torch.cuda.synchronize()
@@ -55,7 +88,7 @@ def kernel_table(case: workloads.Case, fn, hook) -> dict:
     gaps = []
     for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:], strict=False):
         if s1 - e0 > 3:
-            gaps.append((s1 - e0, n0[:60], n1[:60]))
+            gaps.append((s1 - e0, e0, s1, n0[:60], n1[:60]))
     gaps.sort(reverse=True)
     # Wall time per step (CUDA events) and host time to issue one step (no sync inside).
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -69,12 +102,14 @@ def kernel_table(case: workloads.Case, fn, hook) -> dict:
         host.append((time.perf_counter() - t0) * 1e6)
         torch.cuda.synchronize()
         wall.append(start.elapsed_time(end) * 1e3)
+    extra = host_view(prof, gaps) if with_host else {}
     return {
+        **extra,
         "busy_us": busy,
         "wall_us": statistics.median(wall),
         "host_us": statistics.median(host),
         "idle_us": sum(g[0] for g in gaps) / STEPS,
-        "largest_gaps": [{"us": g[0], "after": g[1], "before": g[2]} for g in gaps[:12]],
+        "largest_gaps": [{"us": g[0], "after": g[3], "before": g[4]} for g in gaps[:12]],
         "kernels_per_step": sum(v[1] for v in totals.values()),
         "kernels": [{"name": k, "us": v[0], "calls": v[1]} for k, v in rows],
     }
@@ -86,6 +121,7 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,inductor,magi")
     ap.add_argument("--rows", type=int, default=14)
     ap.add_argument("--json")
+    ap.add_argument("--host", action="store_true", help="profile the host's blocking calls too")
     args = ap.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
     result = {}
@@ -95,13 +131,18 @@ def main() -> None:
         for name in args.variants.split(","):
             fn, hook = harness.make_variant(name, case.module)
             with torch.no_grad() if case.kind != "train" else torch.enable_grad():
-                table = kernel_table(case, fn, hook)
+                table = kernel_table(case, fn, hook, args.host)
             result[w.name][name] = table
             print(f"\n===== {w.name} / {name}: wall {table['wall_us'] / 1e3:.3f} ms, GPU busy "
                   f"{table['busy_us'] / 1e3:.3f} ms, idle between kernels {table['idle_us'] / 1e3:.3f} ms, "
                   f"host {table['host_us'] / 1e3:.3f} ms per step; {table['kernels_per_step']:.0f} kernels")  # fmt: skip
             for g in table["largest_gaps"][:6]:
                 print(f"   gap {g['us']:8.1f} us after {g['after']} / before {g['before']}")
+            for k, v in sorted(table.get("blocking_calls", {}).items()):
+                print(f"   host {k}: {v['per_step']:.1f} calls, {v['us_per_step']:.1f} us per step")
+            for g in table.get("host_in_gaps", []):
+                busy = ", ".join(f"{h['name']} {h['us']}" for h in g["host"][:5])
+                print(f"   in the {g['gap_us']:.0f} us gap before {g['before'][:30]}: {busy}")
             for k in table["kernels"][: args.rows]:
                 print(f"{k['us']:10.1f} us {k['calls']:6.1f}x  {k['name'][:110]}")
             del fn

@@ -416,4 +416,13 @@ OpInfo op_info(const Node& node, std::string* reason) {
   return info;
 }
 
+bool output_aliases_input(const Node& node, size_t k) {
+  const std::string& name = node.op().operator_name().name;
+  if (name == "aten::_unsafe_view" || name == "aten::_reshape_alias") return k == 0;
+  const auto& returns = node.schema().returns();
+  if (k >= returns.size()) return false;
+  const auto* alias = returns[k].alias_info();
+  return alias != nullptr && !alias->isWrite();
+}
+
 }  // namespace magi::ir

@@ -37,18 +37,6 @@ namespace {
 
 bool has_prefix(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-// Does output `k` of an operator alias one of its inputs (a view: aten::view, t, detach, ...)?
-// _unsafe_view returns a view without saying so in its schema (AOTAutograd emits it after
-// matmuls); likewise _reshape_alias.
-bool output_aliases_input(const ir::Node& node, size_t k) {
-  const std::string& name = node.op().operator_name().name;
-  if (name == "aten::_unsafe_view" || name == "aten::_reshape_alias") return k == 0;
-  const auto& returns = node.schema().returns();
-  if (k >= returns.size()) return false;
-  const auto* alias = returns[k].alias_info();
-  return alias != nullptr && !alias->isWrite();
-}
-
 bool is_random_op(const ir::Node& node) {
   // Attention ops carry the tag too (for their dropout), even with dropout_p=0. They stay
   // random here: PyTorch's partitioner would wrap a recomputed tagged op in run_and_save_rng_state,
@@ -225,8 +213,8 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
     for (size_t k = 0; k < n->outputs().size(); ++k) {
       const ir::Value* v = n->output(k);
       after_tangent[v] = tangent_dependent;
-      const bool alias =
-          n->kind() == ir::NodeKind::kGetItem || (n->is_operator() && output_aliases_input(*n, k));
+      const bool alias = n->kind() == ir::NodeKind::kGetItem ||
+                         (n->is_operator() && ir::output_aliases_input(*n, k));
       const int root = alias && !inputs.empty() ? root_[inputs.front()] : -1;
       const int64_t bytes = root >= 0 ? 0 : bytes_of(v);
       own += bytes;

@@ -1,7 +1,8 @@
-// Passes and the pipeline: eliminate_dead_code graph-in -> graph-out, and how run_pipeline
-// reports, disables and verifies passes.
+// Passes and the pipeline: eliminate_dead_code graph-in -> graph-out, how run_pipeline
+// reports, disables and verifies passes, and simulate_peak's byte counts on hand-built graphs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "magi/common/error.h"
@@ -9,6 +10,8 @@
 #include "magi/ir/verifier.h"
 #include "magi/passes/passes.h"
 #include "magi/passes/pipeline.h"
+
+#include "fusion_builder.h"
 #include "test_helpers.h"
 
 namespace magi::passes {
@@ -154,6 +157,95 @@ TEST(Pipeline, VerifiesAfterEachPass) {
   PipelineOptions options;
   options.verify_each = false;
   EXPECT_NO_THROW(run_pipeline(g, options));
+}
+
+// ---- simulate_peak -----------------------------------------------------------------------------
+
+constexpr int64_t kSide = 1024;
+constexpr int64_t kTensor = kSide * kSide * 4;  // a [1024, 1024] float32 tensor: 4 MiB
+
+// The index in g.nodes() of the node producing `v`, as ProgramPeak::node counts.
+int64_t index_of(const Graph& g, const Value* v) {
+  const auto nodes = g.nodes();
+  return std::find(nodes.begin(), nodes.end(), v->producer()) - nodes.begin();
+}
+
+TEST(SimulatePeak, AChainHoldsTwoTensorsAtOnce) {
+  Graph g;
+  test::Builder b(g);
+  Value* a = b.input("a", {kSide, kSide});
+  Value* r1 = b.unary("aten::relu", a, "relu");
+  Value* r2 = b.unary("aten::relu", r1, "relu_1");
+  g.set_outputs({r2});
+
+  // The first relu writes its output while `a` is alive; `a` dies after it.
+  ProgramPeak peak = simulate_peak(g, {});
+  EXPECT_EQ(peak.bytes, 2 * kTensor);
+  EXPECT_EQ(peak.node, index_of(g, r1));
+  EXPECT_EQ(peak.where, "aten::relu");
+  // `a` not counted: the first relu holds one tensor, the second still two.
+  peak = simulate_peak(g, {}, {false});
+  EXPECT_EQ(peak.bytes, 2 * kTensor);
+  EXPECT_EQ(peak.node, index_of(g, r2));
+  EXPECT_THROW(simulate_peak(g, {}, {true, false}), UserError);
+}
+
+TEST(SimulatePeak, AnUncountedInputCostsItsBytesLess) {
+  // relu(relu(a)) * a: `a` is alive to the end, so counting it adds its bytes to the peak.
+  Graph g;
+  test::Builder b(g);
+  Value* a = b.input("a", {kSide, kSide});
+  Value* r1 = b.unary("aten::relu", a, "relu");
+  Value* r2 = b.unary("aten::relu", r1, "relu_1");
+  g.set_outputs({b.mul(r2, a, "mul")});
+
+  const ProgramPeak counted = simulate_peak(g, {}, {true});
+  EXPECT_EQ(counted.bytes, 3 * kTensor);  // a, r1 and r2 in the second relu
+  EXPECT_EQ(counted.node, index_of(g, r2));
+  const ProgramPeak uncounted = simulate_peak(g, {}, {false});
+  EXPECT_EQ(uncounted.bytes, 2 * kTensor);
+  EXPECT_EQ(counted.bytes - uncounted.bytes, kTensor);
+  EXPECT_EQ(simulate_peak(g, {}).bytes, counted.bytes);  // no flags: every input counted
+}
+
+TEST(SimulatePeak, AViewKeepsItsBaseAliveUntilItsLastReader) {
+  // e = exp(x); v = e[:, :512] (a view); s = sin(neg(e)); c = cos(v). neg is e's last direct
+  // reader, but cos reads it through v, so e is alive in sin: e + neg + sin = 12 MiB. Were v
+  // a tensor of its own (2 MiB) and e freed after neg, the peak would be 10 MiB.
+  Graph g;
+  test::Builder b(g);
+  Value* x = b.input("x", {kSide, kSide});
+  Value* e = b.unary("aten::exp", x, "exp");
+  Value* v = b.slice(e, 0, kSide / 2, "slice");
+  Value* s = b.unary("aten::sin", b.unary("aten::neg", e, "neg"), "sin");
+  g.set_outputs({s, b.unary("aten::cos", v, "cos")});
+
+  const ProgramPeak peak = simulate_peak(g, {});
+  EXPECT_EQ(peak.bytes, 3 * kTensor);
+  EXPECT_EQ(peak.node, index_of(g, s));
+  EXPECT_EQ(peak.where, "aten::sin");
+}
+
+TEST(SimulatePeak, AFusionGroupsOutputsAreAllocatedBesideItsInputs) {
+  // exp(x) and sin(exp(x)), both returned. Op by op, x dies after exp and the peak is two
+  // tensors; fused into one group, x, exp and sin are alive together in the kernel.
+  Graph g;
+  test::Builder b(g);
+  Value* x = b.input("x", {kSide, kSide});
+  Value* e = b.unary("aten::exp", x, "exp");
+  g.set_outputs({e, b.unary("aten::sin", e, "sin")});
+  EXPECT_EQ(simulate_peak(g, {}).bytes, 2 * kTensor);
+
+  ASSERT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  const auto fusions = test::nodes_of_kind(g, ir::NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  ASSERT_EQ(fusions[0]->outputs().size(), 2u);
+  const ProgramPeak peak = simulate_peak(g, {});
+  EXPECT_EQ(peak.bytes, 3 * kTensor);
+  EXPECT_EQ(peak.node, index_of(g, fusions[0]->output(0)));
+  EXPECT_EQ(peak.where, "fusion");
+  EXPECT_EQ(simulate_peak(g, {}, {false}).bytes, 2 * kTensor);  // its outputs alone
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 """The recompute planner on CPU (``_recompute.py`` over ``passes/plan_recompute.h``): training
 compiles under each policy give eager's forward and gradients, the partitioned forward saves
 exactly what the plan says, HEURISTIC saves the compute-bound outputs, hand-checked plans of a
-tiny graph, budgets that behave monotonically, dropout masks never re-drawn, errors, dumps and
-``custom_compute_sensitive_ops``.
+tiny graph, budgets that behave monotonically, dropout masks never re-drawn, errors, dumps,
+``custom_compute_sensitive_ops``, and the compiled graphs' simulated peak (fusion included)
+held to AUTOSEARCH's budget.
 
 Budget sweeps re-plan one captured joint graph (``_recompute.plan_for``) instead of compiling
 once per budget: the same graph for every budget, in milliseconds. Every numeric check compares
@@ -679,3 +680,49 @@ def test_custom_compute_sensitive_op_is_saved_not_recomputed(spelling, assert_cl
     assert saved_roots(marked) == {ops["mm1"], ops["gelu"], ops["mm2"]}, marked.plan["saved"]
     assert ops["tanh"].name in marked.plan["recomputed"]
     assert marked.plan["saved_bytes"] == plain.plan["saved_bytes"] + MM1_BYTES
+
+
+# --------------------------------------------------------------------------------------------
+# 9. The compiled graphs' simulated peak (fusion included) is recorded and held to the budget
+# --------------------------------------------------------------------------------------------
+
+
+def test_heuristic_plan_records_the_compiled_graphs_peak(assert_close_rel):
+    plan = tiny_training({"recompute_policy": "HEURISTIC"}, assert_close_rel).plan
+    forward, backward = plan["compiled_forward_peak_bytes"], plan["compiled_backward_peak_bytes"]
+    for key in (
+        "compiled_peak_bytes",
+        "compiled_forward_peak_bytes",
+        "compiled_backward_peak_bytes",
+    ):
+        assert isinstance(plan[key], int) and plan[key] > 0, (key, plan[key])
+    assert plan["compiled_peak_bytes"] == max(forward, backward)
+    assert isinstance(plan["compiled_peak_where"], str) and plan["compiled_peak_where"]
+    # By hand: the forward's parameters and input are not counted; at the second matmul, the
+    # first's output (saved), gelu's output (read by the matmul) and the matmul's own output.
+    assert forward == 2 * MM1_BYTES + MM2_BYTES
+
+
+# Budgets between the lowest peak any plan reaches and the no-recompute plan's peak (as the
+# HEURISTIC plan predicts them), as a fraction of the way up.
+@pytest.mark.parametrize("fraction", [0.0, 0.5], ids=["lowest", "halfway"])
+@pytest.mark.parametrize("kind", list(BLOCKS))
+def test_autosearch_holds_the_compiled_peak_to_the_budget(
+    kind, fraction, reference, assert_close_rel
+):
+    heuristic = reference(kind).plan
+    low, high = heuristic["lowest_peak_bytes"], heuristic["no_recompute_peak_bytes"]
+    assert 0 < low < high, (low, high)
+    budget = low + int((high - low) * fraction)
+
+    model = init_weights_(BLOCKS[kind](), std=0.1, seed=reseed())
+    eager = copy.deepcopy(model)
+    x, grad = torch.randn(B, S, H), torch.randn(B, S, H)
+    trained = train_compiled(
+        model, x, grad, {"recompute_policy": "AUTOSEARCH", "memory_budget_bytes": budget}
+    )
+    assert_matches_eager(assert_close_rel, trained, eager, *train_eager(eager, x, grad))
+    plan = trained.plan
+    seen = (budget, plan["compiled_peak_bytes"], plan["note"])
+    assert plan["compiled_peak_bytes"] <= budget, seen
+    assert plan["budget_met"], seen

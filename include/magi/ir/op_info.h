@@ -64,6 +64,11 @@ std::vector<int64_t> view_permutation(const Node& node);
 /// (which ATen infers from the element count).
 std::vector<int64_t> view_constant_sizes(const Node& node);
 
+/// Does output `k` of operator `node` alias one of its inputs (a view: aten::view, t, detach,
+/// ...)? Also for _unsafe_view and _reshape_alias, which return views without saying so in
+/// their schemas (AOTAutograd emits _unsafe_view after matmuls).
+bool output_aliases_input(const Node& node, size_t k);
+
 /// k for a kColumnReduction over dims 0..k-1 of its input, else 0.
 int64_t column_reduced_dims(const Node& node);
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,21 @@ bool fold_broadcasts(ir::Graph& graph);
 /// Groups chains of fusible ops (ir/op_info.h) with one index space into Fusion nodes, each
 /// run as one generated kernel; recurses into pieces. See src/passes/fuse_groups.cpp.
 bool fuse_groups(ir::Graph& graph);
+
+/// The most tensor memory a lowered graph holds at once, and the node where it does.
+struct ProgramPeak {
+  int64_t bytes = 0;
+  int64_t node = -1;  ///< index in graph.nodes(); -1: the inputs alone
+  std::string where;  ///< that node's op and FX name
+};
+
+/// Simulates `graph` in node order as the executor runs it: each node allocates its new tensors
+/// while everything it reads is alive, a piece call adds the piece's own peak, and a tensor is
+/// freed after the last node reading it or a view of it; outputs stay. Inputs flagged in
+/// `counted_inputs` (all when empty) are held from the start; the others cost nothing
+/// (parameters). Sizes come from `size_hints`. See src/passes/program_peak.cpp.
+ProgramPeak simulate_peak(const ir::Graph& graph, const ir::SymbolBindings& size_hints,
+                          const std::vector<bool>& counted_inputs = {});
 
 /// Is `node` a call where split_at_boundaries cuts?
 bool is_boundary_call(const ir::Node& node, const std::vector<std::string>& splitting_ops = {});

@@ -1,0 +1,139 @@
+// The memory a lowered graph holds at its fullest, simulated in node order the way the executor
+// runs it: each node's new tensors are allocated while all of its inputs are still alive (a
+// fusion group's outputs beside all the tensors it reads), and a tensor is freed after the last
+// node that reads it or a view of it. The recompute planner predicts peaks on the joint graph,
+// op by op; fusion changes when tensors are born and die, and this is what the compiled forward
+// and backward will actually hold (passes.h).
+#include <ATen/core/function_schema.h>
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+#include "magi/ir/op_info.h"
+#include "magi/passes/passes.h"
+
+namespace magi::passes {
+namespace {
+
+class PeakSimulation {
+ public:
+  explicit PeakSimulation(const ir::SymbolBindings& hints) : hints_(hints) {}
+
+  // Peak of `graph` above the memory it starts from. Inputs flagged in `counted` are held from
+  // the start until their last use; the others (parameters, tensors the caller keeps) are not
+  // counted. Outputs are held to the end.
+  ProgramPeak run(const ir::Graph& graph, const std::vector<bool>& counted) {
+    const auto nodes = graph.nodes();
+    const auto& inputs = graph.inputs();
+    MAGI_CHECK(counted.empty() || counted.size() == inputs.size(),
+               "simulate_peak: ", counted.size(), " input flags for a graph of ", inputs.size(),
+               " inputs");
+    int64_t live = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const ir::Value* v = inputs[i];
+      root_[v] = v;
+      bytes_[v] = (counted.empty() || counted[i]) ? bytes_of(v) : 0;
+      live += bytes_[v];
+    }
+    // Roots first: which storage each value uses. Then the last node reading each storage.
+    // Input nodes' values are the inputs above; constants exist before the run.
+    for (const ir::Node* n : nodes) {
+      if (n->kind() == ir::NodeKind::kInput) continue;
+      for (size_t k = 0; k < n->outputs().size(); ++k) {
+        const ir::Value* out = n->outputs()[k];
+        const ir::Value* root = out;
+        if (!n->inputs().empty() && aliases_input(*n, k)) root = root_of(n->inputs()[0]);
+        root_[out] = root;
+        if (root == out) bytes_[out] = n->kind() == ir::NodeKind::kConstant ? 0 : bytes_of(out);
+      }
+    }
+    std::unordered_map<const ir::Value*, size_t> last_use;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      for (const ir::Value* v : nodes[i]->outputs()) last_use[root_of(v)] = i;
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      for (const ir::Value* v : nodes[i]->inputs()) {
+        auto& at = last_use[root_of(v)];
+        at = std::max(at, i);
+      }
+    }
+    for (const ir::Value* v : graph.outputs()) last_use[root_of(v)] = nodes.size();
+    std::vector<std::vector<const ir::Value*>> dies(nodes.size());
+    for (const auto& [root, at] : last_use) {
+      if (at < nodes.size()) dies[at].push_back(root);
+    }
+
+    ProgramPeak result{live, -1, "the inputs"};
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const ir::Node* n = nodes[i];
+      int64_t during = live;
+      if (n->kind() == ir::NodeKind::kCallPiece) {
+        // The piece's own tensors come and go inside the call, on top of what is live here.
+        PeakSimulation inner(hints_);
+        during += inner.run(*n->piece(), std::vector<bool>(n->piece()->inputs().size())).bytes;
+      }
+      if (n->kind() != ir::NodeKind::kInput) {
+        for (const ir::Value* v : n->outputs()) {
+          if (root_of(v) == v) live += bytes_[v];
+        }
+      }
+      if (std::max(during, live) > result.bytes) {
+        result = {std::max(during, live), static_cast<int64_t>(i), describe(*n)};
+      }
+      for (const ir::Value* root : dies[i]) live -= bytes_[root];
+      MAGI_LOG_TRACE("simulate_peak: ", i, " ", describe(*n), " during ", during >> 20, " MiB, live ",
+                     live >> 20, " MiB");
+    }
+    return result;
+  }
+
+ private:
+  const ir::Value* root_of(const ir::Value* v) const {
+    auto it = root_.find(v);
+    return it == root_.end() ? v : it->second;
+  }
+
+  // A view, an item of a list of views, or a piece output that is one of the piece's inputs.
+  static bool aliases_input(const ir::Node& n, size_t k) {
+    switch (n.kind()) {
+      case ir::NodeKind::kAtenOp:
+      case ir::NodeKind::kCustomOp:
+        return ir::output_aliases_input(n, k);
+      case ir::NodeKind::kGetItem:
+        return true;
+      default:
+        return false;  // fusion groups and pieces write tensors of their own
+    }
+  }
+
+  int64_t bytes_of(const ir::Value* v) const {
+    if (v->kind() != ir::ValueKind::kTensor || !v->tensor_type()) return 0;
+    const ir::TensorType& t = *v->tensor_type();
+    int64_t n = 1;
+    for (const auto& s : t.sizes) n *= s.try_evaluate(hints_).value_or(1);
+    return n * static_cast<int64_t>(c10::elementSize(t.dtype));
+  }
+
+  static std::string describe(const ir::Node& n) {
+    std::string what = n.is_operator() ? n.op_name() : ir::node_kind_name(n.kind());
+    if (!n.provenance().fx_name.empty()) what += " (FX node " + n.provenance().fx_name + ")";
+    return what;
+  }
+
+  const ir::SymbolBindings& hints_;
+  std::unordered_map<const ir::Value*, const ir::Value*> root_;
+  std::unordered_map<const ir::Value*, int64_t> bytes_;
+};
+
+}  // namespace
+
+ProgramPeak simulate_peak(const ir::Graph& graph, const ir::SymbolBindings& size_hints,
+                          const std::vector<bool>& counted_inputs) {
+  PeakSimulation sim(size_hints);
+  return sim.run(graph, counted_inputs);
+}
+
+}  // namespace magi::passes
