@@ -45,7 +45,12 @@ class PeakSimulation {
       for (size_t k = 0; k < n->outputs().size(); ++k) {
         const ir::Value* out = n->outputs()[k];
         const ir::Value* root = out;
-        if (!n->inputs().empty() && aliases_input(*n, k)) root = root_of(n->inputs()[0]);
+        if (!n->inputs().empty() && aliases_input(*n, k)) {
+          const ir::Value* of = root_of(n->inputs()[0]);
+          // An item of a list of new tensors (not views) is a tensor of its own.
+          const bool fresh_items = n->kind() == ir::NodeKind::kGetItem && of == n->inputs()[0];
+          if (!fresh_items) root = of;
+        }
         root_[out] = root;
         if (root == out) bytes_[out] = n->kind() == ir::NodeKind::kConstant ? 0 : bytes_of(out);
       }
@@ -61,6 +66,15 @@ class PeakSimulation {
       }
     }
     for (const ir::Value* v : graph.outputs()) last_use[root_of(v)] = nodes.size();
+    // A list holds its items until its own last reader (the executor keeps the list built).
+    for (size_t i = nodes.size(); i-- > 0;) {
+      if (nodes[i]->kind() != ir::NodeKind::kMakeList) continue;
+      const size_t list_end = last_use[root_of(nodes[i]->output())];
+      for (const ir::Value* item : nodes[i]->inputs()) {
+        auto& at = last_use[root_of(item)];
+        at = std::max(at, list_end);
+      }
+    }
     std::vector<std::vector<const ir::Value*>> dies(nodes.size());
     for (const auto& [root, at] : last_use) {
       if (at < nodes.size()) dies[at].push_back(root);
@@ -84,8 +98,8 @@ class PeakSimulation {
         result = {std::max(during, live), static_cast<int64_t>(i), describe(*n)};
       }
       for (const ir::Value* root : dies[i]) live -= bytes_[root];
-      MAGI_LOG_TRACE("simulate_peak: ", i, " ", describe(*n), " during ", during >> 20, " MiB, live ",
-                     live >> 20, " MiB");
+      MAGI_LOG_TRACE("simulate_peak: ", i, " ", describe(*n), " during ", during >> 20,
+                     " MiB, live ", live >> 20, " MiB");
     }
     return result;
   }
@@ -96,7 +110,7 @@ class PeakSimulation {
     return it == root_.end() ? v : it->second;
   }
 
-  // A view, an item of a list of views, or a piece output that is one of the piece's inputs.
+  // A view, or an item of a list (of views, unless the list is a new one: see run()).
   static bool aliases_input(const ir::Node& n, size_t k) {
     switch (n.kind()) {
       case ir::NodeKind::kAtenOp:

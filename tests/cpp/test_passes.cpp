@@ -248,5 +248,22 @@ TEST(SimulatePeak, AFusionGroupsOutputsAreAllocatedBesideItsInputs) {
   EXPECT_EQ(simulate_peak(g, {}, {false}).bytes, 2 * kTensor);  // its outputs alone
 }
 
+TEST(SimulatePeak, ATensorInAListLivesUntilTheListIsRead) {
+  // a = exp(x); s = sin(x); cat([a, s]) along the last dim (x not counted). The list node reads
+  // a and s, but they stay alive until cat reads the list: a + s + cat's output (two tensors
+  // wide) = 4 tensors. Were the items freed at the list node, the peak would be 2 tensors.
+  Graph g;
+  test::Builder b(g);
+  Value* x = b.input("x", {kSide, kSide});
+  Value* a = b.unary("aten::exp", x, "exp");
+  Value* s = b.unary("aten::sin", x, "sin");
+  Value* c = b.cat_last({a, s}, "cat");
+  g.set_outputs({c});
+
+  const ProgramPeak peak = simulate_peak(g, {}, {false});
+  EXPECT_EQ(peak.bytes, 4 * kTensor);
+  EXPECT_EQ(peak.node, index_of(g, c));
+}
+
 }  // namespace
 }  // namespace magi::passes
