@@ -39,6 +39,12 @@ std::vector<SymExpr> TensorType::contiguous_strides(const std::vector<SymExpr>& 
   return strides;
 }
 
+int64_t TensorType::bytes(const SymbolBindings& hints) const {
+  int64_t n = 1;
+  for (const SymExpr& s : sizes) n *= s.try_evaluate(hints).value_or(1);
+  return n * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
 bool TensorType::is_contiguous() const {
   if (strides.empty()) return true;
   auto expected = contiguous_strides(sizes);
@@ -53,21 +59,36 @@ bool TensorType::is_contiguous() const {
 std::string dtype_short_name(c10::ScalarType dtype) {
   using c10::ScalarType;
   switch (dtype) {
-    case ScalarType::Float: return "f32";
-    case ScalarType::Double: return "f64";
-    case ScalarType::Half: return "f16";
-    case ScalarType::BFloat16: return "bf16";
-    case ScalarType::Long: return "i64";
-    case ScalarType::Int: return "i32";
-    case ScalarType::Short: return "i16";
-    case ScalarType::Char: return "i8";
-    case ScalarType::Byte: return "u8";
-    case ScalarType::Bool: return "b8";
-    case ScalarType::ComplexFloat: return "c64";
-    case ScalarType::ComplexDouble: return "c128";
-    case ScalarType::Float8_e4m3fn: return "f8e4m3";
-    case ScalarType::Float8_e5m2: return "f8e5m2";
-    default: return c10::toString(dtype);
+    case ScalarType::Float:
+      return "f32";
+    case ScalarType::Double:
+      return "f64";
+    case ScalarType::Half:
+      return "f16";
+    case ScalarType::BFloat16:
+      return "bf16";
+    case ScalarType::Long:
+      return "i64";
+    case ScalarType::Int:
+      return "i32";
+    case ScalarType::Short:
+      return "i16";
+    case ScalarType::Char:
+      return "i8";
+    case ScalarType::Byte:
+      return "u8";
+    case ScalarType::Bool:
+      return "b8";
+    case ScalarType::ComplexFloat:
+      return "c64";
+    case ScalarType::ComplexDouble:
+      return "c128";
+    case ScalarType::Float8_e4m3fn:
+      return "f8e4m3";
+    case ScalarType::Float8_e5m2:
+      return "f8e5m2";
+    default:
+      return c10::toString(dtype);
   }
 }
 

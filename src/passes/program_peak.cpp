@@ -5,7 +5,6 @@
 // op by op; fusion changes when tensors are born and die, and this is what the compiled forward
 // and backward will actually hold (passes.h).
 #include <ATen/core/function_schema.h>
-#include <c10/core/ScalarType.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -125,10 +124,7 @@ class PeakSimulation {
 
   int64_t bytes_of(const ir::Value* v) const {
     if (v->kind() != ir::ValueKind::kTensor || !v->tensor_type()) return 0;
-    const ir::TensorType& t = *v->tensor_type();
-    int64_t n = 1;
-    for (const auto& s : t.sizes) n *= s.try_evaluate(hints_).value_or(1);
-    return n * static_cast<int64_t>(c10::elementSize(t.dtype));
+    return v->tensor_type()->bytes(hints_);
   }
 
   static std::string describe(const ir::Node& n) {

@@ -126,8 +126,7 @@ int JointModel::id_of(const ir::Value* v) const {
 int64_t JointModel::bytes_of(const ir::Value* v) const {
   const auto* t = tensor_type(v);
   if (t == nullptr) return 0;
-  return static_cast<int64_t>(numel_of(*t, options_.size_hints)) *
-         static_cast<int64_t>(c10::elementSize(t->dtype));
+  return t->bytes(options_.size_hints);
 }
 
 JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)

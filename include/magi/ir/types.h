@@ -14,23 +14,23 @@
 namespace magi::ir {
 
 /// Value kinds, listed once. The second column is the printed name.
-#define MAGI_VALUE_KINDS(_)                     \
-  _(Tensor, "Tensor")                           \
-  _(Int, "int")                                 \
-  _(Float, "float")                             \
-  _(Bool, "bool")                               \
-  _(Scalar, "Scalar")                           \
-  _(None, "None")                               \
-  _(String, "str")                              \
-  _(Dtype, "dtype")                             \
-  _(Device, "Device")                           \
-  _(Layout, "Layout")                           \
-  _(MemoryFormat, "MemoryFormat")               \
-  _(IntList, "int[]")                           \
-  _(FloatList, "float[]")                       \
-  _(BoolList, "bool[]")                         \
-  _(TensorList, "Tensor[]")                     \
-  _(OptionalTensorList, "Tensor?[]")            \
+#define MAGI_VALUE_KINDS(_)          \
+  _(Tensor, "Tensor")                \
+  _(Int, "int")                      \
+  _(Float, "float")                  \
+  _(Bool, "bool")                    \
+  _(Scalar, "Scalar")                \
+  _(None, "None")                    \
+  _(String, "str")                   \
+  _(Dtype, "dtype")                  \
+  _(Device, "Device")                \
+  _(Layout, "Layout")                \
+  _(MemoryFormat, "MemoryFormat")    \
+  _(IntList, "int[]")                \
+  _(FloatList, "float[]")            \
+  _(BoolList, "bool[]")              \
+  _(TensorList, "Tensor[]")          \
+  _(OptionalTensorList, "Tensor?[]") \
   _(Other, "Any")
 
 enum class ValueKind : uint8_t {
@@ -54,6 +54,9 @@ struct TensorType {
   /// Row-major strides for `sizes`.
   static std::vector<SymExpr> contiguous_strides(const std::vector<SymExpr>& sizes);
   bool is_contiguous() const;
+  /// Bytes of a dense tensor of this type, symbolic sizes taken from `hints` (1 when a size
+  /// has no hint): what the recompute planner and the peak simulation charge for it.
+  int64_t bytes(const SymbolBindings& hints) const;
   /// e.g. "f32[s0, 4096]", "bf16[8, 4]{1, 8}" (strides shown when not contiguous),
   /// "f32[4]@cuda:0" (device shown when not the CPU).
   std::string str() const;
