@@ -111,6 +111,16 @@ class Builder {
     Value* list = g_.add_list(ValueKind::kTensorList, std::move(pieces))->output();
     return op("aten::cat", "", {list, integer(-1)}, t, out);
   }
+  // constant_pad_nd(x, [left, right, rest...], value): `rest` pads the dims before the last.
+  Value* pad(Value* x, std::vector<int64_t> widths, double value, const std::string& out) {
+    TensorType t = *x->tensor_type();
+    for (size_t i = 0; i + 1 < widths.size(); i += 2) {
+      SymExpr& size = t.sizes[t.sizes.size() - 1 - i / 2];
+      size = SymExpr(size.constant_value() + widths[i] + widths[i + 1]);
+    }
+    t.strides.clear();
+    return op("aten::constant_pad_nd", "", {x, dims(std::move(widths)), scalar(value)}, t, out);
+  }
   // x.view(sizes), the size list built as the importer builds it: a list of the graph input
   // `s0` (an int) and constants when a size is symbolic, else a constant list.
   Value* view(Value* x, std::vector<SymExpr> sizes, const std::string& out) {

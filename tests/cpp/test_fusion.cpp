@@ -314,6 +314,60 @@ TEST(FuseGroups, RotateHalfSlicesAndCatAreOneGroup) {
             "aten::slice.Tensor aten::slice.Tensor aten::neg aten::cat aten::mul.Tensor aten::exp");
 }
 
+// The gradient of rotate_half, as the capture decomposes slice_backward: each half of the
+// incoming gradient padded back to the full width with zeros. The pads, their slices and the
+// sums are one kernel that selects per column; a pad of another dim or a crop stays in ATen.
+TEST(FuseGroups, PadsOfTheLastDimJoinTheGroupTheirInputsCameFrom) {
+  Graph g;
+  Builder b(g);
+  Value* grad = b.input("grad", {sym("s0"), 16});
+  Value* cos = b.input("cos", {16});
+  Value* sin = b.input("sin", {16});
+  Value* rot_grad = b.mul(grad, sin, "mul");
+  Value* lo = b.slice(rot_grad, 0, 8, "slice");
+  Value* hi = b.slice(rot_grad, 8, INT64_MAX, "slice_1");
+  Value* into_hi = b.pad(b.unary("aten::neg", lo, "neg"), {8, 0}, 0.0, "constant_pad_nd");
+  Value* into_lo = b.pad(hi, {0, 8}, 0.0, "constant_pad_nd_1");
+  Value* sum = b.add(b.add(into_hi, into_lo, "add"), b.mul(grad, cos, "mul_1"), "add_1");
+  g.set_outputs({sum});
+  EXPECT_TRUE(fuse_groups(g));
+  ir::verify(g);
+  auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+  ASSERT_EQ(fusions.size(), 1u);
+  EXPECT_EQ(op_list(g), "");
+  EXPECT_EQ(op_list(*fusions[0]->piece()),
+            "aten::mul.Tensor aten::slice.Tensor aten::slice.Tensor aten::neg "
+            "aten::constant_pad_nd aten::constant_pad_nd aten::mul.Tensor aten::add.Tensor "
+            "aten::add.Tensor");
+  codegen::KernelSpec spec = codegen::lower_group(*fusions[0]->piece(), "k");
+  std::vector<std::vector<int64_t>> selects;
+  for (const codegen::KOp& op : spec.ops) {
+    if (op.kind == codegen::KOpKind::kSelect) selects.push_back(op.bounds);
+  }
+  // Each pad is a select at column 8: zeros then the negated low half; the high half then zeros.
+  EXPECT_EQ(selects, (std::vector<std::vector<int64_t>>{{8}, {8}}));
+
+  for (const std::vector<int64_t>& widths : std::vector<std::vector<int64_t>>{
+           {0, 0, 1, 0},  // a row of zeros before the first: a pad of dim 0
+           {-2, 2},       // a crop of two columns on the left
+       }) {
+    Graph g2;
+    Builder b2(g2);
+    Value* x = b2.input("x", {4, 16});
+    Value* e = b2.unary("aten::exp", x, "exp");
+    Value* p = b2.pad(b2.unary("aten::neg", e, "neg"), widths, 0.0, "constant_pad_nd");
+    g2.set_outputs({b2.unary("aten::relu", p, "relu")});
+    fuse_groups(g2);
+    ir::verify(g2);
+    const std::string widths_text = std::to_string(widths[0]) + " " + std::to_string(widths[1]);
+    EXPECT_EQ(op_list(g2).rfind("aten::constant_pad_nd", 0), 0u)
+        << "pad widths " << widths_text << ": " << op_list(g2);
+    auto groups = nodes_of_kind(g2, NodeKind::kFusion);
+    ASSERT_FALSE(groups.empty()) << widths_text;
+    EXPECT_EQ(op_list(*groups[0]->piece()), "aten::exp aten::neg") << widths_text;
+  }
+}
+
 // a = neg(exp(x)) is a group; m = mm(a, w) reads it; add(a, m) must not join the group: the
 // group would then both feed and wait for the mm (a cycle). It starts a group with the relu.
 TEST(FuseGroups, OperandDependingOnTheGroupIsNotMerged) {
