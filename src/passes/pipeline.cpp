@@ -22,6 +22,8 @@ struct PassEntry {
 constexpr PassEntry kPipeline[] = {
     {"eliminate_dead_code",
      [](ir::Graph& g, const PipelineOptions&) { return eliminate_dead_code(g); }},
+    {"group_query_attention",
+     [](ir::Graph& g, const PipelineOptions&) { return group_query_attention(g); }},
     {"split_at_boundaries",
      [](ir::Graph& g, const PipelineOptions& o) {
        return split_at_boundaries(g, o.splitting_ops);

@@ -57,6 +57,10 @@ at::Tensor call_backend(AttentionBackend backend, const Args& a) {
       return std::get<0>(at::_scaled_dot_product_cudnn_attention(
           a.q, a.k, a.v, a.bias, false, a.dropout, a.causal, false, a.scale));
     case AttentionBackend::kEfficient:
+      // passes::group_query_attention hands flash and cuDNN calls grouped key/value heads.
+      MAGI_CHECK(a.k.size(1) == a.q.size(1),
+                 "memory-efficient attention takes no grouped key/value heads (query ", a.q.size(1),
+                 " heads, key ", a.k.size(1), ")");
       return std::get<0>(at::_scaled_dot_product_efficient_attention(a.q, a.k, a.v, a.bias, false,
                                                                      a.dropout, a.causal, a.scale));
     default:

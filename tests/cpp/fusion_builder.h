@@ -47,6 +47,7 @@ class Builder {
     return g_.add_constant(t, ValueKind::kTensor);
   }
   Value* scalar(double v) { return g_.add_constant(v, ValueKind::kScalar); }
+  Value* floating(double v) { return g_.add_constant(v, ValueKind::kFloat); }
   Value* one() { return g_.add_constant(1, ValueKind::kScalar); }
   Value* integer(int64_t v) { return g_.add_constant(v, ValueKind::kInt); }
   Value* dims(std::vector<int64_t> d) {

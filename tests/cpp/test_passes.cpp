@@ -1,5 +1,6 @@
 // Passes and the pipeline: eliminate_dead_code graph-in -> graph-out, how run_pipeline
-// reports, disables and verifies passes, and simulate_peak's byte counts on hand-built graphs.
+// reports, disables and verifies passes, group_query_attention's rewrite, and simulate_peak's
+// byte counts on hand-built graphs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -263,6 +264,142 @@ TEST(SimulatePeak, ATensorInAListLivesUntilTheListIsRead) {
   const ProgramPeak peak = simulate_peak(g, {}, {false});
   EXPECT_EQ(peak.bytes, 4 * kTensor);
   EXPECT_EQ(peak.node, index_of(g, c));
+}
+
+// ---- group_query_attention ----------------------------------------------------------------
+
+// Grouped-query attention as the capture records it: key and value heads repeated
+// (repeat_interleave along dim 1) before an attention call of `attention` (an operator name).
+struct GroupedAttention {
+  Graph g;
+  Value* k = nullptr;
+  Value* v = nullptr;
+  Node* attention = nullptr;
+
+  // Besides the attention output, the graph returns: "lse" its logsumexp (a training forward
+  // saves it), "k_rep" the repeated key.
+  explicit GroupedAttention(const char* attention_op, int64_t unsqueeze_dim = 2,
+                            const std::string& also_returns = "") {
+    test::Builder b(g);
+    const auto b_ = test::sym("s0");
+    Value* q = b.input("q", {b_, 4, 8, 16}, test::kBF16);
+    k = b.input("k", {b_, 2, 8, 16}, test::kBF16);
+    v = b.input("v", {b_, 2, 8, 16}, test::kBF16);
+    Value* k_rep = repeat(b, k, unsqueeze_dim, "k");
+    Value* v_rep = repeat(b, v, unsqueeze_dim, "v");
+    std::vector<Value*> args = {q, k_rep, v_rep};
+    const std::string name = attention_op;
+    if (name == "aten::_scaled_dot_product_flash_attention") {
+      args.insert(args.end(), {b.floating(0.0), b.flag(true), b.flag(false), b.none()});
+    } else {  // cudnn: attn_bias, compute_log_sumexp, dropout_p, is_causal, debug mask, scale
+      args.insert(args.end(), {b.none(), b.flag(false), b.floating(0.0), b.flag(true),
+                               b.flag(false), b.none()});
+    }
+    Value* out = b.op(attention_op, "", args, *q->tensor_type(), "attention");
+    attention = out->producer();
+    if (also_returns == "lse") {
+      g.set_outputs({out, attention->output(1)});
+    } else if (also_returns == "k_rep") {
+      g.set_outputs({out, k_rep});
+    } else {
+      g.set_outputs({out});
+    }
+  }
+
+  // view(clone(expand(unsqueeze(x, dim), [b, 2, 2, 8, 16])), [b, 4, 8, 16]) of x: [b, 2, 8, 16]
+  static Value* repeat(test::Builder& b, Value* x, int64_t dim, const std::string& name) {
+    const ir::SymExpr s0 = x->tensor_type()->sizes[0];
+    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(dim)},
+                    test::tensor_type({s0, 2, 1, 8, 16}, test::kBF16), name + "_unsqueeze");
+    Value* e = b.op("aten::expand", "", {u, b.dims({-1, 2, 2, 8, 16}), b.flag(false)},
+                    test::tensor_type({s0, 2, 2, 8, 16}, test::kBF16), name + "_expand");
+    Value* c = b.op("aten::clone", "", {e, b.none()},
+                    test::tensor_type({s0, 2, 2, 8, 16}, test::kBF16), name + "_clone");
+    return b.view(c, {s0, 4, 8, 16}, name + "_rep");
+  }
+};
+
+size_t count_ops(const Graph& g, const std::string& name) {
+  size_t n = 0;
+  for (const Node* node : g.nodes()) n += node->is_operator() && node->op_name() == name;
+  return n;
+}
+
+TEST(GroupQueryAttention, FlashAndCudnnReadTheUnrepeatedKeyAndValue) {
+  for (const char* name :
+       {"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention"}) {
+    GroupedAttention ga(name);
+    ASSERT_EQ(count_ops(ga.g, "aten::clone"), 2u);
+    EXPECT_TRUE(group_query_attention(ga.g)) << name;
+    ir::verify(ga.g);
+    EXPECT_EQ(ga.attention->input(1), ga.k) << name;
+    EXPECT_EQ(ga.attention->input(2), ga.v) << name;
+    // The copies, their views and the size lists they read are gone.
+    for (const char* copy : {"aten::unsqueeze", "aten::expand", "aten::clone", "aten::view"}) {
+      EXPECT_EQ(count_ops(ga.g, copy), 0u) << name << ": " << copy << " left";
+    }
+    for (const Node* node : ga.g.nodes()) {
+      EXPECT_NE(node->kind(), ir::NodeKind::kMakeList) << name << ": a size list left";
+    }
+    EXPECT_FALSE(group_query_attention(ga.g)) << name << ": a second run changes nothing";
+  }
+}
+
+TEST(GroupQueryAttention, CudnnWithAMaskReadsTheUnrepeatedHeadsToo) {
+  {
+    Graph g;
+    test::Builder b(g);
+    Value* q = b.input("q", {4, 4, 1, 16}, test::kBF16);
+    Value* mask = b.input("mask", {4, 1, 1, 8}, test::kBF16);
+    Value* k = GroupedAttention::repeat(b, b.input("k", {4, 2, 8, 16}, test::kBF16), 2, "k");
+    Value* v = GroupedAttention::repeat(b, b.input("v", {4, 2, 8, 16}, test::kBF16), 2, "v");
+    Value* out = b.op(
+        "aten::_scaled_dot_product_cudnn_attention", "",
+        {q, k, v, mask, b.flag(false), b.floating(0.0), b.flag(false), b.flag(false), b.none()},
+        *q->tensor_type(), "attention");
+    g.set_outputs({out});
+    EXPECT_TRUE(group_query_attention(g));
+    ir::verify(g);
+    EXPECT_EQ(count_ops(g, "aten::clone"), 0u);
+    EXPECT_EQ(out->producer()->input(3), mask);
+  }
+}
+
+TEST(GroupQueryAttention, LeavesCallsItCannotRewrite) {
+  // Memory-efficient attention takes no grouped heads.
+  {
+    Graph g;
+    test::Builder b(g);
+    Value* q = b.input("q", {4, 4, 8, 16}, test::kBF16);
+    Value* k = GroupedAttention::repeat(b, b.input("k", {4, 2, 8, 16}, test::kBF16), 2, "k");
+    Value* v = GroupedAttention::repeat(b, b.input("v", {4, 2, 8, 16}, test::kBF16), 2, "v");
+    Value* out = b.op("aten::_scaled_dot_product_efficient_attention", "",
+                      {q, k, v, b.none(), b.flag(false), b.floating(0.0), b.flag(true), b.none()},
+                      *q->tensor_type(), "attention");
+    g.set_outputs({out});
+    EXPECT_FALSE(group_query_attention(g));
+    EXPECT_EQ(count_ops(g, "aten::clone"), 2u);
+  }
+  // A training forward: the logsumexp is saved for the backward.
+  {
+    GroupedAttention ga("aten::_scaled_dot_product_flash_attention", 2, "lse");
+    EXPECT_FALSE(group_query_attention(ga.g));
+    EXPECT_NE(ga.attention->input(1), ga.k);
+  }
+  // A head dim added elsewhere than after the heads is not a repeat of each head.
+  {
+    GroupedAttention ga("aten::_scaled_dot_product_flash_attention", /*unsqueeze_dim=*/1);
+    EXPECT_FALSE(group_query_attention(ga.g));
+    EXPECT_EQ(count_ops(ga.g, "aten::clone"), 2u);
+  }
+}
+
+TEST(GroupQueryAttention, ACopyReadElsewhereStays) {
+  GroupedAttention ga("aten::_scaled_dot_product_flash_attention", 2, "k_rep");
+  EXPECT_TRUE(group_query_attention(ga.g));
+  ir::verify(ga.g);
+  EXPECT_EQ(ga.attention->input(1), ga.k);
+  EXPECT_EQ(count_ops(ga.g, "aten::clone"), 1u);  // the key's copy is an output; the value's went
 }
 
 }  // namespace

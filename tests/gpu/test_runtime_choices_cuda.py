@@ -4,8 +4,10 @@ random inputs; choices read back through inspection.attention_choices() and the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -140,3 +142,110 @@ def test_direct_dispatch_keeps_held_outputs_and_follows_new_weights(mode, assert
             x = _x(4, 32)
             assert_close_rel(compiled(x), eager(x), RTOL)
     assert get_counters().direct_calls == 4 + 2  # one ordinary call after the replacement
+
+
+@pytest.mark.parametrize(
+    "mode, backend",
+    [
+        ("NONE", "auto"),
+        ("FULL", "auto"),
+        ("NONE", "flash"),
+        ("NONE", "cudnn"),
+        ("NONE", "efficient"),
+        ("NONE", "graph"),
+    ],
+)
+def test_grouped_query_attention_reads_the_unrepeated_heads(mode, backend, assert_close_rel):
+    """passes::group_query_attention: the repeat_interleave copies of the key and value heads
+    are gone from the compiled graph and attention reads 2 key/value heads for 8 query heads,
+    on every backend that takes them; efficient attention, which does not, runs the traced
+    backend instead."""
+    import blocks
+
+    eager = blocks.LlamaStack(2, hidden=256, n_heads=8, n_kv_heads=2, intermediate=512)
+    eager = blocks.init_weights_(eager, seed=0).to("cuda", torch.bfloat16).eval()
+    compiled = magi_compile(
+        copy.deepcopy(eager), config_patch={"cudagraph_mode": mode, "attention_backend": backend}
+    )
+    with torch.no_grad():
+        for batch in (2, 3, 2):
+            x = _x(batch)
+            assert_close_rel(compiled(x), eager(x), RTOL)
+    text = str(inspection.last_compiled("inference").graph)
+    assert "aten::clone" not in text, text
+    assert "aten::expand" not in text, text
+    if backend == "auto":
+        choices = inspection.attention_choices()
+        assert len({c["shape"] for c in choices}) == len(choices), choices  # each probed once
+        if mode == "NONE":
+            assert len(choices) == 2, choices  # batch 2 and batch 3
+        for c in choices:
+            assert re.search(r"k \d+x2x256x32 ", c["shape"]), c["shape"]
+            assert any(
+                r.startswith("efficient: memory-efficient attention takes no grouped")
+                for r in c["rejected"]
+            ), c
+            assert c["chosen"] in ("flash", "cudnn"), c
+
+
+class CachedGroupedAttention(nn.Module):
+    """One decode step of grouped-query attention over a key/value cache (a buffer written in
+    place at ``positions``); ``mask`` hides the cache slots not written yet."""
+
+    def __init__(self, hidden: int = 256, heads: int = 8, kv_heads: int = 2, slots: int = 64):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, hidden // heads
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.kv = nn.Linear(hidden, 2 * kv_heads * self.d, bias=False)
+        self.out = nn.Linear(hidden, hidden, bias=False)
+        self.register_buffer("k_cache", torch.zeros(1, kv_heads, slots, self.d))
+        self.register_buffer("v_cache", torch.zeros(1, kv_heads, slots, self.d))
+
+    def forward(self, x, positions, mask=None):
+        b, s, h = x.shape
+        q = self.q(x).view(b, s, self.heads, self.d).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.d).unbind(2)
+        self.k_cache.index_copy_(2, positions, k.transpose(1, 2))
+        self.v_cache.index_copy_(2, positions, v.transpose(1, 2))
+        rep = self.heads // self.kv_heads
+        keys = self.k_cache.repeat_interleave(rep, dim=1)
+        values = self.v_cache.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.out(o.transpose(1, 2).reshape(b, s, h))
+
+
+@pytest.mark.parametrize("masked, traced", [(False, None), (True, None), (True, "cudnn")])
+def test_grouped_decode_over_a_cache_matches_eager(masked, traced, assert_close_rel):
+    """A decode step reads the whole cache through repeated heads. Where the trace recorded
+    flash or cuDNN attention the repeats are gone (they read the 2 cached heads; cuDNN also
+    with a mask, `traced="cudnn"` traces under sdpa_kernel(CUDNN_ATTENTION)); where it recorded
+    memory-efficient attention they stay. Outputs and the caches written in place match eager
+    over several steps."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    eager = CachedGroupedAttention().to("cuda", torch.bfloat16).eval()
+    compiled = magi_compile(copy.deepcopy(eager), dynamic_arg_dims={})  # one token: static
+
+    def tracing():  # a fresh context manager per call: sdpa_kernel's enters once
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if traced else contextlib.nullcontext()
+
+    slots = eager.k_cache.shape[2]
+    with torch.no_grad():
+        for step in range(4):
+            x = torch.randn(1, 1, 256, device="cuda", dtype=torch.bfloat16)
+            positions = torch.tensor([step], device="cuda")
+            mask = None
+            if masked:
+                mask = torch.full((1, 1, 1, slots), -1e4, device="cuda", dtype=torch.bfloat16)
+                mask[..., : step + 1] = 0
+            with tracing():
+                out = compiled(x, positions, mask)
+            assert_close_rel(out, eager(x, positions, mask), RTOL)
+    assert_close_rel(compiled.k_cache, eager.k_cache, RTOL)
+    assert_close_rel(compiled.v_cache, eager.v_cache, RTOL)
+    text = str(inspection.last_compiled("inference").graph)
+    if traced:
+        assert f"_scaled_dot_product_{traced}_attention" in text, text
+    efficient = "_scaled_dot_product_efficient_attention" in text
+    assert ("aten::clone" in text) == efficient, text

@@ -16,6 +16,12 @@ namespace magi::passes {
 /// in-place writes).
 bool eliminate_dead_code(ir::Graph& graph);
 
+/// Hands CUDA flash and cuDNN attention calls whose key and value are repeated grouped-query
+/// heads (repeat_interleave along dim 1, Hugging Face's repeat_kv) the unrepeated tensors;
+/// both backends read grouped heads themselves. Only calls whose extra outputs are unused.
+/// See src/passes/group_query_attention.cpp.
+bool group_query_attention(ir::Graph& graph);
+
 /// Cuts an unsplit graph at every call of a boundary operator (flagged in ir::OpRegistry, or
 /// named in `splitting_ops`) into pieces that the graph owns and calls in the original order;
 /// boundary calls stay in the graph between the calls. Structurally identical pieces are stored

@@ -16,6 +16,10 @@
 //   kFlash, kCudnn, kEfficient: that backend; where it rejects a call, the traced one (one
 //           warning per shape).
 //
+// A call whose key and value have fewer heads than the query (grouped-query attention, from
+// passes::group_query_attention) runs on flash or cuDNN only: memory-efficient attention
+// rejects it with its reason.
+//
 // Training graphs are left alone: their backward needs the forward's own logsumexp and RNG
 // outputs, so the pair must come from one backend.
 #pragma once
