@@ -10,9 +10,9 @@
 // fewer heads than the query, query head h reading key/value head h / r, the mapping of the
 // copy. The pass hands them k and v as they are and erases the copies that nothing else reads.
 //
-// Only calls whose extra outputs (logsumexp, RNG state) are unused: in a
-// training forward they are saved for a backward traced against the repeated tensors.
-// Memory-efficient attention takes no grouped heads; AttentionCall leaves it out for such calls.
+// Only calls whose extra outputs (logsumexp, RNG state) are unused: in a training forward they
+// are saved for a backward traced against the repeated tensors. Memory-efficient attention
+// takes no grouped heads; AttentionCall leaves it out for such calls.
 //
 // Requires: a verified graph. Guarantees: a verified graph computing the same outputs.
 #include <optional>
