@@ -77,11 +77,6 @@ const std::unordered_map<std::string, OpInfo>& table() {
   return kTable;
 }
 
-const c10::IValue* constant_input(const Node& node, size_t i) {
-  const Node* p = node.input(i)->producer();
-  return p->kind() == NodeKind::kConstant ? &p->constant() : nullptr;
-}
-
 OpInfo reject(std::string* reason, std::string why) {
   if (reason) *reason = std::move(why);
   return {};
@@ -118,6 +113,11 @@ int64_t leading_prefix(const Node& node, size_t dim_arg) {
 }
 
 }  // namespace
+
+const c10::IValue* constant_input(const Node& node, size_t i) {
+  const Node* p = node.input(i)->producer();
+  return p->kind() == NodeKind::kConstant ? &p->constant() : nullptr;
+}
 
 std::pair<int64_t, int64_t> slice_bounds(const Node& node) {
   // slice(self, dim, start, end, step); op_info checked that they are constants

@@ -22,6 +22,7 @@
 
 #include "magi/common/log.h"
 #include "magi/ir/node.h"
+#include "magi/ir/op_info.h"
 #include "magi/passes/passes.h"
 
 namespace magi::passes {
@@ -32,9 +33,9 @@ bool is_op(const ir::Node* node, const char* name) {
 }
 
 std::optional<int64_t> constant_int(const ir::Node& node, size_t i) {
-  const ir::Node* p = node.input(i)->producer();
-  if (p->kind() != ir::NodeKind::kConstant || !p->constant().isInt()) return std::nullopt;
-  return p->constant().toInt();
+  const c10::IValue* v = ir::constant_input(node, i);
+  if (v == nullptr || !v->isInt()) return std::nullopt;
+  return v->toInt();
 }
 
 // `v` with full-range slices (x[:, :], which Hugging Face's x[:, :, None] records) looked
@@ -95,9 +96,9 @@ std::optional<Repeat> repeated_heads(ir::Value* v) {
   return Repeat{source, kv_heads};
 }
 
-// Flash and cuDNN attention read grouped heads (cuDNN also with a mask: on the H100, torch
-// 2.11, a mask over [1, 1, 1, 256] with 32 query and 8 key heads matched eager to 2e-3; see
-// scripts/gpu/cudnn_gqa_mask_probe.py).
+// Flash and cuDNN attention read grouped heads, cuDNN also with a mask: on the H100 (torch
+// 2.11) a [1, 1, 1, 256] mask with 32 query and 8 key heads matched a float32 reference to
+// 2e-3 (scripts/gpu/cudnn_gqa_mask_probe.py).
 bool takes_grouped_heads(const ir::Node& node) {
   return is_op(&node, "aten::_scaled_dot_product_flash_attention") ||
          is_op(&node, "aten::_scaled_dot_product_cudnn_attention");

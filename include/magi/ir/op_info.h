@@ -47,6 +47,9 @@ bool is_random_operator(const Node& node);
 /// kOther. `reason`, when given, says why a node is not fusible.
 OpInfo op_info(const Node& node, std::string* reason = nullptr);
 
+/// The value of input `i` of `node` when a Constant node produces it, else nullptr.
+const c10::IValue* constant_input(const Node& node, size_t i);
+
 /// [start, end) of a kSlice, clamped to its input's last dim.
 std::pair<int64_t, int64_t> slice_bounds(const Node& node);
 
