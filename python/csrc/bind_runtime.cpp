@@ -292,6 +292,9 @@ void bind_runtime(py::module_& m) {
                              &runtime::Executable::num_piece_graph_captures)
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
                              "Fusion nodes (generated kernels) run per call, pieces included.")
+      .def_property_readonly("num_in_place_outputs", &runtime::Executable::num_in_place_outputs,
+                             "Generated-kernel calls so far, pieces included, that wrote an "
+                             "output over an input at its last use instead of a new buffer.")
       .def(
           "generated_kernels",
           [](const runtime::Executable& exe) {

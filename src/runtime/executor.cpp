@@ -206,6 +206,17 @@ size_t Executable::num_fusions() const {
   return n;
 }
 
+size_t Executable::num_in_place_outputs() const {
+  size_t n = 0;
+  for (const auto& f : program_->fused) {
+    if (f) n += f->num_in_place_outputs();
+  }
+  for (const auto& piece : program_->pieces) {
+    if (piece) n += piece->num_in_place_outputs();
+  }
+  return n;
+}
+
 std::vector<GeneratedKernel> Executable::generated_kernels() const {
   std::vector<GeneratedKernel> out;
   for (const auto& f : program_->fused) {

@@ -258,6 +258,10 @@ FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
       strided_outputs_ = true;
     }
   }
+  shift_free_.assign(spec_.inputs.size(), true);
+  for (const codegen::KOp& op : spec_.ops) {
+    if (op.kind == codegen::KOpKind::kLoad && op.shift != 0) shift_free_[op.input] = false;
+  }
   fallback_ = std::make_unique<Executable>(group);
   for (const ir::Value* in : group.inputs()) {
     if (!in->tensor_type()) {
@@ -532,6 +536,36 @@ std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) 
   return outputs;
 }
 
+// A pointwise kernel reads each element of a contiguous input at the index it writes, into
+// registers, before it stores there; no other lane reads it (loads at a column shift are
+// excluded). So an output may be written over such an input when nothing else can see that
+// input's memory: the executor moved its last reference into this call (the tensor and its
+// storage have no other owner, so no view, caller, saved value or kept constant reads it
+// later) and the output has its dtype and size. The silu(gate) * up of a SwiGLU MLP then
+// needs two wide buffers at once instead of three.
+int FusedKernel::reusable_input(const std::vector<at::Tensor>& inputs,
+                                const std::vector<AccessClass>& access,
+                                const std::vector<bool>& taken, size_t k, int64_t numel) const {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (taken[i] || access[i] != AccessClass::kContiguous || !shift_free_[i] ||
+        t.scalar_type() != outputs_[k].dtype || t.use_count() != 1 || !t.has_storage() ||
+        t.is_conj() || t.is_neg() ||
+        t.storage().nbytes() != static_cast<size_t>(numel) * t.element_size()) {
+      continue;
+    }
+    // A view made outside inference mode keeps its base (autograd's view record), which owns
+    // the storage too; that base must have no other owner.
+    size_t owners = 1;
+    if (t.is_view()) {
+      if (t._base().use_count() != 1) continue;
+      owners = 2;
+    }
+    if (t.storage().use_count() == owners) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& inputs,
                                                 c10::IntArrayRef first_output_strides) const {
   // MagiArgs has room for kMaxIO pointers; a larger group runs through ATen.
@@ -603,7 +637,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   const int64_t rows = cols == 0 ? 0 : numel / cols;
   const c10::Device device = inputs.front().device();
 
-  std::vector<at::Tensor> outputs;
+  std::vector<std::vector<int64_t>> shapes;
   for (const OutputInfo& o : outputs_) {
     std::vector<int64_t> shape = space;
     if (o.per_row && spec_.schedule == codegen::Schedule::kColumn) {
@@ -615,9 +649,20 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       shape.pop_back();
       if (o.keepdim) shape.push_back(1);
     }
-    outputs.push_back(at::empty(shape, at::TensorOptions().dtype(o.dtype).device(device)));
+    shapes.push_back(std::move(shape));
   }
+  // Allocated after the inputs' access classes are known (an output may take over an input's
+  // memory, see reusable_input); left undefined until then.
+  std::vector<at::Tensor> outputs(outputs_.size());
+  auto allocate_outputs = [&] {
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (outputs[k].defined()) continue;
+      outputs[k] =
+          at::empty(shapes[k], at::TensorOptions().dtype(outputs_[k].dtype).device(device));
+    }
+  };
   if (numel == 0) {
+    allocate_outputs();
     // Reductions over an empty dim give ATen's values (0 for sums, an error for amax).
     const bool empty = std::all_of(outputs.begin(), outputs.end(),
                                    [](const at::Tensor& t) { return t.numel() == 0; });
@@ -638,6 +683,19 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   const bool any_strided =
       std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
   if (any_strided && rank > codegen::kMaxRank) return run_fallback(inputs);
+  if (spec_.schedule == codegen::Schedule::kPointwise) {
+    std::vector<bool> taken(inputs.size(), false);
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const int i = reusable_input(inputs, kv.access, taken, k, numel);
+      if (i < 0) continue;
+      taken[i] = true;
+      std::vector<int64_t> strides(shapes[k].size(), 1);
+      for (size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * shapes[k][d];
+      outputs[k] = inputs[i].as_strided(shapes[k], strides);
+      in_place_outputs_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  allocate_outputs();
   for (size_t k = 0; k < outputs.size(); ++k) args.ptr[inputs.size() + k] = outputs[k].data_ptr();
   args.numel = numel;
   args.splits = 1;

@@ -231,3 +231,46 @@ def test_fast_division_keeps_huge_and_tiny_divisors_exact(assert_close_rel, no_f
     assert runs[0].magi_executable.num_fusions == 3
     for g, w in zip(got, want, strict=True):
         assert_close_rel(g, w, RTOL[BF16])
+
+
+class _SwiGLU(torch.nn.Module):
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, inner, bias=False)
+        self.up = torch.nn.Linear(hidden, inner, bias=False)
+        self.down = torch.nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def _peak_above_start(fn, x) -> int:
+    """Bytes allocated at the peak of one call above what was allocated before it."""
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(x)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+@pytest.mark.parametrize("cudagraph_mode", ["NONE", "FULL"])
+def test_swiglu_product_takes_the_gate_buffer(cudagraph_mode, assert_close_rel):
+    """silu(gate) * up writes over gate (both die there): a call's peak holds two of the wide
+    [tokens, inner] buffers (gate and up), not three (and a new product). With CUDA graphs the
+    second call is the capture, whose peak sizes the graph's memory pool."""
+    tokens, hidden, inner = 512, 256, 4096
+    mlp = _SwiGLU(hidden, inner).cuda().to(torch.bfloat16)
+    compiled = magi_compile(
+        mlp, dynamic_arg_dims={}, config_patch={"cudagraph_mode": cudagraph_mode}
+    )
+    wide = tokens * inner * 2
+    xs = [torch.randn(1, tokens, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    with lowered_graphs() as runs, torch.no_grad():
+        assert_close_rel(compiled(xs[0]), mlp(xs[0]), RTOL[BF16])
+        before = runs[0].magi_executable.num_in_place_outputs
+        peak = _peak_above_start(compiled, xs[1])
+        assert runs[0].magi_executable.num_in_place_outputs == before + 1
+        for x in xs[1:]:
+            assert_close_rel(compiled(x), mlp(x), RTOL[BF16])
+    assert wide < peak < 2 * wide + wide // 4, (peak, wide)

@@ -18,6 +18,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _fusion_patterns import (
     BY_NAME,
     RTOL,
@@ -427,3 +428,59 @@ def test_lone_copy_of_a_strided_operand_is_a_kernel(dtype, assert_close_rel):
                 assert_close_rel(compiled(*inputs), fn(*inputs), RTOL[dtype])
         (run,) = runs
         assert run.magi_executable.num_fusions == (1 if fused else 0), (fn, run.magi_graph)
+
+
+def _swiglu(x, wg, wu):
+    return F.silu(x @ wg) * (x @ wu)
+
+
+def _swiglu_keeping_gate(x, wg, wu):
+    gate, up = x @ wg, x @ wu
+    return F.silu(gate) * up, gate, up
+
+
+def _rotary_of_a_product(x, w, cos, sin):
+    return apply_rotary((x @ w).unflatten(-1, (4, 16)), cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pointwise_output_is_written_over_a_dying_input(dtype, assert_close_rel):
+    """silu(gate) * up: gate and up die at the kernel, so its output takes one of their buffers
+    (two wide buffers at once instead of three), with eager's values."""
+    wg, wu = torch.randn(24, 40, dtype=dtype), torch.randn(24, 40, dtype=dtype)
+    compiled = magi_compile(_swiglu, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        counts = []
+        for rows in (6, 9, 7):
+            x = torch.randn(rows, 24, dtype=dtype)
+            assert_close_rel(compiled(x, wg, wu), _swiglu(x, wg, wu), RTOL[dtype])
+            counts.append(runs[0].magi_executable.num_in_place_outputs)
+    # The first call runs inside Dynamo's first run of the frame, where the products have one
+    # more reference each; every later call writes over one of them.
+    assert counts[2] - counts[1] == counts[1] - counts[0] == 1, counts
+
+
+def test_inputs_still_read_elsewhere_are_not_written_over(assert_close_rel):
+    """Gate and up are also returned: the kernel allocates, and both come back intact."""
+    x, wg, wu = torch.randn(6, 24), torch.randn(24, 40), torch.randn(24, 40)
+    compiled = magi_compile(_swiglu_keeping_gate, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        for got, want in zip(compiled(x, wg, wu), _swiglu_keeping_gate(x, wg, wu), strict=True):
+            assert_close_rel(got, want, RTOL[torch.float32])
+    (run,) = runs
+    assert run.magi_executable.num_in_place_outputs == 0
+
+
+def test_inputs_read_at_a_column_shift_are_not_written_over(assert_close_rel):
+    """Rotary reads each row at two column offsets (rotate_half), so one lane's store could
+    land where another lane still has to read: the dying product keeps its own buffer."""
+    w, cos, sin = torch.randn(32, 64), torch.randn(5, 16), torch.randn(5, 16)
+    compiled = magi_compile(_rotary_of_a_product, dynamic_arg_dims={})
+    with lowered_graphs() as runs, torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(5, 32)
+            assert_close_rel(compiled(x, w, cos, sin), _rotary_of_a_product(x, w, cos, sin),
+                             RTOL[torch.float32])  # fmt: skip
+    (run,) = runs
+    assert run.magi_executable.num_fusions >= 1
+    assert run.magi_executable.num_in_place_outputs == 0

@@ -81,6 +81,9 @@ class Executable {
   size_t num_piece_padded_calls() const;
   /// Fusion nodes run per call (generated kernels), those inside pieces included.
   size_t num_fusions() const;
+  /// Generated-kernel calls so far, pieces included, that wrote an output over an input at
+  /// its last use instead of allocating (FusedKernel::num_in_place_outputs).
+  size_t num_in_place_outputs() const;
   /// Every kernel variant generated and compiled so far, pieces included.
   std::vector<struct GeneratedKernel> generated_kernels() const;
   /// Compiles, all at once on a small thread pool, the CUDA kernel each fused group of the

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,9 @@ class FusedKernel {
   const c10::Device& device() const { return device_; }
   std::vector<GeneratedKernel> generated() const;
   size_t num_variants() const;
+  /// Calls so far that wrote an output over an input at its last use instead of a new buffer
+  /// (see reusable_input in fused_kernel.cpp).
+  size_t num_in_place_outputs() const { return in_place_outputs_.load(std::memory_order_relaxed); }
   /// The CUDA source of the variant a call is expected to need: inputs laid out as the
   /// captured graph traced them, 16-byte aligned. nullopt off CUDA. Compiling these for a whole
   /// graph at once, on a thread pool, before its first call (Executable::precompile_kernels)
@@ -92,6 +96,10 @@ class FusedKernel {
                     std::vector<int64_t>& out_strides) const;
   /// Values of the symbols that size the inputs (bare symbols in their traced sizes).
   ir::SymbolBindings bind_symbols(const std::vector<at::Tensor>& inputs) const;
+  /// The input output `k` of a pointwise call may be written over, or -1.
+  int reusable_input(const std::vector<at::Tensor>& inputs,
+                     const std::vector<codegen::AccessClass>& access,
+                     const std::vector<bool>& taken, size_t k, int64_t numel) const;
 
   codegen::KernelSpec spec_;
   std::vector<std::vector<ViewStep>> input_views_;  ///< per input; all empty without views
@@ -100,6 +108,8 @@ class FusedKernel {
   c10::Device device_{c10::DeviceType::CPU};
   std::vector<ir::TensorType> input_types_;  ///< as traced; empty when one is not a tensor
   std::vector<OutputInfo> outputs_;
+  std::vector<bool> shift_free_;  ///< per input: every load reads it at the lane's own column
+  mutable std::atomic<size_t> in_place_outputs_{0};
   std::unique_ptr<Executable> fallback_;
   mutable std::mutex mutex_;
   mutable std::unordered_map<std::string, std::unique_ptr<Variant>> variants_;
