@@ -383,7 +383,7 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         }
         std::vector<c10::IValue> operands;
         if (estimate) operands.assign(args.begin(), args.end());
-        std::vector<at::Tensor> results = p.fused[instr.piece]->run(args);
+        std::vector<at::Tensor> results = p.fused[instr.piece]->run(std::move(args));
         if (estimate) {
           OffloadEngine::add_estimate(estimate_operator_us(
               "fusion", operands, std::vector<c10::IValue>(results.begin(), results.end())));

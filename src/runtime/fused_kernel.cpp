@@ -501,7 +501,7 @@ bool same_layout(const at::Tensor& t, c10::IntArrayRef strides) {
 
 }  // namespace
 
-std::vector<at::Tensor> FusedKernel::run(const std::vector<at::Tensor>& inputs) const {
+std::vector<at::Tensor> FusedKernel::run(std::vector<at::Tensor> inputs) const {
   MAGI_ASSERT(inputs.size() == spec_.inputs.size(), spec_.name, " takes ", spec_.inputs.size(),
               " inputs, got ", inputs.size());
   if (!strided_outputs_) return run_kernel(inputs, {});

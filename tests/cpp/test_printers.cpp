@@ -277,6 +277,34 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
 }
 
+// A pointwise call writes its output over an input whose only reference was moved in (the
+// executor's last use), with the values it would have written elsewhere; an input the caller
+// still holds keeps its values and the output gets its own buffer.
+TEST(FusedKernel, AnOutputTakesTheBufferOfAnInputMovedIn) {
+  auto g = silu_mul_group();
+  runtime::FusedKernel kernel(*g, "fused_silu_mul_in_place");
+  runtime::Executable reference(*g);
+  auto make_inputs = [] {
+    const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+    return std::vector<at::Tensor>{at::randn({7, 64}, bf16), at::randn({64}, bf16),
+                                   at::randn({64, 7}, bf16).t()};
+  };
+  std::vector<at::Tensor> held = make_inputs();
+  const at::Tensor before = held[0].clone();
+  at::Tensor kept = kernel.run(held)[0];
+  EXPECT_NE(kept.data_ptr(), held[0].data_ptr());
+  EXPECT_TRUE(at::equal(held[0], before));
+  EXPECT_EQ(kernel.num_in_place_outputs(), 0u);
+
+  std::vector<at::Tensor> moved = make_inputs();
+  const std::vector<c10::IValue> copies = {moved[0].clone(), moved[1], moved[2]};
+  const void* first = moved[0].data_ptr();
+  at::Tensor got = kernel.run(std::move(moved))[0];
+  EXPECT_EQ(got.data_ptr(), first);
+  EXPECT_EQ(kernel.num_in_place_outputs(), 1u);
+  EXPECT_TRUE(at::equal(got, reference.run(copies)[0].toTensor()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, PrintedKernel, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

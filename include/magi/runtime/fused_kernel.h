@@ -46,7 +46,10 @@ class FusedKernel {
   FusedKernel(const ir::Graph& group, const std::string& name);
   ~FusedKernel();
 
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
+  /// Runs the kernel. The inputs are taken by value: a tensor whose only reference the caller
+  /// moves in may have an output written over it (pointwise kernels); one the caller still
+  /// holds (a copied vector) never does.
+  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) const;
 
   const codegen::KernelSpec& spec() const { return spec_; }
   /// The device the captured graph ran this group on.
