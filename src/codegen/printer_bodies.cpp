@@ -253,23 +253,31 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
     const KOp& op = s.ops[n];
     if (!vector_shift(v, op)) continue;
     const std::string k = std::to_string(op.input), T = ctype(s.inputs[op.input].dtype);
-    const std::string col = "magi_col(col_base + " + std::to_string(op.shift) + "LL, cols - V + 1)";
-    const std::string first = "row_start + " + col;
+    const std::string shifted = "col_base + " + std::to_string(op.shift) + "LL";
+    const std::string first = "row_start + " + shifted;
     const std::string dest = "s" + std::to_string(n);
+    // A vector whose shifted columns leave the row belongs to another piece of a cat or pad,
+    // whose select discards it: it is not read at all (rotate_half reads one of its two
+    // shifted vectors per lane, not both).
     os << ind << "A " << dest << "[V];\n";
+    os << ind << "if (" << shifted << " >= 0 && " << shifted << " <= cols - V) {\n";
     if (v.access[op.input] == AccessClass::kStrided) {
-      os << ind
-         << strided_vector_load(v, op.input, gpu, args, strided_offset(v, op.input, args, col),
+      os << ind << "  "
+         << strided_vector_load(v, op.input, gpu, args, strided_offset(v, op.input, args, shifted),
                                 dest, true)
          << "\n";
     } else if (gpu) {
       // Kept in cache like the unshifted load: the same bytes are read at other shifts.
-      os << ind << "magi_load<A, " << T << ", V, true>(in" << k << " + " << first << ", " << dest
+      os << ind << "  magi_load<A, " << T << ", V, true>(in" << k << " + " << first << ", " << dest
          << ");\n";
     } else {
-      os << ind << "{ const long long off = " << first << "; for (int j = 0; j < V; ++j) " << dest
-         << "[j] = magi_to_acc<A>(in" << k << "[off + j]); }\n";
+      os << ind << "  const long long off = " << first << ";\n"
+         << ind << "  for (int j = 0; j < V; ++j) " << dest << "[j] = magi_to_acc<A>(in" << k
+         << "[off + j]);\n";
     }
+    os << ind << "} else {\n"
+       << ind << "  for (int j = 0; j < V; ++j) " << dest << "[j] = A(0);\n"
+       << ind << "}\n";
   }
 }
 
