@@ -29,6 +29,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_column_weight_grad_ccl_v
   if (a.phase == 0) {
     _Pragma("unroll") for (int j = 0; j < V; ++j) acc8[j] = A(0);
     if (active) {
+#pragma unroll 4
       for (long long row = blockIdx.y * (long long)blockDim.y + threadIdx.y; row < rows;
            row += (long long)gridDim.y * blockDim.y) {
         A t0[V];
