@@ -1,9 +1,9 @@
 // The memory a lowered graph holds at its fullest, simulated in node order the way the executor
 // runs it: each node's new tensors are allocated while all of its inputs are still alive (a
-// fusion group's outputs beside all the tensors it reads), and a tensor is freed after the last
-// node that reads it or a view of it. The recompute planner predicts peaks on the joint graph,
-// op by op; fusion changes when tensors are born and die, and this is what the compiled forward
-// and backward will actually hold (passes.h).
+// fusion group's outputs beside all the tensors it reads, except those it writes over an input
+// that dies there), and a tensor is freed after the last node that reads it or a view of it. The
+// recompute planner predicts peaks on the joint graph, op by op; fusion changes when tensors are
+// born and die, and this is what the compiled forward and backward will actually hold (passes.h).
 #include <ATen/core/function_schema.h>
 
 #include <algorithm>
@@ -88,6 +88,13 @@ class PeakSimulation {
         PeakSimulation inner(hints_);
         during += inner.run(*n->piece(), std::vector<bool>(n->piece()->inputs().size())).bytes;
       }
+      if (n->kind() == ir::NodeKind::kFusion) {
+        // Outputs written over inputs that die here take no memory of their own.
+        for (const ir::Value* root : written_over(*n, i, last_use)) {
+          live -= bytes_[root];
+          bytes_[root] = 0;
+        }
+      }
       if (n->kind() != ir::NodeKind::kInput) {
         for (const ir::Value* v : n->outputs()) {
           if (root_of(v) == v) live += bytes_[v];
@@ -104,6 +111,73 @@ class PeakSimulation {
   }
 
  private:
+  // The storages a fusion node's outputs are written over, as the runtime decides it for a
+  // pointwise kernel (FusedKernel::reusable_input): each contiguous output, in order, takes
+  // the first input that dies at this node, is the only reference to its storage, is counted,
+  // and has the output's dtype and bytes. A group with a reduction or with a slice, cat or pad
+  // (loads at a column shift) writes only new tensors. The runtime may still decline (an
+  // input laid out otherwise than the output, the graph's first call); the simulation then
+  // predicts low by that tensor.
+  std::vector<const ir::Value*> written_over(
+      const ir::Node& n, size_t at,
+      const std::unordered_map<const ir::Value*, size_t>& last_use) const {
+    std::vector<const ir::Value*> roots;
+    const ir::Graph* group = n.piece();
+    if (group == nullptr) return roots;
+    for (const ir::Node* op : group->nodes()) {
+      if (!op->is_operator()) continue;
+      switch (ir::op_info(*op).op_class) {
+        case ir::OpClass::kReduction:
+        case ir::OpClass::kColumnReduction:
+        case ir::OpClass::kSoftmax:
+        case ir::OpClass::kLayerNorm:
+        case ir::OpClass::kSlice:
+        case ir::OpClass::kCat:
+        case ir::OpClass::kPad:
+          return roots;
+        default:
+          break;
+      }
+    }
+    std::vector<bool> taken(n.inputs().size(), false);
+    for (const ir::Value* out : n.outputs()) {
+      const auto& ot = out->tensor_type();
+      if (!ot || !ot->is_contiguous()) continue;
+      for (size_t j = 0; j < n.inputs().size(); ++j) {
+        const ir::Value* in = n.inputs()[j];
+        const ir::Value* root = root_of(in);
+        const auto& it = in->tensor_type();
+        if (taken[j] || !it || it->dtype != ot->dtype || !it->is_contiguous() ||
+            permuted_in(*group, j)) {
+          continue;
+        }
+        const auto dies = last_use.find(root);
+        if (dies == last_use.end() || dies->second != at) continue;
+        const int64_t bytes = bytes_.count(root) ? bytes_.at(root) : 0;
+        if (bytes == 0 || bytes != bytes_of(out) || bytes_of(in) != bytes) continue;
+        size_t readers = 0;  // the storage reached through another input of this node too
+        for (const ir::Value* other : n.inputs()) readers += root_of(other) == root;
+        if (readers != 1) continue;
+        taken[j] = true;
+        roots.push_back(root);
+        break;
+      }
+    }
+    return roots;
+  }
+
+  // Whether the group reads input `j` through a permute (not in the output's element order).
+  static bool permuted_in(const ir::Graph& group, size_t j) {
+    if (j >= group.inputs().size()) return true;
+    for (const ir::Node* user : group.inputs()[j]->users()) {
+      if (user->is_operator() && ir::op_info(*user).op_class == ir::OpClass::kView &&
+          ir::op_info(*user).fn == "permute") {
+        return true;
+      }
+    }
+    return false;
+  }
+
   const ir::Value* root_of(const ir::Value* v) const {
     auto it = root_.find(v);
     return it == root_.end() ? v : it->second;
