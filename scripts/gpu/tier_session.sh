@@ -5,4 +5,4 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest tests/gpu"
-gpu_pytest pytest_gpu.log 520 tests/gpu
+gpu_pytest pytest_gpu.log "${TIER_LIMIT:-520}" tests/gpu
