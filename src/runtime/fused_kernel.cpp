@@ -691,7 +691,12 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       taken[i] = true;
       std::vector<int64_t> strides(shapes[k].size(), 1);
       for (size_t d = strides.size(); d-- > 1;) strides[d - 1] = strides[d] * shapes[k][d];
-      outputs[k] = inputs[i].as_strided(shapes[k], strides);
+      // A tensor of its own on the input's storage, not a view of the input: autograd would
+      // refuse a caller's in-place write to a view made inside a compiled function.
+      outputs[k] = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(inputs[i].storage()),
+                                                            inputs[i].key_set(), inputs[i].dtype());
+      outputs[k].unsafeGetTensorImpl()->set_sizes_and_strides(shapes[k], strides,
+                                                              inputs[i].storage_offset());
       in_place_outputs_.fetch_add(1, std::memory_order_relaxed);
     }
   }
