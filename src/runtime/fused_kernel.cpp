@@ -683,6 +683,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   const bool any_strided =
       std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
   if (any_strided && rank > codegen::kMaxRank) return run_fallback(inputs);
+  size_t written_over = 0;
   if (spec_.schedule == codegen::Schedule::kPointwise) {
     std::vector<bool> taken(inputs.size(), false);
     for (size_t k = 0; k < outputs.size(); ++k) {
@@ -697,7 +698,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
                                                             inputs[i].key_set(), inputs[i].dtype());
       outputs[k].unsafeGetTensorImpl()->set_sizes_and_strides(shapes[k], strides,
                                                               inputs[i].storage_offset());
-      in_place_outputs_.fetch_add(1, std::memory_order_relaxed);
+      ++written_over;
     }
   }
   allocate_outputs();
@@ -744,6 +745,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
+  in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);
 
   if (device.is_cuda()) {
     const auto info = codegen::device_info(device.index());
