@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "magi/common/error.h"
 #include "magi/common/log.h"
@@ -34,6 +35,7 @@ class PeakSimulation {
     for (size_t i = 0; i < inputs.size(); ++i) {
       const ir::Value* v = inputs[i];
       root_[v] = v;
+      graph_inputs_.insert(v);
       bytes_[v] = (counted.empty() || counted[i]) ? bytes_of(v) : 0;
       live += bytes_[v];
     }
@@ -113,11 +115,13 @@ class PeakSimulation {
  private:
   // The storages a fusion node's outputs are written over, as the runtime decides it for a
   // pointwise kernel (FusedKernel::reusable_input): each contiguous output, in order, takes
-  // the first input that dies at this node, is the only reference to its storage, is counted,
-  // and has the output's dtype and bytes. A group with a reduction or with a slice, cat or pad
-  // (loads at a column shift) writes only new tensors. The runtime may still decline (an
-  // input laid out otherwise than the output, the graph's first call); the simulation then
-  // predicts low by that tensor.
+  // the first input that dies at this node, is the only reference to its storage, is a tensor
+  // this graph made (a graph input, even one the run frees early such as a backward's saved
+  // tensor, still has its Python object's reference when the kernel runs), and has the
+  // output's dtype and bytes. A group with a reduction or with a slice, cat or pad (loads at a
+  // column shift) writes only new tensors. Where the runtime still declines (an input laid out
+  // otherwise than the output, a view chain ending in a permute, a kernel that falls back to
+  // ATen), the simulation predicts low by that tensor.
   std::vector<const ir::Value*> written_over(
       const ir::Node& n, size_t at,
       const std::unordered_map<const ir::Value*, size_t>& last_use) const {
@@ -151,6 +155,7 @@ class PeakSimulation {
             permuted_in(*group, j)) {
           continue;
         }
+        if (graph_inputs_.count(root) != 0) continue;
         const auto dies = last_use.find(root);
         if (dies == last_use.end() || dies->second != at) continue;
         const int64_t bytes = bytes_.count(root) ? bytes_.at(root) : 0;
@@ -209,6 +214,7 @@ class PeakSimulation {
 
   const ir::SymbolBindings& hints_;
   std::unordered_map<const ir::Value*, const ir::Value*> root_;
+  std::unordered_set<const ir::Value*> graph_inputs_;
   std::unordered_map<const ir::Value*, int64_t> bytes_;
 };
 

@@ -489,13 +489,34 @@ def test_an_output_written_over_an_input_takes_in_place_writes_in_training(asser
 
 def test_inputs_still_read_elsewhere_are_not_written_over(assert_close_rel):
     """Gate and up are also returned: the kernel allocates, and both come back intact."""
-    x, wg, wu = torch.randn(6, 24), torch.randn(24, 40), torch.randn(24, 40)
+    wg, wu = torch.randn(24, 40), torch.randn(24, 40)
     compiled = magi_compile(_swiglu_keeping_gate, dynamic_arg_dims={"x": 0})
     with lowered_graphs() as runs, torch.no_grad():
-        for got, want in zip(compiled(x, wg, wu), _swiglu_keeping_gate(x, wg, wu), strict=True):
-            assert_close_rel(got, want, RTOL[torch.float32])
+        for rows in (6, 9, 7):  # the first call never writes over; the later ones could
+            x = torch.randn(rows, 24)
+            got, want = compiled(x, wg, wu), _swiglu_keeping_gate(x, wg, wu)
+            for a, e in zip(got, want, strict=True):
+                assert_close_rel(a, e, RTOL[torch.float32])
     (run,) = runs
     assert run.magi_executable.num_in_place_outputs == 0
+
+
+def _scaled_view(x, w):
+    return (x @ w).view(x.shape[0], 4, 10) * 2.0 + 1.0
+
+
+def test_a_view_whose_base_dies_with_it_is_written_over(assert_close_rel):
+    """The kernel reads a view of the product; the view's autograd record holds the product
+    too, and nothing else does, so the result takes the product's buffer."""
+    w = torch.randn(24, 40)
+    compiled = magi_compile(_scaled_view, dynamic_arg_dims={})
+    with lowered_graphs() as runs, torch.no_grad():
+        counts = []
+        for _ in range(3):
+            x = torch.randn(6, 24)
+            assert_close_rel(compiled(x, w), _scaled_view(x, w), RTOL[torch.float32])
+            counts.append(runs[0].magi_executable.num_in_place_outputs)
+    assert counts[2] - counts[1] == 1, counts
 
 
 def test_inputs_read_at_a_column_shift_are_not_written_over(assert_close_rel):
