@@ -288,6 +288,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("draws_random_numbers", &runtime::Executable::draws_random_numbers,
                              "Whether some operator may draw random numbers its results depend "
                              "on (random ops, attention with dropout, custom ops).")
+      .def_property_readonly("calls_custom_ops", &runtime::Executable::calls_custom_ops,
+                             "Whether some instruction, pieces included, calls a custom "
+                             "(non-ATen) operator.")
       .def_property_readonly("num_piece_graph_captures",
                              &runtime::Executable::num_piece_graph_captures)
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,

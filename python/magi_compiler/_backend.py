@@ -7,6 +7,7 @@ in ``magi_compiler._C``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -57,12 +58,19 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     runner = _cuda_graph_runner(gm, kind, config, executable)
     call = lowering.first_call_hook(runner.run if runner is not None else executable.run)
 
+    first = [True]
+
     def run(args: list[Any]) -> list[Any]:
         # Boxed calling convention: the list is ours to empty. The C++ side takes the inputs and
         # clears it before running, so each input (a backward's saved tensors) is freed after
         # its last use rather than when the call returns.
         slot = _fast_dispatch.observe_inputs(run, args)
-        outputs = call(args, steal_inputs=True)
+        if first[0]:
+            first[0] = False
+            with _without_custom_op_check(executable):
+                outputs = call(args, steal_inputs=True)
+        else:
+            outputs = call(args, steal_inputs=True)
         if slot is not None:
             _fast_dispatch.observe_outputs(slot, outputs)
         return outputs
@@ -234,3 +242,22 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
             _capturing.info = None
 
     return backend
+
+
+def _without_custom_op_check(executable: Any) -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd runs a compiled graph's first call under a dispatch mode that checks custom
+    operators for outputs aliasing their inputs. Every ATen call our executor makes then goes
+    through Python, which slows that call and gives each intermediate a Python object: the extra
+    reference keeps generated kernels from writing over inputs that die at them, so the first
+    call peaks higher than the later ones. A graph without custom operators has nothing for the
+    mode to check: its first call runs without it. Any other mode (the caller's own) stays."""
+    if executable is None or executable.calls_custom_ops:
+        return contextlib.nullcontext()
+    if torch._C._len_torch_dispatch_stack() != 1:
+        return contextlib.nullcontext()
+    mode = torch._C._get_dispatch_stack_at(0)
+    if type(mode).__name__ != "_AnalyzeCustomOpInputOutputMode":
+        return contextlib.nullcontext()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()

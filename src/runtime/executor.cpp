@@ -185,6 +185,7 @@ void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t
 
 const PaddingPlan& Executable::padding() const { return program_->padding; }
 bool Executable::draws_random_numbers() const { return program_->draws_random; }
+bool Executable::calls_custom_ops() const { return program_->calls_custom_ops; }
 
 size_t Executable::num_piece_graph_captures() const {
   size_t n = 0;

@@ -263,6 +263,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
         instr.kind = InstrKind::kCall;
         instr.op = node->op();
         instr.pure = is_pure_operator(*node);
+        p.calls_custom_ops |= node->kind() == ir::NodeKind::kCustomOp;
         if (may_draw_random(*node, instr, p.constants)) {
           if (!p.draws_random) {
             MAGI_LOG_DEBUG("executor: ", instr.where,
@@ -301,6 +302,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
         p.num_piece_calls++;
         p.num_calls += p.pieces[instr.piece]->num_operator_calls();
         p.draws_random |= p.pieces[instr.piece]->draws_random_numbers();
+        p.calls_custom_ops |= p.pieces[instr.piece]->calls_custom_ops();
         break;
       default:
         MAGI_ASSERT(false, "unexpected node kind ", ir::node_kind_name(node->kind()));

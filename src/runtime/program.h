@@ -67,7 +67,8 @@ struct Executable::Program {
   size_t num_piece_calls = 0;
   size_t num_fusions = 0;
   size_t max_stack = 0;
-  bool draws_random = false;  // see Executable::draws_random_numbers
+  bool draws_random = false;      // see Executable::draws_random_numbers
+  bool calls_custom_ops = false;  // see Executable::calls_custom_ops
   // Instructions marked `once` compute the same values on every call (rotary tables of a
   // static sequence length, masks from arange): the first call runs them and keeps the values
   // later instructions read; later calls start from those. Filled once, under the mutex.

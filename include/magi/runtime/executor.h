@@ -104,6 +104,8 @@ class Executable {
   /// random operators, attention with a dropout probability other than the constant 0, custom
   /// operators (opaque). A CUDA graph without such operators needs no generator refresh.
   bool draws_random_numbers() const;
+  /// Whether some instruction, pieces included, calls a custom (non-ATen) operator.
+  bool calls_custom_ops() const;
   /// Whether (and how) calls may be padded along a dynamic batch dim: decided at lowering.
   const PaddingPlan& padding() const;
 
