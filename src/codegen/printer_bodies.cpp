@@ -281,30 +281,58 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
   }
 }
 
-void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
-                         const std::string& args, const std::string& ind) {
+namespace {
+
+// Every input the pointwise body's ops load, shifted or not.
+std::vector<int> pointwise_reads(const KernelVariant& v) {
   const KernelSpec& s = *v.spec;
-  std::vector<int> ops = element_closure(s, full_output_roots(s));
-  const std::vector<int> inputs = element_inputs(s, ops);
-  std::vector<int> read;  // every input the ops load, shifted or not
-  for (int n : ops) {
+  std::vector<int> read;
+  for (int n : element_closure(s, full_output_roots(s))) {
     if (s.ops[n].kind == KOpKind::kLoad) read.push_back(s.ops[n].input);
   }
   std::sort(read.begin(), read.end());
   read.erase(std::unique(read.begin(), read.end()), read.end());
-  const bool strided = std::any_of(read.begin(), read.end(),
-                                   [&](int i) { return v.access[i] == AccessClass::kStrided; });
-  const bool columns = uses_columns(s);
-  if (columns || strided) {  // the V lanes lie in one row (the vector width divides the row length)
+  return read;
+}
+
+}  // namespace
+
+bool pointwise_needs_rows(const KernelVariant& v) {
+  const std::vector<int> read = pointwise_reads(v);
+  return uses_columns(*v.spec) || std::any_of(read.begin(), read.end(), [&](int i) {
+           return v.access[i] == AccessClass::kStrided;
+         });
+}
+
+void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
+                         const std::string& args, const std::string& ind, bool row_given) {
+  if (!row_given) {  // the V lanes lie in one row (the vector width divides the row length)
     os << ind << "const long long row_index = "
        << (gpu ? "magi_div_cols(" + args + ", base)" : std::string("base / cols")) << ";\n";
     os << ind << "const long long col_base = base - row_index * cols;\n";
     os << ind << "const long long row_start = base - col_base;\n";
     os << ind << "(void)row_start;\n";
-    emit_row_offsets(os, v, read, args, "row_index", ind);
   }
+  emit_row_offsets(os, v, pointwise_reads(v), args, "row_index", ind);
+}
+
+void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
+                         const std::string& args, const std::string& ind, bool rows_outside) {
+  const KernelSpec& s = *v.spec;
+  std::vector<int> ops = element_closure(s, full_output_roots(s));
+  const std::vector<int> inputs = element_inputs(s, ops);
+  const bool columns = uses_columns(s);
+  if (!rows_outside && pointwise_needs_rows(v)) emit_pointwise_rows(os, v, gpu, args, ind, false);
   for (int i : inputs) {
-    os << ind << "A t" << i << "[V];\n" << ind << load_pointwise(v, i, gpu, args) << "\n";
+    std::string load = load_pointwise(v, i, gpu, args);
+    if (rows_outside && !gpu && v.access[i] == AccessClass::kColumn) {  // no modulo per lane
+      load = "for (int j = 0; j < V; ++j) t" + std::to_string(i) + "[j] = magi_to_acc<A>(in" +
+             std::to_string(i) + "[col_base + j]);";
+    } else if (rows_outside && !gpu && v.access[i] == AccessClass::kRow) {
+      load = "{ const A r = magi_to_acc<A>(in" + std::to_string(i) +
+             "[row_index]); for (int j = 0; j < V; ++j) t" + std::to_string(i) + "[j] = r; }";
+    }
+    os << ind << "A t" << i << "[V];\n" << ind << load << "\n";
   }
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
   if (columns) emit_shifted_vector_loads(os, v, ops, gpu, args, ind);

@@ -83,8 +83,18 @@ bool vector_shift(const KernelVariant& v, const KOp& op);
 void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
                                const std::vector<int>& ops, bool gpu, const std::string& args,
                                const std::string& ind);
+/// Whether a pointwise variant addresses its inputs per row (columns of a slice/cat/pad, or
+/// strided inputs): its body then needs row_index, col_base and row_start.
+bool pointwise_needs_rows(const KernelVariant& v);
+/// The row decomposition of a pointwise body (row_index, col_base, row_start from `base`,
+/// and the strided inputs' row offsets); `row_given`: row_index and row_start are already
+/// defined (the C++ printer loops over rows), so only the offsets are emitted.
+void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
+                         const std::string& args, const std::string& ind, bool row_given);
+/// `rows_outside`: emit_pointwise_rows was called outside the body (no decomposition in it).
 void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
-                         const std::string& args, const std::string& ind);
+                         const std::string& args, const std::string& ind,
+                         bool rows_outside = false);
 
 void check_variant(const KernelVariant& v);
 std::string unroll_lane_loops(std::string code);

@@ -284,6 +284,20 @@ std::string print_cpp(const KernelVariant& v) {
     return os.str();
   }
   if (s.schedule == Schedule::kPointwise) {
+    if (pointwise_needs_rows(v)) {
+      // Rows outside, columns inside: each row's coordinates and strided offsets are computed
+      // once (lanes are single elements here, so per vector would be per element), and the
+      // column loop is a plain one the compiler can vectorise.
+      os << "#pragma omp parallel for schedule(static) if (a->numel > 32768)\n";
+      os << "  for (long long row_index = 0; row_index < rows; ++row_index) {\n";
+      os << "    const long long row_start = row_index * cols;\n";
+      emit_pointwise_rows(os, v, false, "(*a)", "    ", true);
+      os << "    for (long long col_base = 0; col_base < cols; col_base += V) {\n";
+      os << "      const long long base = row_start + col_base;\n";
+      emit_pointwise_body(os, v, false, "(*a)", "      ", true);
+      os << "    }\n  }\n}\n";
+      return os.str();
+    }
     os << "  const long long vectors = a->numel / V;\n";
     os << "#pragma omp parallel for schedule(static) if (a->numel > 32768)\n";
     os << "  for (long long vi = 0; vi < vectors; ++vi) {\n";

@@ -15,36 +15,34 @@ extern "C" void fused_pointwise_silu_mul_clg_v1_r2n(const MagiArgs* a) {
   const long long rows = a->rows;
   (void)cols;
   (void)rows;
-  const long long vectors = a->numel / V;
 #pragma omp parallel for schedule(static) if (a->numel > 32768)
-  for (long long vi = 0; vi < vectors; ++vi) {
-    const long long base = vi * V;
-    const long long row_index = base / cols;
-    const long long col_base = base - row_index * cols;
-    const long long row_start = base - col_base;
-    (void)row_start;
+  for (long long row_index = 0; row_index < rows; ++row_index) {
+    const long long row_start = row_index * cols;
     const MagiRowAt<R, kNarrow> ri((*a), row_index);
     const long long ro2 = ri.offset((*a), 2);
     (void)ro2;
-    A t0[V];
-    for (int j = 0; j < V; ++j) t0[j] = magi_to_acc<A>(in0[base + j]);
-    A t1[V];
-    for (int j = 0; j < V; ++j) t1[j] = magi_to_acc<A>(in1[(base + j) % cols]);
-    A t2[V];
-    { const long long off = ro2 + (col_base) * (*a).strides[2][R - 1]; const long long step = (*a).strides[2][R - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
-    A o0[V];
-    for (int j = 0; j < V; ++j) {
-      const A e0 = t0[j];
-      const A e1 = t1[j];
-      const A e2 = t2[j];
-      const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:20 in forward
-      const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:20 in forward
-      const A e6 = magi_silu(e5);  // aten::silu @ model.py:20 in forward
-      const A e7 = magi_round_bf16(e6);  // aten::silu @ model.py:20 in forward
-      const A e8 = (e7 * e2);  // aten::mul.Tensor @ model.py:21 in forward
-      const A e9 = magi_round_bf16(e8);  // aten::mul.Tensor @ model.py:21 in forward
-      o0[j] = e9;
+    for (long long col_base = 0; col_base < cols; col_base += V) {
+      const long long base = row_start + col_base;
+      A t0[V];
+      for (int j = 0; j < V; ++j) t0[j] = magi_to_acc<A>(in0[base + j]);
+      A t1[V];
+      for (int j = 0; j < V; ++j) t1[j] = magi_to_acc<A>(in1[col_base + j]);
+      A t2[V];
+      { const long long off = ro2 + (col_base) * (*a).strides[2][R - 1]; const long long step = (*a).strides[2][R - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
+      A o0[V];
+      for (int j = 0; j < V; ++j) {
+        const A e0 = t0[j];
+        const A e1 = t1[j];
+        const A e2 = t2[j];
+        const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:20 in forward
+        const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:20 in forward
+        const A e6 = magi_silu(e5);  // aten::silu @ model.py:20 in forward
+        const A e7 = magi_round_bf16(e6);  // aten::silu @ model.py:20 in forward
+        const A e8 = (e7 * e2);  // aten::mul.Tensor @ model.py:21 in forward
+        const A e9 = magi_round_bf16(e8);  // aten::mul.Tensor @ model.py:21 in forward
+        o0[j] = e9;
+      }
+      for (int j = 0; j < V; ++j) out0[base + j] = MagiStore<magi_bf16>::from(o0[j]);
     }
-    for (int j = 0; j < V; ++j) out0[base + j] = MagiStore<magi_bf16>::from(o0[j]);
   }
 }
