@@ -58,15 +58,16 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     runner = _cuda_graph_runner(gm, kind, config, executable)
     call = lowering.first_call_hook(runner.run if runner is not None else executable.run)
 
-    first = [True]
+    first = True
 
     def run(args: list[Any]) -> list[Any]:
         # Boxed calling convention: the list is ours to empty. The C++ side takes the inputs and
         # clears it before running, so each input (a backward's saved tensors) is freed after
         # its last use rather than when the call returns.
+        nonlocal first
         slot = _fast_dispatch.observe_inputs(run, args)
-        if first[0]:
-            first[0] = False
+        if first:
+            first = False
             with _without_custom_op_check(executable):
                 outputs = call(args, steal_inputs=True)
         else:

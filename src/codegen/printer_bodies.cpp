@@ -179,11 +179,22 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
 
 // ---- pointwise body --------------------------------------------------------------------------
 
-std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args) {
+std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args,
+                           bool rows_outside) {
   const KernelSpec& s = *v.spec;
   std::string T = ctype(s.inputs[i].dtype), ti = "t" + std::to_string(i),
               in = "in" + std::to_string(i);
   std::string V = std::to_string(v.vector_width);
+  if (rows_outside) {  // the C++ row loop: the row and the column are known, no division
+    if (v.access[i] == AccessClass::kColumn) {
+      return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in +
+             "[col_base + j]);";
+    }
+    if (v.access[i] == AccessClass::kRow) {
+      return "{ const A r = magi_to_acc<A>(" + in + "[row_index]); for (int j = 0; j < V; ++j) " +
+             ti + "[j] = r; }";
+    }
+  }
   switch (v.access[i]) {
     case AccessClass::kContiguous:
       if (gpu) return "magi_load<A, " + T + ", " + V + ", true>(" + in + " + base, " + ti + ");";
@@ -324,15 +335,8 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
   const bool columns = uses_columns(s);
   if (!rows_outside && pointwise_needs_rows(v)) emit_pointwise_rows(os, v, gpu, args, ind, false);
   for (int i : inputs) {
-    std::string load = load_pointwise(v, i, gpu, args);
-    if (rows_outside && !gpu && v.access[i] == AccessClass::kColumn) {  // no modulo per lane
-      load = "for (int j = 0; j < V; ++j) t" + std::to_string(i) + "[j] = magi_to_acc<A>(in" +
-             std::to_string(i) + "[col_base + j]);";
-    } else if (rows_outside && !gpu && v.access[i] == AccessClass::kRow) {
-      load = "{ const A r = magi_to_acc<A>(in" + std::to_string(i) +
-             "[row_index]); for (int j = 0; j < V; ++j) t" + std::to_string(i) + "[j] = r; }";
-    }
-    os << ind << "A t" << i << "[V];\n" << ind << load << "\n";
+    os << ind << "A t" << i << "[V];\n"
+       << ind << load_pointwise(v, i, gpu, args, rows_outside) << "\n";
   }
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
   if (columns) emit_shifted_vector_loads(os, v, ops, gpu, args, ind);

@@ -289,9 +289,9 @@ std::string print_cpp(const KernelVariant& v) {
     });
     if (pointwise_needs_rows(v) || per_row_or_column) {
       // Rows outside, columns inside: each row's coordinates and strided offsets are computed
-      // once (lanes are single elements here, so per vector would be per element), per-row and
-      // per-column inputs are indexed by the row and the column (not a division or modulo per
-      // element), and the column loop is a plain one the compiler can vectorise.
+      // once (lanes are single elements here, so per vector would be per element), and per-row
+      // and per-column inputs are indexed by the row and the column (not a division or modulo
+      // per element). Parallel over rows: a tensor of few long rows runs on few threads.
       os << "#pragma omp parallel for schedule(static) if (a->numel > 32768)\n";
       os << "  for (long long row_index = 0; row_index < rows; ++row_index) {\n";
       os << "    const long long row_start = row_index * cols;\n";
