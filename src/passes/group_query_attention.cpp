@@ -10,9 +10,23 @@
 // fewer heads than the query, query head h reading key/value head h / r, the mapping of the
 // copy. The pass hands them k and v as they are and erases the copies that nothing else reads.
 //
-// Only calls whose extra outputs (logsumexp, RNG state) are unused: in a training forward they
-// are saved for a backward traced against the repeated tensors. Memory-efficient attention
-// takes no grouped heads; AttentionCall leaves it out for such calls.
+// Forward calls: a call whose extra outputs (logsumexp, RNG state) are used is a training
+// forward; its output and logsumexp are the same with grouped heads, so it is rewritten too
+// when its dropout is 0 (a backward that still reads the repeated copies then gets the values
+// it was traced against; with dropout the random mask could differ).
+//
+// Backward calls (training): flash's and cuDNN's backwards also take grouped heads, and then
+// return the key and value gradients already summed over each group. The graph sums the
+// repeated heads' gradients itself, in the form _decompositions.py gives the expand's
+// gradient: view(g, [b, hkv, r, s, d]), its r select(.., 2, i) views added up in order (in
+// float32 for half-precision g, rounded once). A backward at dropout 0 (cuDNN: without an
+// attention bias) whose key and value are repeats and whose gradients are read only through
+// that sum reads k and v as they are; the sums' readers read its gradients instead, and the
+// sums, the repeats and the gradients' views go. On the H100 (torch 2.11) both backwards match
+// a float32 reference as closely grouped as repeated (scripts/gpu/gqa_backward_probe.py).
+//
+// Memory-efficient attention takes no grouped heads; AttentionCall leaves it out for such
+// calls.
 //
 // Requires: a verified graph. Guarantees: a verified graph computing the same outputs.
 #include <optional>
@@ -96,14 +110,6 @@ std::optional<Repeat> repeated_heads(ir::Value* v) {
   return Repeat{source, kv_heads};
 }
 
-// Flash and cuDNN attention read grouped heads, cuDNN also with a mask: on the H100 (torch
-// 2.11) a [1, 1, 1, 256] mask with 32 query and 8 key heads matched a float32 reference to
-// 2e-3 (scripts/gpu/cudnn_gqa_mask_probe.py).
-bool takes_grouped_heads(const ir::Node& node) {
-  return is_op(&node, "aten::_scaled_dot_product_flash_attention") ||
-         is_op(&node, "aten::_scaled_dot_product_cudnn_attention");
-}
-
 bool in_repeat_chain(const ir::Node* node) {
   switch (node->kind()) {
     case ir::NodeKind::kConstant:
@@ -138,32 +144,232 @@ void erase_unread(ir::Graph& graph, ir::Value* v) {
   }
 }
 
+// The attention calls that read grouped heads: flash and cuDNN, forward and backward (cuDNN's
+// forward also with a mask: on the H100, torch 2.11, a [1, 1, 1, 256] mask with 32 query and 8
+// key heads matched a float32 reference to 2e-3, scripts/gpu/cudnn_gqa_mask_probe.py).
+struct AttentionOp {
+  const char* name;
+  bool backward;
+  size_t key;                  ///< the key's input; the value's is the next
+  size_t dropout;              ///< dropout_p's input (the forwards' default is 0)
+  std::optional<size_t> bias;  ///< an attention bias the call must not have (backward)
+};
+
+const AttentionOp* attention_op(const ir::Node& node) {
+  static const AttentionOp kOps[] = {
+      {"aten::_scaled_dot_product_flash_attention", false, 1, 3, std::nullopt},
+      {"aten::_scaled_dot_product_cudnn_attention", false, 1, 5, std::nullopt},
+      {"aten::_scaled_dot_product_flash_attention_backward", true, 2, 10, std::nullopt},
+      {"aten::_scaled_dot_product_cudnn_attention_backward", true, 2, 13, 8},
+  };
+  for (const AttentionOp& op : kOps) {
+    if (is_op(&node, op.name)) return &op;
+  }
+  return nullptr;
+}
+
+bool no_dropout(const ir::Node& node, size_t i) {
+  if (i >= node.inputs().size()) return true;  // the default
+  const c10::IValue* v = ir::constant_input(node, i);
+  return v != nullptr &&
+         ((v->isDouble() && v->toDouble() == 0.0) || (v->isInt() && v->toInt() == 0));
+}
+
+ir::Node* only_user(const ir::Value* v) {
+  return v->users().size() == 1 ? v->users().front() : nullptr;
+}
+
+// _to_copy(x) that changes the dtype to `to` and nothing else.
+bool is_cast_to(const ir::Node* node, c10::ScalarType to) {
+  if (node == nullptr || !is_op(node, "aten::_to_copy")) return false;
+  const auto& in = node->input(0)->tensor_type();
+  const auto& out = node->output()->tensor_type();
+  return in && out && out->dtype == to && out->device == in->device && out->sizes == in->sizes;
+}
+
+bool alpha_is_one(const ir::Node& add) {
+  if (add.inputs().size() < 3) return true;
+  const c10::IValue* v = ir::constant_input(add, 2);
+  return v != nullptr &&
+         ((v->isInt() && v->toInt() == 1) || (v->isDouble() && v->toDouble() == 1.0));
+}
+
+// The value that sums `grad` ([b, hkv * r, s, d], the gradient of the repeated heads) over each
+// group of r heads, as _decompositions.py gives the expand's gradient: view(grad, [b, hkv, r,
+// s, d]), whose select(.., 2, i) for i < r are added in order, in float32 for a half-precision
+// grad and rounded back once. nullptr when grad is read in any other way.
+ir::Value* group_sum(ir::Value* grad, int64_t kv_heads) {
+  const auto& g = grad->tensor_type();
+  if (!g || g->rank() != 4 || !g->sizes[1].is_constant() || kv_heads <= 0) return nullptr;
+  const int64_t heads = g->sizes[1].constant_value();
+  if (heads % kv_heads != 0 || heads == kv_heads) return nullptr;
+  const int64_t r = heads / kv_heads;
+  ir::Node* view = only_user(grad);
+  if (view == nullptr || !(is_op(view, "aten::view") || is_op(view, "aten::_unsafe_view") ||
+                           is_op(view, "aten::reshape"))) {
+    return nullptr;
+  }
+  const auto& w = view->output()->tensor_type();
+  if (!w || w->rank() != 5) return nullptr;
+  const auto& s = g->sizes;
+  const auto& ws = w->sizes;
+  const auto is = [](const ir::SymExpr& e, int64_t n) {
+    return e.is_constant() && e.constant_value() == n;
+  };
+  if (!(ws[0] == s[0] && is(ws[1], kv_heads) && is(ws[2], r) && ws[3] == s[2] && ws[4] == s[3])) {
+    return nullptr;
+  }
+  const bool widened = g->dtype == c10::ScalarType::BFloat16 || g->dtype == c10::ScalarType::Half;
+  std::vector<ir::Value*> terms(r, nullptr);
+  if (static_cast<int64_t>(view->output()->users().size()) != r) return nullptr;
+  for (ir::Node* select : view->output()->users()) {
+    if (!is_op(select, "aten::select.int")) return nullptr;
+    const auto dim = constant_int(*select, 1), index = constant_int(*select, 2);
+    if (!dim || (*dim != 2 && *dim != -3) || !index || *index < 0 || *index >= r ||
+        terms[*index] != nullptr) {
+      return nullptr;
+    }
+    ir::Value* term = select->output();
+    if (widened) {
+      ir::Node* cast = only_user(term);
+      if (!is_cast_to(cast, c10::ScalarType::Float)) return nullptr;
+      term = cast->output();
+    }
+    terms[*index] = term;
+  }
+  ir::Value* total = terms[0];
+  for (int64_t i = 1; i < r; ++i) {
+    ir::Node* add = only_user(total);
+    if (add == nullptr || !is_op(add, "aten::add.Tensor") || add->input(0) != total ||
+        add->input(1) != terms[i] || terms[i]->users().size() != 1 || !alpha_is_one(*add)) {
+      return nullptr;
+    }
+    total = add->output();
+  }
+  if (widened) {
+    ir::Node* cast = only_user(total);
+    if (!is_cast_to(cast, g->dtype)) return nullptr;
+    total = cast->output();
+  }
+  const auto& t = total->tensor_type();
+  if (!t || t->rank() != 4 ||
+      !(t->sizes[0] == s[0] && is(t->sizes[1], kv_heads) && t->sizes[2] == s[2] &&
+        t->sizes[3] == s[3])) {
+    return nullptr;
+  }
+  return total;
+}
+
+// Does every reader of `v` take it in any layout? The group sum is a new contiguous tensor;
+// the backward's gradient has the key's layout instead. Views that only restride (transpose,
+// unsqueeze, ...) are followed; a view that needs compatible strides (view, _unsafe_view,
+// as_strided), a custom op or a graph output could tell the layouts apart.
+bool read_in_any_layout(const ir::Value* v) {
+  for (const ir::Node* user : v->users()) {
+    if (user->kind() == ir::NodeKind::kOutput || user->kind() == ir::NodeKind::kCustomOp) {
+      return false;
+    }
+    if (!user->is_operator()) return false;
+    const std::string name = user->op_name();
+    if (name == "aten::view" || name == "aten::_unsafe_view" || name == "aten::as_strided") {
+      return false;
+    }
+    const bool restrides =
+        name == "aten::transpose.int" || name == "aten::permute" || name == "aten::unsqueeze" ||
+        name == "aten::squeeze.dim" || name == "aten::squeeze.dims" || name == "aten::squeeze" ||
+        name == "aten::expand" || name == "aten::select.int" || name == "aten::slice.Tensor" ||
+        name == "aten::t" || name == "aten::alias" || name == "aten::detach";
+    if (restrides && !read_in_any_layout(user->output())) return false;
+  }
+  return true;
+}
+
+// Rewrites a forward call (see the file comment); false when it is not one to rewrite.
+bool rewrite_forward(ir::Graph& graph, ir::Node* node, const AttentionOp& op) {
+  bool extras_unused = true;
+  for (size_t k = 1; k < node->outputs().size(); ++k) {
+    extras_unused &= node->output(k)->users().empty();
+  }
+  if (!extras_unused && !no_dropout(*node, op.dropout)) return false;
+  const auto key = repeated_heads(node->input(op.key));
+  const auto value = repeated_heads(node->input(op.key + 1));
+  if (!key || !value || key->kv_heads != value->kv_heads) return false;
+  MAGI_LOG_DEBUG("group_query_attention: ", node->provenance().fx_name, " reads ",
+                 key->source->name(), " and ", value->source->name(), " (", key->kv_heads,
+                 " heads) instead of their repeated copies");
+  ir::Value* old_key = node->input(op.key);
+  ir::Value* old_value = node->input(op.key + 1);
+  node->set_input(op.key, key->source);
+  node->set_input(op.key + 1, value->source);
+  erase_unread(graph, old_key);
+  if (old_value != old_key) erase_unread(graph, old_value);
+  return true;
+}
+
+// Rewrites a backward call (see the file comment); false when it is not one to rewrite. Leaves
+// the sums it bypasses for the caller's dead-code sweep (they come after `node`).
+bool rewrite_backward(ir::Graph& graph, ir::Node* node, const AttentionOp& op) {
+  if (!no_dropout(*node, op.dropout)) return false;
+  if (op.bias) {
+    // None, or the undefined tensor the importer makes of None for a Tensor parameter.
+    const c10::IValue* bias = ir::constant_input(*node, *op.bias);
+    if (bias == nullptr || !(bias->isNone() || (bias->isTensor() && !bias->toTensor().defined()))) {
+      return false;
+    }
+  }
+  const auto key = repeated_heads(node->input(op.key));
+  const auto value = repeated_heads(node->input(op.key + 1));
+  if (!key || !value || key->kv_heads != value->kv_heads || node->outputs().size() != 3) {
+    return false;
+  }
+  // Outputs: the query's, the key's and the value's gradients.
+  ir::Value* sums[2] = {nullptr, nullptr};
+  for (size_t j = 0; j < 2; ++j) {
+    ir::Value* grad = node->output(1 + j);
+    if (grad->users().empty()) continue;
+    sums[j] = group_sum(grad, key->kv_heads);
+    if (sums[j] == nullptr || !read_in_any_layout(sums[j])) return false;
+  }
+  MAGI_LOG_DEBUG("group_query_attention: ", node->provenance().fx_name, " reads ",
+                 key->source->name(), " and ", value->source->name(), " (", key->kv_heads,
+                 " heads) and returns their gradients summed over each group");
+  ir::Value* old_key = node->input(op.key);
+  ir::Value* old_value = node->input(op.key + 1);
+  const Repeat* sources[2] = {&*key, &*value};
+  node->set_input(op.key, key->source);
+  node->set_input(op.key + 1, value->source);
+  for (size_t j = 0; j < 2; ++j) {
+    ir::Value* grad = node->output(1 + j);
+    ir::TensorType type = *grad->tensor_type();
+    type.sizes = sources[j]->source->tensor_type()->sizes;
+    type.strides = sources[j]->source->tensor_type()->strides;  // both backwards' layout
+    grad->set_tensor_type(std::move(type));
+    if (sums[j] == nullptr) continue;
+    const std::vector<ir::Node*> readers = sums[j]->users();
+    for (ir::Node* reader : readers) reader->replace_input(sums[j], grad);
+  }
+  erase_unread(graph, old_key);
+  if (old_value != old_key) erase_unread(graph, old_value);
+  return true;
+}
+
 }  // namespace
 
 bool group_query_attention(ir::Graph& graph) {
   bool changed = false;
+  bool bypassed_sums = false;
   for (ir::Node* node : graph.nodes()) {
-    if (!takes_grouped_heads(*node)) continue;
-    bool extras_unused = true;
-    for (size_t k = 1; k < node->outputs().size(); ++k) {
-      extras_unused &= node->output(k)->users().empty();
+    const AttentionOp* op = attention_op(*node);
+    if (op == nullptr) continue;
+    if (op->backward) {
+      const bool rewritten = rewrite_backward(graph, node, *op);
+      bypassed_sums |= rewritten;
+      changed |= rewritten;
+    } else {
+      changed |= rewrite_forward(graph, node, *op);
     }
-    if (!extras_unused) continue;
-    // Schema order: query, key, value, ...
-    const auto key = repeated_heads(node->input(1));
-    const auto value = repeated_heads(node->input(2));
-    if (!key || !value || key->kv_heads != value->kv_heads) continue;
-    MAGI_LOG_DEBUG("group_query_attention: ", node->provenance().fx_name, " reads ",
-                   key->source->name(), " and ", value->source->name(), " (", key->kv_heads,
-                   " heads) instead of their repeated copies");
-    ir::Value* old_key = node->input(1);
-    ir::Value* old_value = node->input(2);
-    node->set_input(1, key->source);
-    node->set_input(2, value->source);
-    erase_unread(graph, old_key);
-    if (old_value != old_key) erase_unread(graph, old_value);
-    changed = true;
   }
+  if (bypassed_sums) eliminate_dead_code(graph);  // the group sums no one reads now
   return changed;
 }
 

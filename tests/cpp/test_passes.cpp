@@ -321,7 +321,7 @@ struct GroupedAttention {
   // Besides the attention output, the graph returns: "lse" its logsumexp (a training forward
   // saves it), "k_rep" the repeated key.
   explicit GroupedAttention(const char* attention_op, int64_t unsqueeze_dim = 2,
-                            const std::string& also_returns = "") {
+                            const std::string& also_returns = "", double dropout = 0.0) {
     test::Builder b(g);
     const auto b_ = test::sym("s0");
     Value* q = b.input("q", {b_, 4, 8, 16}, test::kBF16);
@@ -332,9 +332,9 @@ struct GroupedAttention {
     std::vector<Value*> args = {q, k_rep, v_rep};
     const std::string name = attention_op;
     if (name == "aten::_scaled_dot_product_flash_attention") {
-      args.insert(args.end(), {b.floating(0.0), b.flag(true), b.flag(false), b.none()});
+      args.insert(args.end(), {b.floating(dropout), b.flag(true), b.flag(false), b.none()});
     } else {  // cudnn: attn_bias, compute_log_sumexp, dropout_p, is_causal, debug mask, scale
-      args.insert(args.end(), {b.none(), b.flag(false), b.floating(0.0), b.flag(true),
+      args.insert(args.end(), {b.none(), b.flag(false), b.floating(dropout), b.flag(true),
                                b.flag(false), b.none()});
     }
     Value* out = b.op(attention_op, "", args, *q->tensor_type(), "attention");
@@ -422,9 +422,10 @@ TEST(GroupQueryAttention, LeavesCallsItCannotRewrite) {
     EXPECT_FALSE(group_query_attention(g));
     EXPECT_EQ(count_ops(g, "aten::clone"), 2u);
   }
-  // A training forward: the logsumexp is saved for the backward.
+  // A training forward with dropout: its logsumexp and RNG state go to a backward that may
+  // still read the repeated heads, whose random mask could differ.
   {
-    GroupedAttention ga("aten::_scaled_dot_product_flash_attention", 2, "lse");
+    GroupedAttention ga("aten::_scaled_dot_product_flash_attention", 2, "lse", 0.1);
     EXPECT_FALSE(group_query_attention(ga.g));
     EXPECT_NE(ga.attention->input(1), ga.k);
   }
@@ -436,12 +437,195 @@ TEST(GroupQueryAttention, LeavesCallsItCannotRewrite) {
   }
 }
 
+TEST(GroupQueryAttention, ATrainingForwardWithoutDropoutReadsTheUnrepeatedHeads) {
+  // Its output and logsumexp are the same with grouped heads, whichever heads the backward reads.
+  for (const char* name :
+       {"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention"}) {
+    GroupedAttention ga(name, 2, "lse");
+    EXPECT_TRUE(group_query_attention(ga.g)) << name;
+    ir::verify(ga.g);
+    EXPECT_EQ(ga.attention->input(1), ga.k) << name;
+    EXPECT_EQ(ga.attention->input(2), ga.v) << name;
+    EXPECT_EQ(count_ops(ga.g, "aten::clone"), 0u) << name;
+  }
+}
+
 TEST(GroupQueryAttention, ACopyReadElsewhereStays) {
   GroupedAttention ga("aten::_scaled_dot_product_flash_attention", 2, "k_rep");
   EXPECT_TRUE(group_query_attention(ga.g));
   ir::verify(ga.g);
   EXPECT_EQ(ga.attention->input(1), ga.k);
   EXPECT_EQ(count_ops(ga.g, "aten::clone"), 1u);  // the key's copy is an output; the value's went
+}
+
+// A training backward of grouped-query attention as the capture records it: flash's or cuDNN's
+// backward reads the repeated key and value heads, and each of their gradients is summed over
+// its group as _decompositions.py writes the expand's gradient (float32 adds of the selects),
+// then transposed back to [b, s, hkv, d] and read by a multiply.
+struct GroupedBackward {
+  Graph g;
+  Value* k = nullptr;
+  Value* v = nullptr;
+  Node* backward = nullptr;
+  Value* key_sum = nullptr;
+  Value* value_sum = nullptr;
+  int64_t r = 0;
+
+  struct Options {
+    const char* op = "aten::_scaled_dot_product_cudnn_attention_backward";
+    int64_t kv_heads = 2;  // of 4 query heads
+    double dropout = 0.0;
+    bool bias = false;               // cuDNN: an attention bias input
+    bool key_grad_returned = false;  // the repeated heads' key gradient is also an output
+    bool swapped_adds = false;       // the key's sum adds its terms in another order
+    bool viewed_sum = false;         // the key's sum is read through aten::view
+  };
+
+  explicit GroupedBackward(const Options& o) {
+    test::Builder b(g);
+    const auto b_ = test::sym("s0");
+    const int64_t hkv = o.kv_heads;
+    r = 4 / hkv;
+    Value* go = b.input("grad_out", {b_, 4, 8, 16}, test::kBF16);
+    Value* q = b.input("q", {b_, 4, 8, 16}, test::kBF16);
+    k = b.input("k", {b_, hkv, 8, 16}, test::kBF16);
+    v = b.input("v", {b_, hkv, 8, 16}, test::kBF16);
+    // k is the transpose of a contiguous [b, 8, hkv, 16] projection, as in a Llama block.
+    ir::TensorType kt = *k->tensor_type();
+    kt.strides = {ir::SymExpr(8 * hkv * 16), ir::SymExpr(16), ir::SymExpr(hkv * 16),
+                  ir::SymExpr(1)};
+    k->set_tensor_type(kt);
+    Value* out = b.input("out", {b_, 4, 8, 16}, test::kBF16);
+    Value* lse = b.input("lse", {b_, 4, 8, 1});
+    Value* seed = b.input("seed", {}, c10::ScalarType::Long);
+    Value* offset = b.input("offset", {}, c10::ScalarType::Long);
+    Value* k_rep = repeat(b, k, "k");
+    Value* v_rep = repeat(b, v, "v");
+    const std::string name = o.op;
+    // AOTAutograd passes None to the Tensor parameters it leaves unset; the importer makes them
+    // undefined tensors.
+    const auto unset = [&] {
+      return g.add_constant(c10::IValue(at::Tensor()), ValueKind::kTensor);
+    };
+    std::vector<Value*> args = {go, q, k_rep, v_rep, out, lse};
+    if (name == "aten::_scaled_dot_product_flash_attention_backward") {
+      args.insert(args.end(), {unset(), unset(), b.integer(8), b.integer(8), b.floating(o.dropout),
+                               b.flag(true), seed, offset, b.none()});
+    } else {
+      Value* bias = o.bias ? b.input("bias", {b_, 1, 8, 8}, test::kBF16) : unset();
+      args.insert(args.end(), {seed, offset, bias, unset(), unset(), b.integer(8), b.integer(8),
+                               b.floating(o.dropout), b.flag(true), b.none()});
+    }
+    Value* dq = b.op(o.op, "", args, *q->tensor_type(), "backward");
+    backward = dq->producer();
+    for (size_t j = 1; j < 3; ++j) backward->output(j)->set_tensor_type(*q->tensor_type());
+    key_sum = group_sum(b, backward->output(1), hkv, "dk", o.swapped_adds);
+    value_sum = group_sum(b, backward->output(2), hkv, "dv", false);
+    Value* dk = o.viewed_sum ? b.view(key_sum, {b_, hkv * 8 * 16}, "dk_flat")
+                             : transposed(b, key_sum, "dk");
+    std::vector<Value*> outputs = {dq, dk, transposed(b, value_sum, "dv")};
+    if (o.key_grad_returned) outputs.push_back(backward->output(1));
+    g.set_outputs(outputs);
+  }
+
+  // view(x, [b, hkv, r, 8, 16]): its r selects along dim 2, widened to float32 and added in
+  // order (`swapped`: the second add's operands the other way round), rounded back to bf16.
+  Value* group_sum(test::Builder& b, Value* x, int64_t hkv, const std::string& name, bool swapped) {
+    const ir::SymExpr s0 = x->tensor_type()->sizes[0];
+    Value* grouped = b.view(x, {s0, hkv, r, 8, 16}, name + "_grouped");
+    Value* total = nullptr;
+    for (int64_t i = 0; i < r; ++i) {
+      Value* sel = b.op("aten::select", "int", {grouped, b.integer(2), b.integer(i)},
+                        test::tensor_type({s0, hkv, 8, 16}, test::kBF16), name + "_select");
+      Value* wide = b.cast(sel, c10::ScalarType::Float, name + "_wide");
+      total = total == nullptr      ? wide
+              : (swapped && i == 1) ? b.add(wide, total, name + "_add")
+                                    : b.add(total, wide, name + "_add");
+    }
+    return b.cast(total, c10::ScalarType::BFloat16, name + "_sum");
+  }
+
+  static Value* transposed(test::Builder& b, Value* x, const std::string& name) {
+    const auto& s = x->tensor_type()->sizes;
+    Value* t = b.op("aten::transpose", "int", {x, b.integer(1), b.integer(2)},
+                    test::tensor_type({s[0], s[2], s[1], s[3]}, test::kBF16), name + "_t");
+    return b.mul(t, t, name + "_sq");
+  }
+
+  // view(clone(expand(unsqueeze(x, 2), [b, hkv, r, 8, 16])), [b, 4, 8, 16])
+  Value* repeat(test::Builder& b, Value* x, const std::string& name) {
+    const ir::SymExpr s0 = x->tensor_type()->sizes[0];
+    const int64_t hkv = x->tensor_type()->sizes[1].constant_value();
+    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(2)},
+                    test::tensor_type({s0, hkv, 1, 8, 16}, test::kBF16), name + "_unsqueeze");
+    Value* e = b.op("aten::expand", "", {u, b.dims({-1, hkv, r, 8, 16}), b.flag(false)},
+                    test::tensor_type({s0, hkv, r, 8, 16}, test::kBF16), name + "_expand");
+    Value* c = b.op("aten::clone", "", {e, b.none()},
+                    test::tensor_type({s0, hkv, r, 8, 16}, test::kBF16), name + "_clone");
+    return b.view(c, {s0, 4, 8, 16}, name + "_rep");
+  }
+};
+
+TEST(GroupQueryAttention, BackwardsReadTheUnrepeatedHeadsAndReturnGroupedGradients) {
+  for (const char* name : {"aten::_scaled_dot_product_cudnn_attention_backward",
+                           "aten::_scaled_dot_product_flash_attention_backward"}) {
+    for (int64_t kv_heads : {2, 1}) {
+      GroupedBackward::Options o;
+      o.op = name;
+      o.kv_heads = kv_heads;
+      GroupedBackward gb(o);
+      const std::vector<Node*> key_readers = gb.key_sum->users();
+      const std::vector<Node*> value_readers = gb.value_sum->users();
+      ASSERT_EQ(count_ops(gb.g, "aten::add.Tensor"), size_t(2 * (gb.r - 1)));
+      EXPECT_TRUE(group_query_attention(gb.g)) << name << " " << kv_heads;
+      ir::verify(gb.g);
+      EXPECT_EQ(gb.backward->input(2), gb.k) << name;
+      EXPECT_EQ(gb.backward->input(3), gb.v) << name;
+      // The gradients have the key's and value's sizes and layout, and the sums' readers read
+      // them; the repeats, the sums and their views are gone.
+      for (size_t j = 1; j < 3; ++j) {
+        const ir::TensorType& t = *gb.backward->output(j)->tensor_type();
+        const ir::TensorType& src = *(j == 1 ? gb.k : gb.v)->tensor_type();
+        EXPECT_EQ(t.sizes, src.sizes) << name;
+        EXPECT_EQ(t.strides, src.strides) << name;
+        EXPECT_EQ(t.dtype, c10::ScalarType::BFloat16);
+      }
+      EXPECT_EQ(key_readers.front()->input(0), gb.backward->output(1)) << name;
+      EXPECT_EQ(value_readers.front()->input(0), gb.backward->output(2)) << name;
+      for (const char* gone :
+           {"aten::clone", "aten::expand", "aten::select.int", "aten::add.Tensor", "aten::_to_copy",
+            "aten::view", "aten::unsqueeze"}) {
+        EXPECT_EQ(count_ops(gb.g, gone), 0u) << name << ": " << gone << " left";
+      }
+      EXPECT_FALSE(group_query_attention(gb.g)) << name << ": a second run changes nothing";
+    }
+  }
+}
+
+TEST(GroupQueryAttention, LeavesBackwardsItCannotRewrite) {
+  const auto unchanged = [](const GroupedBackward::Options& o, const char* why) {
+    GroupedBackward gb(o);
+    const size_t nodes = gb.g.num_nodes();
+    EXPECT_FALSE(group_query_attention(gb.g)) << why;
+    EXPECT_NE(gb.backward->input(2), gb.k) << why;
+    EXPECT_EQ(gb.g.num_nodes(), nodes) << why;
+    ir::verify(gb.g);
+  };
+  GroupedBackward::Options o;
+  o.dropout = 0.1;
+  unchanged(o, "dropout: the random mask of grouped heads could differ");
+  o = {};
+  o.bias = true;
+  unchanged(o, "cuDNN's backward with an attention bias was not probed with grouped heads");
+  o = {};
+  o.key_grad_returned = true;
+  unchanged(o, "the repeated heads' gradient is read besides the sum");
+  o = {};
+  o.swapped_adds = true;
+  unchanged(o, "not the sum _decompositions.py writes");
+  o = {};
+  o.viewed_sum = true;
+  unchanged(o, "a view of the sum needs its contiguous layout");
 }
 
 }  // namespace

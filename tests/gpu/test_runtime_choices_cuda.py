@@ -249,3 +249,35 @@ def test_grouped_decode_over_a_cache_matches_eager(masked, traced, assert_close_
         assert f"_scaled_dot_product_{traced}_attention" in text, text
     efficient = "_scaled_dot_product_efficient_attention" in text
     assert ("aten::clone" in text) == efficient, text
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "flash"])
+def test_grouped_query_training_reads_the_unrepeated_heads(backend, assert_close_rel):
+    """passes::group_query_attention in training: the forward's attention and the backward's
+    attention gradient read the 2 key/value heads of each 8 query heads as they are, the
+    backward returns their gradients already summed over each group, and the step's loss and
+    gradients match eager's. The traced backend is the one SDPA picks under the context."""
+    import blocks
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    eager = blocks.LlamaStack(2, hidden=256, n_heads=8, n_kv_heads=2, intermediate=512)
+    eager = blocks.init_weights_(eager, seed=0).to("cuda", torch.bfloat16).train()
+    compiled = magi_compile(copy.deepcopy(eager).train())
+    op = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    with sdpa_kernel(op):
+        for batch in (2, 3):
+            x = _x(batch)
+            loss_c = compiled(x).float().pow(2).mean()
+            loss_e = eager(x).float().pow(2).mean()
+            loss_c.backward()
+            loss_e.backward()
+            assert_close_rel(loss_c, loss_e, RTOL)
+            for (name, a), e in zip(compiled.named_parameters(), eager.parameters(), strict=True):
+                assert_close_rel(a.grad, e.grad, 5e-2), name
+                a.grad = e.grad = None
+    for kind in ("forward", "backward"):
+        text = str(inspection.last_compiled(kind).graph)
+        assert f"_scaled_dot_product_{backend}_attention" in text, text
+        assert "aten::clone" not in text and "aten::expand" not in text, (kind, text)
+    backward = str(inspection.last_compiled("backward").graph)
+    assert "aten::select.int" not in backward, backward  # the group sums are gone

@@ -18,7 +18,9 @@ bool eliminate_dead_code(ir::Graph& graph);
 
 /// Hands CUDA flash and cuDNN attention calls whose key and value are repeated grouped-query
 /// heads (repeat_interleave along dim 1, Hugging Face's repeat_kv) the unrepeated tensors;
-/// both backends read grouped heads themselves. Only calls whose extra outputs are unused.
+/// both backends read grouped heads themselves. Forward calls whose logsumexp or RNG state is
+/// used only at dropout 0; backward calls at dropout 0 whose key and value gradients are read
+/// only through the sum over each group, which they then return themselves.
 /// See src/passes/group_query_attention.cpp.
 bool group_query_attention(ir::Graph& graph);
 
