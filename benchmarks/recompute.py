@@ -15,9 +15,9 @@ Two models (``examples/blocks.py`` ``LlamaStack``), bfloat16 on the GPU:
 A step is a forward, the loss ``output.float().pow(2).mean()`` (inside the compiled module),
 and a backward; no optimizer: gradients are set to None before each step. Inputs need no
 gradient; every parameter does. Variants, each on its own deep copy of one initialised model,
-compiled and measured one after the other (at most two copies alive: the master and the one
-being measured; every compiled variant wraps the copy in a module whose ``forward`` has a code
-object of its own, and Dynamo is reset before each, so no cache entry of one serves another):
+compiled, checked and measured for memory one after the other (every compiled variant wraps
+the copy in a module whose ``forward`` has a code object of its own, so no cache entry of one
+serves another):
 
 - ``eager``: the reference for correctness;
 - ``tc``: ``torch.compile`` at its defaults;
@@ -31,9 +31,8 @@ object of its own, and Dynamo is reset before each, so no cache entry of one ser
 Per variant: the first step's wall time (capture and compilation included); loss and gradients
 against eager's on the same input (normwise relative error ``||a - e|| / ||e||``: the loss, the
 worst gradient, and three named ones; correct within ``--tolerance``, 5e-2 in bfloat16 as in
-harness.py; eager's row compares a second eager step, the noise floor); ``--warmup`` steps,
-then ``--steps`` steps timed each with CUDA events around the whole step (``time.perf_counter``
-on the CPU), the median counts; then one more step for memory: gradients dropped,
+harness.py; eager's row compares a second eager step, the noise floor); ``--warmup`` steps;
+then one more step for memory: gradients dropped,
 ``torch.cuda.empty_cache()``, the peak statistics reset, and the **measured activation peak** is
 ``max_memory_allocated`` during the step less ``memory_allocated`` before it (the parameters,
 inputs and the master copy are resident before, so the number holds activations, backward
@@ -41,6 +40,17 @@ temporaries and the gradients the step produces: what the planner's *simulated a
 peak* counts). The same difference of ``max_memory_reserved`` is recorded beside it (the
 allocator's segments). For magi variants the plan's predicted peak, saved bytes and
 no-recompute numbers are recorded too.
+
+**Step time** (``--rounds``, default 4 on CUDA): every variant of a model stays alive after its
+measurements, and once all are built their ``--steps`` timed steps run in rounds over all of
+them (one warm-up step each first), each step timed with CUDA events around the whole step
+(``time.perf_counter`` on the CPU); the median counts. Interleaving puts any drift of the
+machine's speed during the run (clocks, power, other tenants) on every variant alike: run one
+after the other, torch.compile's 8B-shaped step measured 18.57 ms in one process and 19.85-20.04
+ms in four others the same day. All copies are then alive at once (about 17 GB for the
+8B-shaped model's ten variants). ``--rounds 1`` times each variant right after its compile and
+frees it before the next (at most two copies alive: the master and the one measured), Dynamo
+reset before each.
 
 Derived per model: HEURISTIC's activation-memory saving against ``tc`` and its step-time ratio;
 for each AUTOSEARCH budget whether the predicted and the measured peak fit it; and, for each
@@ -181,10 +191,14 @@ class Variant:
         return torch._functorch.config.patch(activation_memory_budget=self.tc_budget)
 
 
-def make_fn(v: Variant, model: nn.Module) -> Callable:
+def make_fn(v: Variant, model: nn.Module, reset: bool = True) -> Callable:
+    """The variant's step function. ``reset``: Dynamo is reset first (no other compiled variant
+    is alive); interleaved timing keeps the others and relies on each wrapper's own code
+    object to keep their cache entries apart."""
     if v.kind == "eager":
         return _Entry(model)
-    torch._dynamo.reset()  # no other compiled variant is alive
+    if reset:
+        torch._dynamo.reset()
     entry = fresh_entry(model)
     if v.kind in ("tc", "tc_amb"):
         return torch.compile(entry)
@@ -231,6 +245,35 @@ def time_steps(fn, params, inputs, device, n: int) -> list[float]:
         step(fn, params, inputs[i % len(inputs)])
         times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def time_stats(times: list[float]) -> dict[str, Any]:
+    times = sorted(times)
+    n = len(times)
+    return dict(median_ms=statistics.median(times), min_ms=times[0],
+                p20_ms=times[int(0.2 * (n - 1))], p80_ms=times[int(0.8 * (n - 1))],
+                steps=n)  # fmt: skip
+
+
+def time_interleaved(lives: list[Live], inputs: list[torch.Tensor], args) -> None:
+    """Times the live variants in ``args.rounds`` rounds, each variant taking its share of
+    ``args.steps`` in every round (after one warm-up step in the first), so a drift of the
+    machine's speed during the run reaches every variant alike; fills their results. A variant
+    that fails here is marked failed and leaves the rotation."""
+    active = list(lives)
+    for k in range(args.rounds):
+        for live in list(active):
+            n = args.steps // args.rounds + (1 if k < args.steps % args.rounds else 0)
+            try:
+                with live.v.context():
+                    if k == 0:
+                        time_steps(live.fn, live.params, inputs, args.device, 1)
+                    live.times += time_steps(live.fn, live.params, inputs, args.device, n)
+            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                live.result.update(status="failed", error=error_text(e), phase="timed steps")
+                active.remove(live)
+    for live in active:
+        live.result.update(time_stats(live.times))
 
 
 def measure_saved(fn, params, x) -> dict[str, int]:
@@ -340,9 +383,23 @@ def error_text(e: BaseException) -> str:
     return (text[:1500] + "\n" + tb[-2500:]) if tb and tb != "NoneType: None\n" else text[:4000]
 
 
+@dataclass
+class Live:
+    """A variant kept alive for interleaved timing: its step function and parameters."""
+
+    v: Variant
+    fn: Callable
+    params: list[nn.Parameter]
+    model: nn.Module
+    result: dict[str, Any]
+    times: list[float] = field(default_factory=list)
+
+
 def run_variant(v: Variant, master: nn.Module, inputs: list[torch.Tensor], ref, args,
-                last_layer: int) -> tuple[dict[str, Any], dict | None]:  # fmt: skip
-    """Compiles, checks, times and measures one variant; returns (result, host values)."""
+                last_layer: int, keep: list[Live] | None = None,
+                ) -> tuple[dict[str, Any], dict | None]:  # fmt: skip
+    """Compiles, checks, times and measures one variant; returns (result, host values). With
+    ``keep`` (interleaved timing) it is not timed here: it is appended to ``keep``, alive."""
     device = args.device
     r: dict[str, Any] = {"label": v.label, "kind": v.kind, "status": "ok", "phase": "copy"}
     if v.tc_budget is not None:
@@ -364,7 +421,7 @@ def run_variant(v: Variant, master: nn.Module, inputs: list[torch.Tensor], ref, 
                 from magi_compiler import inspection
 
                 inspection.clear()
-            fn = make_fn(v, model)
+            fn = make_fn(v, model, reset=keep is None)
             sync(device)
             t0 = time.perf_counter()
             loss = step(fn, params, inputs[0])
@@ -395,24 +452,23 @@ def run_variant(v: Variant, master: nn.Module, inputs: list[torch.Tensor], ref, 
                 r["plan"] = plan_summary(inspection.recompute_plans())
             r["phase"] = "warm-up"
             time_steps(fn, params, inputs, device, args.warmup)
-            r["phase"] = "timed steps"
-            times = sorted(time_steps(fn, params, inputs, device, args.steps))
-            n = len(times)
-            r.update(median_ms=statistics.median(times), min_ms=times[0],
-                     p20_ms=times[int(0.2 * (n - 1))], p80_ms=times[int(0.8 * (n - 1))],
-                     steps=n)  # fmt: skip
+            if keep is None:
+                r["phase"] = "timed steps"
+                r.update(time_stats(time_steps(fn, params, inputs, device, args.steps)))
             r["phase"] = "memory step"
             r.update(measure_peak(fn, params, inputs[1 % len(inputs)], device))
             r["phase"] = "saved-tensor step"
             r.update(measure_saved(fn, params, inputs[0]))
         del r["phase"]
+        if keep is not None:
+            keep.append(Live(v, fn, params, model, r))
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
         r["status"] = "failed"
         r["error"] = error_text(e)
     finally:
         r["wall_s"] = time.perf_counter() - t_start
         del fn, model, loss, params, named
-        if v.kind != "eager":
+        if v.kind != "eager" and keep is None:
             torch._dynamo.reset()  # drops the compiled code and whatever it holds
         gc.collect()
         if device.type == "cuda":
@@ -472,6 +528,10 @@ def parse_args(argv: list[str]):
                    f"{', '.join(KINDS)}")  # fmt: skip
     p.add_argument("--steps", type=int, help="timed steps per variant (default 20; CPU 5)")
     p.add_argument("--warmup", type=int, help="warm-up steps per variant (default 3; CPU 1)")
+    p.add_argument("--rounds", type=int,
+                   help="interleaved timing: every variant stays alive and the timed steps run "
+                   "in this many rounds over all of them (default 4 on CUDA; 1: each variant "
+                   "timed right after its compile, then freed)")  # fmt: skip
     p.add_argument(
         "--tc-budgets",
         type=_floats,
@@ -506,6 +566,7 @@ def parse_args(argv: list[str]):
         args.tolerance = 5e-2 if args.dtype == torch.bfloat16 else 1e-4
     args.steps = args.steps or (3 if args.smoke else 20 if gpu else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke or not gpu else 3)
+    args.rounds = max(1, args.rounds if args.rounds is not None else (4 if gpu else 1))
     if args.budget_s is None:
         args.budget_s = 470.0 if gpu else math.inf
     names = [s.strip() for s in (args.only or "llama4,llama8b").split(",") if s.strip()]
@@ -602,6 +663,7 @@ def run_model(name: str, args, doc: dict, deadline: float) -> None:
     ref = None
     cost = args.cost  # the longest wall seconds of a variant of each kind so far (any model)
     last_layer = cfg["layers"] - 1
+    keep: list[Live] | None = [] if args.rounds > 1 else None  # interleaved timing
 
     def run(v: Variant) -> dict:
         nonlocal ref
@@ -614,7 +676,7 @@ def run_model(name: str, args, doc: dict, deadline: float) -> None:
                  "error": f"time budget (needs ~{expected:.0f} s, "
                           f"{max(0.0, deadline - time.time()):.0f} s left)"}  # fmt: skip
         else:
-            r, host = run_variant(v, master, inputs, ref, args, last_layer)
+            r, host = run_variant(v, master, inputs, ref, args, last_layer, keep)
             if v.kind == "eager":
                 ref = host
             cost[v.kind] = max(cost.get(v.kind, 0.0), r["wall_s"])
@@ -647,6 +709,16 @@ def run_model(name: str, args, doc: dict, deadline: float) -> None:
                                    "memory_budget_bytes": budget}))  # fmt: skip
     for b in args.tc_budgets:
         run(Variant(f"tc_amb{b:g}", "tc_amb", f"torch.compile budget {b:g}", tc_budget=b))
+    if keep:
+        print(f"timing {len(keep)} variants: {args.steps} steps each in {args.rounds} "
+              "interleaved rounds", flush=True)  # fmt: skip
+        time_interleaved(keep, inputs, args)
+        print(HEADER, flush=True)
+        for r in model["variants"].values():
+            print(row_text(r), flush=True)
+        write(doc, args.out)
+        keep.clear()
+        torch._dynamo.reset()
     master = inputs = ref = None  # free the copies before the next model
     gc.collect()
     if device.type == "cuda":
@@ -666,7 +738,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "recompute",
         "meta": meta(args.device, args.dtype, argv),
         "settings": {
-            "smoke": args.smoke, "steps": args.steps, "warmup": args.warmup,
+            "smoke": args.smoke, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
             "tc_budgets": list(args.tc_budgets), "fractions": list(args.fractions),
             "tolerance_norm_rel": args.tolerance, "budget_s": args.budget_s,
             "loss": "output.float().pow(2).mean()",

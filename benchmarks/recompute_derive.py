@@ -92,9 +92,9 @@ def row_text(r: dict) -> str:
         return f"{r['label']:<26}  {r.get('status')} {('in ' + why) if why else ''}: {err[0][:160]}"
     plan = r.get("plan") or {}
     ms = r.get("median_ms")
+    step = f"{ms:>10.2f}" if ms is not None else f"{'-':>10}"  # not timed yet
     return (
-        f"{r['label']:<26}{r.get('first_step_s', math.nan):>8.1f}"
-        f"{(ms if ms is not None else math.nan):>10.2f}"
+        f"{r['label']:<26}{r.get('first_step_s', math.nan):>8.1f}{step}"
         f"{mib(r.get('act_peak_bytes')):>10}{mib(r.get('reserved_peak_bytes')):>10}"
         f"{mib(plan.get('predicted_peak_bytes')):>10}{mib(r.get('saved_bytes_measured')):>10}"
         f"{mib(plan.get('saved_bytes')):>10}"

@@ -61,3 +61,23 @@ def test_unknown_workload_is_a_clear_error():
 
     with pytest.raises(SystemExit, match="unknown workload"):
         workloads.select("no_such_workload")
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_recompute_benchmark_times_every_variant(rounds, tmp_path):
+    """benchmarks/recompute.py at tiny shapes: eager and HEURISTIC checked against eager and
+    timed, one after the other (rounds 1) or interleaved with all variants alive (rounds 2)."""
+    from benchmarks import recompute
+
+    out = tmp_path / "rc.json"
+    argv = ["--device", "cpu", "--smoke", "--only", "llama4", "--variants", "magi_heuristic"]
+    argv += ["--steps", "3", "--rounds", str(rounds), "--out", str(out)]
+    doc = recompute.main(argv)
+    assert json.loads(out.read_text())["settings"]["rounds"] == rounds
+    (model,) = doc["models"]
+    assert sorted(model["variants"]) == ["eager", "magi_heuristic"]
+    for name, r in model["variants"].items():
+        assert r["status"] == "ok", f"{name}: {r}"
+        assert r["correct"], f"{name}: {r}"
+        assert r["steps"] == 3 and 0 < r["min_ms"] <= r["median_ms"], r
+    assert model["variants"]["magi_heuristic"]["plan"]["policy"] == "HEURISTIC"
