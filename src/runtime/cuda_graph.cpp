@@ -14,6 +14,7 @@
 #include "magi/runtime/executor.h"
 
 #ifdef MAGI_HAVE_CUDA_GRAPHS
+#include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
@@ -309,6 +310,14 @@ struct CudaGraphRunner::Impl {
     {
       std::lock_guard<std::recursive_mutex> capturing(capture_mutex());
       c10::cuda::CUDAStreamGuard stream_guard(capture_stream(device.index()));
+      // cuBLAS keeps a workspace per handle and stream that outlives captures, and a graph
+      // bakes in the address of the one it used. Cleared before the capture (and after it, as
+      // torch's CUDA graph trees do), cuBLAS makes a new one inside the capture, from this
+      // runner's pool, which lives as long as the graphs that use it. Otherwise a graph could
+      // capture a workspace from another runner's pool, and once torch.compile's
+      // reduce-overhead cleared the workspaces and that pool went back to the driver, its
+      // replays wrote to freed memory (an illegal memory access).
+      at::cuda::clearCublasWorkspaces();
       e.graph->capture_begin(graph_pool);
       try {
         e.static_outputs = exe.run(e.static_inputs);
@@ -318,9 +327,11 @@ struct CudaGraphRunner::Impl {
         } catch (...) {
         }
         e.graph.reset();
+        at::cuda::clearCublasWorkspaces();
         throw;
       }
       e.graph->capture_end();
+      at::cuda::clearCublasWorkspaces();
     }
     ++captures;
     MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures)");

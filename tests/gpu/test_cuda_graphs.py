@@ -151,3 +151,52 @@ def test_graphs_with_random_ops_draw_new_numbers_on_each_replay(counters, lowere
         assert 0.0 <= noise[i].min() and noise[i].max() < 1.0
         for j in range(i):
             assert not torch.equal(noise[i], noise[j]), (i, j)
+
+
+# Run in a process of its own: before the fix it ended in an illegal memory access, which
+# poisons the CUDA context of the process it happens in.
+_CUBLAS_WORKSPACE_SCENARIO = r"""
+import gc, sys, torch
+from torch import nn
+from magi_compiler import magi_compile
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)).cuda().eval()
+
+x = torch.randn(64, 512, device="cuda")
+patch = {"cudagraph_mode": "FULL"}
+with torch.no_grad():
+    first = magi_compile(mlp(0), config_patch=patch)
+    first(x)  # captures: cuBLAS's workspace for the capture stream is made in its pool
+    eager = mlp(1)
+    second = magi_compile(mlp(1), config_patch=patch)
+    second(x)  # captures too: its matmuls use whichever workspace cuBLAS hands them
+    del first
+    torch._dynamo.reset()
+    gc.collect()
+    torch._C._cuda_clearCublasWorkspaces()  # what torch.compile(mode="reduce-overhead") does
+    torch.cuda.empty_cache()  # the first runner's pool, now unused, goes back to the driver
+    for _ in range(3):
+        out = second(x)
+    torch.cuda.synchronize()
+    err = ((out - eager(x)).norm() / eager(x).norm()).item()
+    print(f"ok {err:.2e}")
+    sys.exit(0 if err < 1e-3 else 1)
+"""
+
+
+def test_graphs_own_their_cublas_workspace():
+    """A graph captured after another runner's capture gets a cuBLAS workspace of its own pool:
+    it replays correctly after the first runner is gone, the workspaces were cleared (as
+    torch.compile's reduce-overhead does when it captures) and the cache was emptied."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _CUBLAS_WORKSPACE_SCENARIO],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr[-3000:]
