@@ -158,22 +158,27 @@ def test_graphs_with_random_ops_draw_new_numbers_on_each_replay(counters, lowere
 _CUBLAS_WORKSPACE_SCENARIO = r"""
 import gc, sys, torch
 from torch import nn
-from magi_compiler import magi_compile
+from magi_compiler import get_counters, inspection, magi_compile
 
-def mlp(seed):
+def mlp(seed, hidden):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)).cuda().eval()
+    return nn.Sequential(nn.Linear(512, hidden), nn.GELU(), nn.Linear(hidden, 512)).cuda().eval()
 
 x = torch.randn(64, 512, device="cuda")
 patch = {"cudagraph_mode": "FULL"}
 with torch.no_grad():
-    first = magi_compile(mlp(0), config_patch=patch)
-    first(x)  # captures: cuBLAS's workspace for the capture stream is made in its pool
-    eager = mlp(1)
-    second = magi_compile(mlp(1), config_patch=patch)
-    second(x)  # captures too: its matmuls use whichever workspace cuBLAS hands them
+    first = magi_compile(mlp(0, 1024), config_patch=patch)
+    for _ in range(3):
+        first(x)  # warm-up, then the capture: cuBLAS's capture-stream workspace in its pool
+    eager = mlp(1, 2048)
+    second = magi_compile(mlp(1, 2048), config_patch=patch)
+    for _ in range(3):
+        second(x)  # captures too, with whichever workspace cuBLAS hands its matmuls
+    runs = [info._run for info in inspection.compiled_graphs()]  # weak references
+    captures = [r().magi_cuda_graphs.num_captures for r in runs]
+    compiles = get_counters().compiles
     del first
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # drops the first graph; the second stays with its direct calls
     gc.collect()
     torch._C._cuda_clearCublasWorkspaces()  # what torch.compile(mode="reduce-overhead") does
     torch.cuda.empty_cache()  # the first runner's pool, now unused, goes back to the driver
@@ -181,8 +186,9 @@ with torch.no_grad():
         out = second(x)
     torch.cuda.synchronize()
     err = ((out - eager(x)).norm() / eager(x).norm()).item()
-    print(f"ok {err:.2e}")
-    sys.exit(0 if err < 1e-3 else 1)
+    setup = [captures, runs[0]() is None, runs[1]() is not None, get_counters().compiles - compiles]
+    print(f"ok {err:.2e}; captures, first freed, second kept, compiles since: {setup}")
+    sys.exit(0 if err < 1e-3 and setup == [[1, 1], True, True, 0] else 1)
 """
 
 
