@@ -202,6 +202,53 @@ static inline A magi_gelu_tanh(A x) {
   const A k = A(0.79788456080286535588);
   return A(0.5) * x * (A(1) + std::tanh(k * (x + A(0.044715) * x * x * x)));
 }
+// e^v for float without a libm call, so that the loops of the kernels using it vectorize (a
+// call to expf keeps GCC's vectorizer out, and so do selects after the arithmetic: the special
+// cases are blended in with bit masks). 2^k e^r with k = round(v / ln 2), r = v - k ln 2 (ln 2
+// in a high part exact in k * ln2_hi and a low part, so r is near exact) and |r| <= ln2/2, e^r
+// by its Taylor series to r^7 / 7! (truncation below 6e-9 relative); 2^k applied as
+// 2^(k-1) * 2 so that k = 128 does not overflow the exponent field. Within 1e-7 of expf
+// (relative) except below v = -86.6, where expf falls from 2.4e-38 to subnormals and this is
+// zero. Infinities and NaN as expf.
+static inline float magi_expf(float v) {
+  const uint32_t above = 0u - static_cast<uint32_t>(v > 88.7228394f);
+  const uint32_t below = 0u - static_cast<uint32_t>(v < -86.6f);
+  const uint32_t nan = 0u - static_cast<uint32_t>(v != v);
+  const uint32_t high = 0u - static_cast<uint32_t>(v > 88.7228f);
+  const uint32_t low = 0u - static_cast<uint32_t>(v < -86.6f);
+  // v clamped to [-86.6, 88.7228], NaN to 0: in range for the conversion to int.
+  const float c = __builtin_bit_cast(
+      float, (__builtin_bit_cast(uint32_t, v) & ~(high | low | nan)) |
+                 (__builtin_bit_cast(uint32_t, 88.7228f) & high) |
+                 (__builtin_bit_cast(uint32_t, -86.6f) & low));
+  const float t = c * 1.44269504088896341f;
+  const int32_t k = static_cast<int32_t>(t + std::copysign(0.5f, t));
+  const float kf = static_cast<float>(k);
+  const float r = (c - kf * 0.693145751953125f) - kf * 1.42860682030941723e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const uint32_t scale = static_cast<uint32_t>(k + 126) << 23;  // 2^(k-1)
+  uint32_t e = __builtin_bit_cast(uint32_t, p * __builtin_bit_cast(float, scale) * 2.0f);
+  e = (e & ~above) | (0x7f800000u & above);  // +inf
+  e &= ~below;                               // +0
+  e = (e & ~nan) | (__builtin_bit_cast(uint32_t, v) & nan);
+  return __builtin_bit_cast(float, e);
+}
+// Float forms of the activations over magi_expf (the templates above serve double).
+// tanh-GELU as x * sigmoid(2u): the same function as 0.5 x (1 + tanh(u)), without the
+// cancellation of 1 + tanh(u) for negative u.
+static inline float magi_sigmoid(float x) { return 1.0f / (1.0f + magi_expf(-x)); }
+static inline float magi_silu(float x) { return x / (1.0f + magi_expf(-x)); }
+static inline float magi_gelu_tanh(float x) {
+  const float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+  return x / (1.0f + magi_expf(-2.0f * u));
+}
 template <typename A>
 static inline A magi_max(A a, A b) {
   return (a != a || a > b) ? a : b;

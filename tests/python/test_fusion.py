@@ -570,3 +570,31 @@ def test_first_call_keeps_aotautograds_check_only_for_custom_ops(with_custom_op,
         assert any("magi_t_fusion" in f for f in seen), seen
     else:
         assert seen == []
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [torch.sigmoid, F.silu, lambda x: F.gelu(x, approximate="tanh")],
+    ids=["sigmoid", "silu", "gelu_tanh"],
+)
+def test_cpu_activations_match_eager_at_extreme_and_special_values(activation):
+    """The C++ kernels' sigmoid, SiLU and tanh-GELU evaluate e^v with the preamble's
+    vectorizable magi_expf instead of libm's expf: float32 results against eager's on random
+    values and on the extremes of the range (infinities, NaN, where e^v overflows or
+    underflows, signed zeros)."""
+
+    def fn(x, y):
+        return activation(x) * y + y
+
+    special = [float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0]
+    special += [88.0, -88.0, 88.8, -88.8, 100.0, -100.0, 1e4, -1e4, 1e20, -1e20, 3.0e38, -3.0e38]
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0, "y": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        for rows in (3, 5):
+            x = torch.randn(rows, 97) * 8
+            x[0, : len(special)] = torch.tensor(special)
+            y = torch.rand(rows, 97) + 0.5
+            torch.testing.assert_close(
+                compiled(x, y), fn(x, y), rtol=2e-6, atol=1e-6, equal_nan=True
+            )
+    assert runs[0].magi_executable.num_fusions == 1, runs[0].magi_graph
