@@ -245,6 +245,22 @@ static inline float magi_expf(float v) {
 // cancellation of 1 + tanh(u) for negative u.
 static inline float magi_sigmoid(float x) { return 1.0f / (1.0f + magi_expf(-x)); }
 static inline float magi_silu(float x) { return x / (1.0f + magi_expf(-x)); }
+// Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), with erfc(z) = t P(t) e^(-z^2), t = 1 / (1 + p z)
+// for z = |x| / sqrt 2 (Abramowitz and Stegun 7.1.26, |error| <= 1.5e-7; ATen's vectorized erf
+// is of this form too): 1 + erf is 2 - erfc(z) for x >= 0 and erfc(z) itself below, blended
+// arithmetically (a select would keep the loop scalar), without cancellation in the tail.
+static inline float magi_gelu(float x) {
+  const float z = std::fabs(x) * 0.70710678118654752440f;
+  const float t = 1.0f / (1.0f + 0.3275911f * z);
+  float q = 1.061405429f;
+  q = q * t - 1.453152027f;
+  q = q * t + 1.421413741f;
+  q = q * t - 0.284496736f;
+  q = q * t + 0.254829592f;
+  const float erfc_z = q * t * magi_expf(-z * z);
+  const float positive = static_cast<float>(x >= 0.0f);
+  return 0.5f * x * (erfc_z + positive * (2.0f - 2.0f * erfc_z));
+}
 static inline float magi_gelu_tanh(float x) {
   const float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
   return x / (1.0f + magi_expf(-2.0f * u));
