@@ -168,11 +168,16 @@ const AttentionOp* attention_op(const ir::Node& node) {
   return nullptr;
 }
 
-bool no_dropout(const ir::Node& node, size_t i) {
-  if (i >= node.inputs().size()) return true;  // the default
+// Is input `i` of `node` the constant number `n` (int or float)? Absent inputs take `absent`.
+bool is_number(const ir::Node& node, size_t i, double n, bool absent) {
+  if (i >= node.inputs().size()) return absent;
   const c10::IValue* v = ir::constant_input(node, i);
-  return v != nullptr &&
-         ((v->isDouble() && v->toDouble() == 0.0) || (v->isInt() && v->toInt() == 0));
+  return v != nullptr && ((v->isDouble() && v->toDouble() == n) ||
+                          (v->isInt() && static_cast<double>(v->toInt()) == n));
+}
+
+bool no_dropout(const ir::Node& node, size_t i) {
+  return is_number(node, i, 0.0, /*absent=*/true);  // the forwards' default is 0
 }
 
 ir::Node* only_user(const ir::Value* v) {
@@ -185,13 +190,6 @@ bool is_cast_to(const ir::Node* node, c10::ScalarType to) {
   const auto& in = node->input(0)->tensor_type();
   const auto& out = node->output()->tensor_type();
   return in && out && out->dtype == to && out->device == in->device && out->sizes == in->sizes;
-}
-
-bool alpha_is_one(const ir::Node& add) {
-  if (add.inputs().size() < 3) return true;
-  const c10::IValue* v = ir::constant_input(add, 2);
-  return v != nullptr &&
-         ((v->isInt() && v->toInt() == 1) || (v->isDouble() && v->toDouble() == 1.0));
 }
 
 // The value that sums `grad` ([b, hkv * r, s, d], the gradient of the repeated heads) over each
@@ -241,7 +239,8 @@ ir::Value* group_sum(ir::Value* grad, int64_t kv_heads) {
   for (int64_t i = 1; i < r; ++i) {
     ir::Node* add = only_user(total);
     if (add == nullptr || !is_op(add, "aten::add.Tensor") || add->input(0) != total ||
-        add->input(1) != terms[i] || terms[i]->users().size() != 1 || !alpha_is_one(*add)) {
+        add->input(1) != terms[i] || terms[i]->users().size() != 1 ||
+        !is_number(*add, 2, 1.0, /*absent=*/true)) {  // alpha 1
       return nullptr;
     }
     total = add->output();

@@ -61,10 +61,10 @@ std::recursive_mutex& capture_mutex() {
   return mutex;
 }
 
-// The stream every capture on `device` runs on (call with capture_mutex() held). The pool hands
-// out its streams in turn, and each stream a cuBLAS call runs on gets a workspace of its own
-// (32 MiB on Hopper) that stays allocated: one stream for all captures keeps that to one
-// workspace per device.
+// The stream every capture on `device` runs on (call with capture_mutex() held): one stream
+// rather than one per capture from the pool, which hands its streams out in turn. cuBLAS's
+// workspace for it (32 MiB on Hopper) is made inside each capture, in that runner's pool (see
+// capture()), so each runner's pool holds one.
 c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
   static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
   auto it = streams.find(device);
