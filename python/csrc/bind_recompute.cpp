@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "magi/passes/passes.h"
+#include "magi/passes/pipeline.h"
 #include "magi/passes/plan_recompute.h"
 
 namespace magi::bindings {
@@ -15,7 +16,8 @@ void bind_recompute(py::module_& m) {
       [](const ir::Graph& joint, const std::string& policy, double memory_budget,
          int64_t memory_budget_bytes, const std::vector<std::string>& compute_sensitive_ops,
          const std::unordered_map<std::string, int64_t>& size_hints,
-         const std::vector<std::string>& forward_names, size_t num_forward_outputs) {
+         const std::vector<std::string>& forward_names, size_t num_forward_outputs,
+         const std::vector<std::string>& disabled_passes) {
         passes::RecomputeOptions options;
         options.policy = passes::parse_recompute_policy(policy);
         options.memory_budget = memory_budget;
@@ -24,6 +26,8 @@ void bind_recompute(py::module_& m) {
         options.size_hints = ir::SymbolBindings(size_hints.begin(), size_hints.end());
         options.forward_names.insert(forward_names.begin(), forward_names.end());
         options.num_forward_outputs = num_forward_outputs;
+        options.grouped_attention = passes::pass_enabled(
+            "group_query_attention", {disabled_passes.begin(), disabled_passes.end()});
         const passes::RecomputePlan plan = passes::plan_recompute(joint, options);
         py::dict d;
         d["policy"] = passes::recompute_policy_name(plan.policy);
@@ -41,6 +45,7 @@ void bind_recompute(py::module_& m) {
         d["no_recompute_peak_bytes"] = plan.no_recompute_peak_bytes;
         d["lowest_peak_bytes"] = plan.lowest_peak_bytes;
         d["recompute_seconds"] = plan.recompute_seconds;
+        d["step_seconds"] = plan.step_seconds;
         d["budget_met"] = plan.budget_met;
         d["note"] = plan.note;
         d["report"] = plan.report();
@@ -51,6 +56,7 @@ void bind_recompute(py::module_& m) {
       py::arg("compute_sensitive_ops") = std::vector<std::string>{},
       py::arg("size_hints") = std::unordered_map<std::string, int64_t>{},
       py::arg("forward_names") = std::vector<std::string>{}, py::arg("num_forward_outputs") = 0,
+      py::arg("disabled_passes") = std::vector<std::string>{},
       "Plans recomputation for a joint forward+backward graph (passes/plan_recompute.h): which "
       "forward nodes (FX names) the backward recomputes, which values it saves, and the report.");
   m.def(

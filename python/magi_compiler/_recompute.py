@@ -219,6 +219,7 @@ def plan_for(
         size_hints=size_hints(graph),
         forward_names=[n.name for n in forward],
         num_forward_outputs=num_fwd_outputs,
+        disabled_passes=list(config.pass_config.disabled_passes),
     )
     plan["forward_names"] = [n.name for n in forward]
     if report:

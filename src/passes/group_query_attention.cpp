@@ -180,6 +180,14 @@ bool no_dropout(const ir::Node& node, size_t i) {
   return is_number(node, i, 0.0, /*absent=*/true);  // the forwards' default is 0
 }
 
+// No attention bias: None, or the undefined tensor the importer makes of None for a Tensor
+// parameter (ops without a bias input have none).
+bool no_bias(const ir::Node& node, const AttentionOp& op) {
+  if (!op.bias) return true;
+  const c10::IValue* bias = ir::constant_input(node, *op.bias);
+  return bias != nullptr && (bias->isNone() || (bias->isTensor() && !bias->toTensor().defined()));
+}
+
 ir::Node* only_user(const ir::Value* v) {
   return v->users().size() == 1 ? v->users().front() : nullptr;
 }
@@ -309,13 +317,7 @@ bool rewrite_forward(ir::Graph& graph, ir::Node* node, const AttentionOp& op) {
 // the sums it bypasses for the caller's dead-code sweep (they come after `node`).
 bool rewrite_backward(ir::Graph& graph, ir::Node* node, const AttentionOp& op) {
   if (!no_dropout(*node, op.dropout)) return false;
-  if (op.bias) {
-    // None, or the undefined tensor the importer makes of None for a Tensor parameter.
-    const c10::IValue* bias = ir::constant_input(*node, *op.bias);
-    if (bias == nullptr || !(bias->isNone() || (bias->isTensor() && !bias->toTensor().defined()))) {
-      return false;
-    }
-  }
+  if (!no_bias(*node, op)) return false;
   const auto key = repeated_heads(node->input(op.key));
   const auto value = repeated_heads(node->input(op.key + 1));
   if (!key || !value || key->kv_heads != value->kv_heads || node->outputs().size() != 3) {
@@ -352,7 +354,36 @@ bool rewrite_backward(ir::Graph& graph, ir::Node* node, const AttentionOp& op) {
   return true;
 }
 
+// Do `node`'s key and value inputs both repeat the same number of grouped heads?
+bool reads_repeated_heads(const ir::Node& node, const AttentionOp& op) {
+  const auto key = repeated_heads(node.input(op.key));
+  const auto value = repeated_heads(node.input(op.key + 1));
+  return key && value && key->kv_heads == value->kv_heads;
+}
+
 }  // namespace
+
+bool is_grouped_attention_copy(const ir::Node& clone) {
+  if (!is_op(&clone, "aten::clone") || clone.output()->users().empty()) return false;
+  for (const ir::Node* view : clone.output()->users()) {
+    if (view->outputs().size() != 1 || !repeated_heads(view->output())) return false;
+    if (view->output()->users().empty()) return false;
+    for (const ir::Node* reader : view->output()->users()) {
+      const AttentionOp* op = attention_op(*reader);
+      if (op == nullptr || !reads_repeated_heads(*reader, *op) ||
+          !no_dropout(*reader, op->dropout)) {
+        return false;
+      }
+      const ir::Value* v = view->output();
+      if (reader->input(op->key) != v && reader->input(op->key + 1) != v) return false;
+      for (size_t i = 0; i < reader->inputs().size(); ++i) {
+        if (reader->input(i) == v && i != op->key && i != op->key + 1) return false;
+      }
+      if (!no_bias(*reader, *op)) return false;
+    }
+  }
+  return true;
+}
 
 bool group_query_attention(ir::Graph& graph) {
   bool changed = false;

@@ -45,6 +45,10 @@ std::set<std::string> disabled_from_env() {
 
 }  // namespace
 
+bool pass_enabled(const std::string& name, const std::set<std::string>& disabled) {
+  return !disabled.count(name) && !disabled_from_env().count(name);
+}
+
 std::vector<std::string> pipeline_pass_names() {
   std::vector<std::string> names;
   for (const auto& p : kPipeline) names.emplace_back(p.name);

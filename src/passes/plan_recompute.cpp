@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "magi/common/error.h"
@@ -114,6 +115,10 @@ std::vector<Candidate> plan_sequence(const JointModel& m) {
   return seq;
 }
 
+// Budgets between the minimum cut's peak and the no-recompute plan's that AUTOSEARCH fills
+// with knapsacks, each the seed of a search.
+constexpr int kKnapsackLevels = 12;
+
 // AUTOSEARCH's own candidate: the minimum cut keeping compute-bound outputs, then saving back
 // the recomputations with the most time per byte that fit in what the budget leaves.
 Candidate cut_and_knapsack(const JointModel& m, int64_t budget) {
@@ -155,6 +160,42 @@ Candidate cut_and_knapsack(const JointModel& m, int64_t budget) {
       break;
     }
     capacity -= std::max<int64_t>(trial.peak - budget, capacity / 8);
+  }
+  return best;
+}
+
+// From `start` (which fits), switches one node at a time between recomputed and kept while
+// that lowers the predicted step cost (JointModel::step_seconds) and the simulated peak still
+// fits `budget`; a few passes over the nodes that make or read what the backward needs.
+Candidate improve(const JointModel& m, Candidate start, int64_t budget) {
+  Candidate best = std::move(start);
+  double cost = m.step_seconds(best.eval);
+  for (int pass = 0; pass < 4; ++pass) {
+    bool changed = false;
+    std::vector<size_t> nodes;
+    for (int id : best.eval.saved) {
+      const int p = m.producer(id);
+      if (p >= 0 && m.recomputable(p) && m.kind(p) != OpKind::kFree) nodes.push_back(p);
+    }
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (best.eval.recomputed[i] && m.kind(i) != OpKind::kFree) nodes.push_back(i);
+    }
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    for (size_t i : nodes) {
+      Candidate trial;
+      trial.plan = best.plan;
+      trial.plan[i] = !trial.plan[i];
+      trial.eval = m.evaluate(trial.plan);
+      const double trial_cost = m.step_seconds(trial.eval);
+      if (trial_cost >= cost * (1 - 1e-9)) continue;
+      trial.peak = m.simulate_peak(trial.eval);
+      if (trial.peak > budget) continue;
+      best = std::move(trial);
+      cost = trial_cost;
+      changed = true;
+    }
+    if (!changed) break;
   }
   return best;
 }
@@ -221,19 +262,37 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
                  "activation peak to fit, in bytes); got ",
                  options.peak_budget_bytes);
       const int64_t budget = options.peak_budget_bytes;
+      // Every candidate is improved within its own simulated peak, so the pool does not depend
+      // on the budget, which only says which candidates fit: a larger budget never gets a
+      // plan predicted to cost more.
       std::vector<Candidate> pool = plan_sequence(m);
-      pool.push_back(cut_and_knapsack(m, budget));
+      const int64_t base = m.simulate_peak(m.evaluate(m.min_cut(false)));
+      const int64_t top = std::max(base, out.no_recompute_peak_bytes);
+      std::vector<Candidate> seeds;
+      for (int k = 0; k <= kKnapsackLevels; ++k) {
+        seeds.push_back(cut_and_knapsack(m, base + (top - base) * k / kKnapsackLevels));
+      }
       // Also the heuristic plan and the fewest saved bytes of all, in case no plan fits.
       for (NodeSet extra : {heuristic(m), m.min_cut(/*allow_compute_bound=*/true)}) {
         Evaluation ev = m.evaluate(extra);
-        pool.push_back({std::move(extra), std::move(ev)});
+        seeds.push_back({std::move(extra), std::move(ev)});
+      }
+      for (Candidate& c : seeds) {
+        if (c.peak < 0) c.peak = m.simulate_peak(c.eval);
+        pool.push_back(improve(m, c, c.peak));
+        pool.push_back(std::move(c));
       }
       const Candidate* best = nullptr;
       const Candidate* smallest = nullptr;
+      double best_cost = 0;
       for (auto& c : pool) {
         if (c.peak < 0) c.peak = m.simulate_peak(c.eval);
         if (smallest == nullptr || c.peak < smallest->peak) smallest = &c;
-        if (c.peak <= budget && (best == nullptr || c.eval.seconds < best->eval.seconds)) best = &c;
+        const double cost = m.step_seconds(c.eval);
+        if (c.peak <= budget && (best == nullptr || cost < best_cost)) {
+          best = &c;
+          best_cost = cost;
+        }
       }
       lowest_peak = smallest->peak;
       if (best == nullptr) {
@@ -256,6 +315,7 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
   }
   out.saved_bytes = e.saved_bytes;
   out.recompute_seconds = e.seconds;
+  out.step_seconds = m.step_seconds(e);
   out.predicted_peak_bytes = m.simulate_peak(e, &out.predicted_forward_peak_bytes);
   for (int id : e.saved) out.saved.push_back(m.value(id));
   for (size_t i = 0; i < m.size(); ++i) {
@@ -297,6 +357,9 @@ std::string RecomputePlan::report() const {
   std::snprintf(ms, sizeof ms, "%.3f ms", recompute_seconds * 1e3);
   s << "  recomputed: " << recomputed_ops.size() << " ops writing " << mib(recomputed_bytes)
     << ", about " << ms << " per step (roofline)\n";
+  std::snprintf(ms, sizeof ms, "%.3f ms", step_seconds * 1e3);
+  s << "  predicted step cost: " << ms
+    << " (saved values written and read, recomputation fused into the backward)\n";
   s << "  predicted activation peak: " << mib(predicted_peak_bytes) << " (in the forward "
     << mib(predicted_forward_peak_bytes) << "; no-recompute plan: " << mib(no_recompute_peak_bytes)
     << ")\n";

@@ -14,6 +14,7 @@
 #include "magi/common/error.h"
 #include "magi/ir/op_info.h"
 #include "magi/ir/op_registry.h"
+#include "magi/passes/passes.h"
 
 namespace magi::passes::recompute {
 
@@ -149,6 +150,8 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
     root_.push_back(root < 0 ? id : root);
     producer_.push_back(producer);
     is_graph_output_.push_back(0);
+    materialized_.push_back(0);
+    read_by_compute_bound_backward_.push_back(0);
     return id;
   };
 
@@ -185,6 +188,7 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
           for (int id : ids) {
             if (k < options_.num_forward_outputs) {
               forward_outputs_.push_back(id);
+              materialized_[root_[id]] = 1;
             } else {
               is_graph_output_[root_[id]] = 1;
               if (producer_[id] >= 0) backward_needs_.push_back(id);
@@ -206,7 +210,9 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
       tangent_dependent = tangent_dependent || after_tangent[in];
     const int index = forward ? static_cast<int>(nodes_.size()) : -1;
 
-    // Outputs: own storage, or an alias of the first input's storage.
+    // Outputs: own storage, or an alias of the first input's storage. A grouped-head copy
+    // for attention has none: group_query_attention removes it from both graphs.
+    const bool vanishes = forward && options_.grouped_attention && is_grouped_attention_copy(*n);
     std::vector<int> outputs;
     int64_t own = 0;
     for (size_t k = 0; k < n->outputs().size(); ++k) {
@@ -215,13 +221,17 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
       const bool alias = n->kind() == ir::NodeKind::kGetItem ||
                          (n->is_operator() && ir::output_aliases_input(*n, k));
       const int root = alias && !inputs.empty() ? root_[inputs.front()] : -1;
-      const int64_t bytes = root >= 0 ? 0 : bytes_of(v);
+      const int64_t bytes = root >= 0 || vanishes ? 0 : bytes_of(v);
       own += bytes;
       outputs.push_back(add_value(v, index, bytes, root));
     }
     if (!forward) {
+      const bool compute_bound =
+          n->is_operator() && (ir::is_compute_sensitive(*n) ||
+                               is_named_compute_sensitive(*n, options_.compute_sensitive_ops));
       for (int id : inputs) {
         if (producer_[id] >= 0) backward_needs_.push_back(id);
+        if (compute_bound) read_by_compute_bound_backward_[root_[id]] = 1;
       }
       // Attention backwards accumulate dq in float32 in a buffer of their own.
       int64_t workspace = 0;
@@ -268,6 +278,9 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
       narrowing = in_t && out_t &&
                   (name == "prims::convert_element_type" || name == "aten::_to_copy") &&
                   c10::elementSize(out_t->dtype) < c10::elementSize(in_t->dtype);
+    }
+    if (kind != OpKind::kCheap && kind != OpKind::kFree) {
+      for (int id : inputs) materialized_[root_[id]] = 1;
     }
     nodes_.push_back(n);
     kinds_.push_back(kind);
@@ -317,6 +330,40 @@ Evaluation JointModel::evaluate(const NodeSet& plan) const {
     counted[r] = 1;
   }
   return e;
+}
+
+double JointModel::step_seconds(const Evaluation& eval) const {
+  double bytes = 0, seconds = 0;
+  std::vector<char> counted(values_.size(), 0);
+  for (int id : eval.saved) {
+    const int r = root_[id];
+    if (counted[r]) continue;
+    counted[r] = 1;
+    const int p = producer_[r];
+    const bool written_for_the_backward =
+        p >= 0 && kinds_[p] == OpKind::kCheap && !materialized_[r];
+    bytes += static_cast<double>(value_bytes_[r]) * (written_for_the_backward ? 2 : 1);
+  }
+  for (size_t i = 0; i < size(); ++i) {
+    if (!eval.recomputed[i]) continue;
+    if (kinds_[i] == OpKind::kComputeBound) {
+      seconds += seconds_[i];
+      continue;
+    }
+    if (kinds_[i] != OpKind::kCheap) continue;
+    for (int id : node_outputs_[i]) {
+      if (root_[id] == id && read_by_compute_bound_backward_[id]) {
+        bytes += 2.0 * static_cast<double>(value_bytes_[id]);
+      }
+    }
+    for (int id : node_inputs_[i]) {
+      const int r = root_[id];
+      if (producer_[r] >= 0 || counted[r]) continue;
+      counted[r] = 1;
+      bytes += static_cast<double>(bytes_of(values_[r]));  // a graph input (a weight)
+    }
+  }
+  return seconds + bytes / options_.roofline.bytes_per_second;
 }
 
 int64_t JointModel::simulate_peak(const Evaluation& eval, int64_t* forward_peak) const {

@@ -59,6 +59,14 @@ class JointModel {
   /// The plan with only free nodes recomputed (no recomputation).
   NodeSet no_recompute() const;
   Evaluation evaluate(const NodeSet& plan) const;
+  /// Predicted seconds a plan adds to the step in memory traffic and recomputed FLOPs, for
+  /// ranking plans (AUTOSEARCH). Memory-bound recomputation runs inside the backward's fused
+  /// kernels, so it costs only the values it must write for a compute-bound reader (a matmul's
+  /// operand: written, then read) and the graph inputs it reads. A saved value costs its read
+  /// in the backward, and its write in the forward unless the forward writes it anyway (it is
+  /// a memory-bound op's output that only memory-bound forward ops read, which fusion keeps in
+  /// registers). Recomputed compute-bound ops cost their roofline time.
+  double step_seconds(const Evaluation& eval) const;
   /// Simulated activation peak: the forward, then the backward with each recomputed node
   /// run just before its first use. Graph inputs are not counted.
   /// `forward_peak`, when given, receives the forward's part.
@@ -86,6 +94,10 @@ class JointModel {
   std::vector<int> root_;             // the value whose storage a value uses
   std::vector<int> producer_;
   std::vector<char> is_graph_output_;  // gradients (kept to the end of the backward)
+  // Per root: the forward writes it to memory anyway (a forward output, or read by a forward op
+  // that is not memory-bound); a compute-bound backward op reads it.
+  std::vector<char> materialized_;
+  std::vector<char> read_by_compute_bound_backward_;
 
   std::vector<int> backward_needs_;  // forward-made value ids read by the backward
   // The backward, in order: each node's input ids and output ids.

@@ -254,6 +254,53 @@ TEST(Recompute, AutosearchFitsThePeakBudgetWithTheFastestPlan) {
       << plan.note;
 }
 
+// bf16 in and out, float32 between: h = x @ w1, v = float(h)^2, z = bf16(v), y = z @ w2. The
+// backward reads v (the square's gradient) and z (w2's gradient).
+struct WideningJoint : Joint {
+  WideningJoint() {
+    Value* x = b.input("primals_1", {kN, kK}, kBF16);
+    Value* w1 = b.input("primals_2", {kK, kH}, kBF16);
+    Value* w2 = b.input("primals_3", {kH, kK}, kBF16);
+    Value* dy = b.input("tangents_1", {kN, kK}, kBF16);
+    Value* h = mm(x, w1, "h");
+    Value* hf = b.cast(h, c10::ScalarType::Float, "hf");
+    Value* v = b.mul(hf, hf, "v");
+    Value* z = b.cast(v, c10::ScalarType::BFloat16, "z");
+    Value* y = mm(z, w2, "y");
+    Value* dw2 = mm(t(z, "t_z"), dy, "dw2");
+    Value* dz = b.cast(mm(dy, t(w2, "t_w2"), "dz"), c10::ScalarType::Float, "dzf");
+    Value* dh =
+        b.cast(b.mul(b.mul(dz, v, "dv"), b.number(2.0), "dv2"), c10::ScalarType::BFloat16, "dh");
+    Value* dw1 = mm(t(x, "t_x"), dh, "dw1");
+    g.set_outputs({y, dw1, dw2});
+  }
+};
+
+TEST(Recompute, AutosearchRecomputesWhatFusionKeepsInRegistersRatherThanSaveIt) {
+  WideningJoint j;
+  RecomputeOptions o = options(RecomputePolicy::kHandcraft);
+  o.memory_budget = 1.0;
+  const RecomputePlan none = plan_recompute(j.g, o);
+  ASSERT_EQ(saved_of(none), (std::set<std::string>{"v", "z"}));
+  // With room for everything, saving the float32 v costs its write in the forward and its read
+  // in the backward (6 bytes a value more than reading the bf16 h); recomputed from h inside the
+  // backward's fused kernel it costs nothing. z stays saved: the forward's matmul writes it anyway
+  // and the backward's matmul reads it.
+  o.policy = RecomputePolicy::kAutosearch;
+  o.peak_budget_bytes = none.no_recompute_peak_bytes;
+  const RecomputePlan plan = plan_recompute(j.g, o);
+  EXPECT_EQ(saved_of(plan), (std::set<std::string>{"h", "z"})) << plan.report();
+  EXPECT_EQ(recomputed_of(plan), (std::set<std::string>{"hf", "v"})) << plan.report();
+  EXPECT_LT(plan.step_seconds, none.step_seconds);
+  EXPECT_LE(plan.predicted_peak_bytes, o.peak_budget_bytes);
+  EXPECT_LT(plan.saved_bytes, none.saved_bytes);
+  // What each plan moves: v twice (f32) and z once, against h and z once each (bf16).
+  const double bandwidth = o.roofline.bytes_per_second;
+  EXPECT_DOUBLE_EQ(none.step_seconds, (2.0 * kN * kH * 4 + kN * kH * 2) / bandwidth);
+  EXPECT_DOUBLE_EQ(plan.step_seconds, (2.0 * kN * kH * 2) / bandwidth);
+  EXPECT_TRUE(contains(plan.report(), "predicted step cost: ")) << plan.report();
+}
+
 TEST(Recompute, AutosearchPeaksGrowWithTheBudget) {
   DiamondJoint j;
   RecomputeOptions o = options(RecomputePolicy::kAutosearch);
@@ -276,6 +323,97 @@ TEST(Recompute, CustomComputeSensitiveOpsAreSaved) {
   RecomputePlan plan = plan_recompute(j.g, o);
   EXPECT_EQ(saved_of(plan), (std::set<std::string>{"r"}));
   EXPECT_EQ(recomputed_of(plan), (std::set<std::string>{"scaled"}));
+}
+
+// Grouped-query attention: k and v (2 heads for 4 query heads) are scalings of the inputs,
+// repeated per head (repeat_kv: unsqueeze, expand, clone, view) for flash attention; the
+// backward's attention gradient reads the same repeats, and the key/value gradients are summed
+// over each group.
+struct GroupedAttentionJoint : Joint {
+  explicit GroupedAttentionJoint(double dropout) {
+    const TensorType grouped = tensor_type({2, 2, 8, 16}, kBF16);
+    const TensorType heads = tensor_type({2, 4, 8, 16}, kBF16);
+    Value* q = b.input("primals_1", {2, 4, 8, 16}, kBF16);
+    Value* k_in = b.input("primals_2", {2, 2, 8, 16}, kBF16);
+    Value* v_in = b.input("primals_3", {2, 2, 8, 16}, kBF16);
+    Value* dy = b.input("tangents_1", {2, 4, 8, 16}, kBF16);
+    Value* k = b.op("aten::mul", "Tensor", {k_in, b.number(2.0)}, grouped, "k");
+    Value* v = b.op("aten::mul", "Tensor", {v_in, b.number(2.0)}, grouped, "v");
+    Value* k_rep = repeat(k, "k");
+    Value* v_rep = repeat(v, "v");
+    Value* out = b.op("aten::_scaled_dot_product_flash_attention", "",
+                      {q, k_rep, v_rep, b.floating(dropout), b.flag(true), b.flag(false), b.none()},
+                      heads, "attention");
+    Node* forward = out->producer();
+    forward->output(1)->set_tensor_type(tensor_type({2, 4, 8}));
+    const auto unset = [&] {
+      return g.add_constant(c10::IValue(at::Tensor()), ValueKind::kTensor);
+    };
+    Value* dq = b.op(
+        "aten::_scaled_dot_product_flash_attention_backward", "",
+        {dy, q, k_rep, v_rep, out, forward->output(1), unset(), unset(), b.integer(8), b.integer(8),
+         b.floating(dropout), b.flag(true), forward->output(6), forward->output(7), b.none()},
+        heads, "dq");
+    Node* backward = dq->producer();
+    std::vector<Value*> outputs = {out, dq};
+    for (size_t j = 1; j < 3; ++j) {
+      backward->output(j)->set_tensor_type(heads);
+      Value* split =
+          b.view(backward->output(j), {2, 2, 2, 8, 16}, j == 1 ? "dk_split" : "dv_split");
+      Value* sum = b.op("aten::sum", "dim_IntList", {split, b.dims({2}), b.flag(false), b.none()},
+                        grouped, j == 1 ? "dk" : "dv");
+      outputs.push_back(
+          b.op("aten::mul", "Tensor", {sum, b.number(2.0)}, grouped, j == 1 ? "dk_in" : "dv_in"));
+    }
+    g.set_outputs(outputs);
+  }
+
+  Value* repeat(Value* x, const std::string& name) {
+    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(2)}, tensor_type({2, 2, 1, 8, 16}, kBF16),
+                    name + "_unsqueeze");
+    Value* e = b.op("aten::expand", "", {u, b.dims({2, 2, 2, 8, 16}), b.flag(false)},
+                    tensor_type({2, 2, 2, 8, 16}, kBF16), name + "_expand");
+    Value* c = b.op("aten::clone", "", {e, b.none()}, tensor_type({2, 2, 2, 8, 16}, kBF16),
+                    name + "_clone");
+    return b.view(c, {2, 4, 8, 16}, name + "_rep");
+  }
+};
+
+TEST(Recompute, GroupedHeadCopiesForAttentionAreFreeAndNeverSaved) {
+  constexpr int64_t kGroupedBytes = 2 * 2 * 8 * 16 * 2, kCopyBytes = 2 * kGroupedBytes;
+  RecomputeOptions o = options(RecomputePolicy::kHandcraft);
+  o.num_forward_outputs = 1;
+  o.memory_budget = 1.0;  // no recomputation but what costs nothing
+  GroupedAttentionJoint j(/*dropout=*/0.0);
+  RecomputePlan plan = plan_recompute(j.g, o);
+  // group_query_attention removes the copies from both graphs: the backward repeats k and v
+  // from the saved scalings for free.
+  std::set<std::string> saved = saved_of(plan);
+  EXPECT_TRUE(saved.count("k") && saved.count("v")) << plan.report();
+  EXPECT_FALSE(saved.count("k_clone") || saved.count("v_clone")) << plan.report();
+  EXPECT_TRUE(plan.recomputed_ops.empty()) << plan.report();
+  const int64_t grouped_peak = plan.predicted_peak_bytes, grouped_saved = plan.saved_bytes;
+
+  o.policy = RecomputePolicy::kAutosearch;
+  o.peak_budget_bytes = plan.no_recompute_peak_bytes;
+  RecomputePlan autosearch = plan_recompute(j.g, o);
+  EXPECT_FALSE(saved_of(autosearch).count("k_clone")) << autosearch.report();
+
+  // With the pass off, the copies are ordinary values: saved, and counted in the peak.
+  o.policy = RecomputePolicy::kHandcraft;
+  o.grouped_attention = false;
+  plan = plan_recompute(j.g, o);
+  saved = saved_of(plan);
+  EXPECT_TRUE(saved.count("k_clone") && saved.count("v_clone")) << plan.report();
+  EXPECT_FALSE(saved.count("k")) << plan.report();
+  EXPECT_EQ(plan.saved_bytes - grouped_saved, 2 * (kCopyBytes - kGroupedBytes)) << plan.report();
+  EXPECT_GT(plan.predicted_peak_bytes, grouped_peak) << plan.report();
+
+  // With dropout the pass leaves the call alone, so the copies stay.
+  o.grouped_attention = true;
+  GroupedAttentionJoint with_dropout(/*dropout=*/0.1);
+  plan = plan_recompute(with_dropout.g, o);
+  EXPECT_TRUE(saved_of(plan).count("k_clone")) << plan.report();
 }
 
 TEST(Recompute, BadBudgetsAreUserErrors) {

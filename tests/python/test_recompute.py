@@ -524,13 +524,16 @@ def test_autosearch_budgets_are_met_and_monotonic(reference):
         else:
             assert not p["budget_met"] and p["note"], (b, p["note"])
             assert p["predicted_peak_bytes"] == low  # the smallest plan
-    peaks = [p["predicted_peak_bytes"] for p in plans]
-    seconds = [p["recompute_seconds"] for p in plans]
-    assert peaks == sorted(peaks), list(zip(budgets, peaks, strict=True))
-    assert seconds == sorted(seconds, reverse=True), list(zip(budgets, seconds, strict=True))
-    # A budget the no-recompute plan fits: no recomputation at all.
-    assert plans[-1]["recompute_seconds"] == 0 and plans[-2]["recompute_seconds"] == 0
-    assert plans[-1]["saved_bytes"] == ref.plan["no_recompute_bytes"]
+    # A larger budget never gets a plan predicted to cost more (AUTOSEARCH minimises the
+    # predicted step cost; the peak is only a bound, so it need not grow with the budget).
+    costs = [p["step_seconds"] for p in plans]
+    assert costs == sorted(costs, reverse=True), list(zip(budgets, costs, strict=True))
+    assert costs[-1] < costs[2], list(zip(budgets, costs, strict=True))
+    # With room for everything, the plan costs no more than saving everything the backward
+    # reads: values that fusion keeps in registers are recomputed rather than written out.
+    everything = ref.cap.replan(recompute_policy=RecomputePolicy.HANDCRAFT, memory_budget=1.0)
+    assert everything["saved_bytes"] == ref.plan["no_recompute_bytes"]
+    assert costs[-1] <= everything["step_seconds"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,13 @@ bool eliminate_dead_code(ir::Graph& graph);
 /// See src/passes/group_query_attention.cpp.
 bool group_query_attention(ir::Graph& graph);
 
+/// Is `node` the aten::clone of a repeat of grouped key/value heads that group_query_attention
+/// removes: every reader of the repeat is a flash or cuDNN attention call (forward or backward)
+/// at dropout 0, without a bias, reading it as its key or value, with both repeats alike? The
+/// recompute planner counts such a copy as free (the backward's group-sum form is not checked
+/// here; the pass checks it).
+bool is_grouped_attention_copy(const ir::Node& node);
+
 /// Cuts an unsplit graph at every call of a boundary operator (flagged in ir::OpRegistry, or
 /// named in `splitting_ops`) into pieces that the graph owns and calls in the original order;
 /// boundary calls stay in the graph between the calls. Structurally identical pieces are stored

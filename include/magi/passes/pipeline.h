@@ -30,6 +30,10 @@ struct PipelineOptions {
 /// Names of all passes, in pipeline order.
 std::vector<std::string> pipeline_pass_names();
 
+/// Does the pass named `name` run, given `disabled` (PipelineOptions::disabled) and
+/// MAGI_DISABLE_PASSES?
+bool pass_enabled(const std::string& name, const std::set<std::string>& disabled = {});
+
 /// Runs the pipeline in order; returns one record per pass.
 std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& options = {});
 

@@ -20,8 +20,10 @@
 //   - AUTOSEARCH: a budget in bytes of simulated activation peak (forward, then a backward that
 //     recomputes just in time). Starts from the plan with the fewest saved bytes that keeps
 //     compute-bound outputs (a minimum cut, capacities from bytes), spends what the budget
-//     leaves on saving the costliest recomputations (a knapsack), and keeps the fastest plan
-//     whose simulated peak fits, from that and the HANDCRAFT sequence.
+//     leaves on saving the costliest recomputations (knapsacks at the budget and at smaller
+//     ones), keeps the plan with the lowest predicted step cost (step_seconds) whose simulated
+//     peak fits, from those, the HANDCRAFT sequence and the heuristic plan, and then switches
+//     single nodes between saved and recomputed while that lowers the cost and still fits.
 // Random ops are never recomputed: their outputs are saved.
 #pragma once
 
@@ -57,6 +59,10 @@ struct RecomputeOptions {
   std::unordered_set<std::string> forward_names;
   /// The first this many graph outputs are the forward's; the rest are gradients.
   size_t num_forward_outputs = 0;
+  /// group_query_attention runs on the forward and backward graphs: a copy that repeats
+  /// grouped key/value heads for flash or cuDNN attention (is_grouped_attention_copy) is free
+  /// and takes no memory, since the pass removes it wherever it is computed.
+  bool grouped_attention = true;
   Roofline roofline;
 };
 
@@ -81,8 +87,12 @@ struct RecomputePlan {
   /// minimum cuts, and AUTOSEARCH's candidates): about how low a peak budget can go.
   int64_t lowest_peak_bytes = 0;
   double recompute_seconds = 0;  ///< roofline time of `recomputed`
-  bool budget_met = true;        ///< false when no plan fits the budget (the smallest is used)
-  std::string note;              ///< why, when the budget is not met
+  /// What the plan is predicted to add to a step: the saved values' writes and reads and the
+  /// recomputation, with memory-bound recomputation fused into the backward's kernels (the
+  /// cost AUTOSEARCH minimises; see recompute_model.h).
+  double step_seconds = 0;
+  bool budget_met = true;  ///< false when no plan fits the budget (the smallest is used)
+  std::string note;        ///< why, when the budget is not met
 
   /// FX names of `recomputed` (what the partitioner tags for recomputation).
   std::vector<std::string> recomputed_names() const;
