@@ -354,6 +354,20 @@ bool rewrite_backward(ir::Graph& graph, ir::Node* node, const AttentionOp& op) {
   return true;
 }
 
+// Are the key and value gradients of a backward call (grouped heads) read only through group
+// sums whose readers take any layout, as rewrite_backward needs?
+bool returns_group_sums(const ir::Node& node, const AttentionOp& op) {
+  const auto key = repeated_heads(node.input(op.key));
+  if (!key || node.outputs().size() != 3) return false;
+  for (size_t j = 0; j < 2; ++j) {
+    ir::Value* grad = node.output(1 + j);
+    if (grad->users().empty()) continue;
+    const ir::Value* sum = group_sum(grad, key->kv_heads);
+    if (sum == nullptr || !read_in_any_layout(sum)) return false;
+  }
+  return true;
+}
+
 // Do `node`'s key and value inputs both repeat the same number of grouped heads?
 bool reads_repeated_heads(const ir::Node& node, const AttentionOp& op) {
   const auto key = repeated_heads(node.input(op.key));
@@ -376,6 +390,7 @@ bool is_grouped_attention_copy(const ir::Node& clone) {
       }
       const ir::Value* v = view->output();
       if (reader->input(op->key) != v && reader->input(op->key + 1) != v) return false;
+      if (op->backward && !returns_group_sums(*reader, *op)) return false;
       for (size_t i = 0; i < reader->inputs().size(); ++i) {
         if (reader->input(i) == v && i != op->key && i != op->key + 1) return false;
       }

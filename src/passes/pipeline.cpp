@@ -46,6 +46,9 @@ std::set<std::string> disabled_from_env() {
 }  // namespace
 
 bool pass_enabled(const std::string& name, const std::set<std::string>& disabled) {
+  bool known = false;
+  for (const auto& p : kPipeline) known |= (name == p.name);
+  MAGI_ASSERT(known, "pass_enabled: no pass is named '", name, "'");
   return !disabled.count(name) && !disabled_from_env().count(name);
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <sstream>
 
 #include "magi/common/error.h"
@@ -115,17 +114,13 @@ std::vector<Candidate> plan_sequence(const JointModel& m) {
   return seq;
 }
 
-// Budgets between the minimum cut's peak and the no-recompute plan's that AUTOSEARCH fills
-// with knapsacks, each the seed of a search.
-constexpr int kKnapsackLevels = 12;
+// AUTOSEARCH fills kKnapsackSteps + 1 peaks, evenly from the minimum cut's to the
+// no-recompute plan's, with knapsacks, each the seed of a search.
+constexpr int kKnapsackSteps = 12;
 
-// AUTOSEARCH's own candidate: the minimum cut keeping compute-bound outputs, then saving back
-// the recomputations with the most time per byte that fit in what the budget leaves.
-Candidate cut_and_knapsack(const JointModel& m, int64_t budget) {
-  Candidate base;
-  base.plan = m.min_cut(/*allow_compute_bound=*/false);
-  base.eval = m.evaluate(base.plan);
-  base.peak = m.simulate_peak(base.eval);
+// The minimum cut keeping compute-bound outputs (`base`), then saving back the recomputations
+// with the most time per byte that fit in what the budget leaves.
+Candidate cut_and_knapsack(const JointModel& m, const Candidate& base, int64_t budget) {
   if (base.peak > budget) return base;
   std::vector<int> items;
   for (size_t i = 0; i < m.size(); ++i) {
@@ -266,11 +261,17 @@ RecomputePlan plan_recompute(const ir::Graph& joint, const RecomputeOptions& opt
       // on the budget, which only says which candidates fit: a larger budget never gets a
       // plan predicted to cost more.
       std::vector<Candidate> pool = plan_sequence(m);
-      const int64_t base = m.simulate_peak(m.evaluate(m.min_cut(false)));
-      const int64_t top = std::max(base, out.no_recompute_peak_bytes);
+      Candidate cut;
+      cut.plan = m.min_cut(/*allow_compute_bound=*/false);
+      cut.eval = m.evaluate(cut.plan);
+      cut.peak = m.simulate_peak(cut.eval);
+      const int64_t top = std::max(cut.peak, out.no_recompute_peak_bytes);
       std::vector<Candidate> seeds;
-      for (int k = 0; k <= kKnapsackLevels; ++k) {
-        seeds.push_back(cut_and_knapsack(m, base + (top - base) * k / kKnapsackLevels));
+      int64_t last = -1;
+      for (int k = 0; k <= kKnapsackSteps; ++k) {
+        const int64_t peak = cut.peak + (top - cut.peak) * k / kKnapsackSteps;
+        if (peak != last) seeds.push_back(cut_and_knapsack(m, cut, peak));
+        last = peak;
       }
       // Also the heuristic plan and the fewest saved bytes of all, in case no plan fits.
       for (NodeSet extra : {heuristic(m), m.min_cut(/*allow_compute_bound=*/true)}) {

@@ -211,17 +211,18 @@ JointModel::JointModel(const ir::Graph& joint, const RecomputeOptions& options)
     const int index = forward ? static_cast<int>(nodes_.size()) : -1;
 
     // Outputs: own storage, or an alias of the first input's storage. A grouped-head copy
-    // for attention has none: group_query_attention removes it from both graphs.
+    // for attention is an alias of its source: group_query_attention removes it from both
+    // graphs, and the attention calls read the source itself.
     const bool vanishes = forward && options_.grouped_attention && is_grouped_attention_copy(*n);
     std::vector<int> outputs;
     int64_t own = 0;
     for (size_t k = 0; k < n->outputs().size(); ++k) {
       const ir::Value* v = n->output(k);
       after_tangent[v] = tangent_dependent;
-      const bool alias = n->kind() == ir::NodeKind::kGetItem ||
+      const bool alias = vanishes || n->kind() == ir::NodeKind::kGetItem ||
                          (n->is_operator() && ir::output_aliases_input(*n, k));
       const int root = alias && !inputs.empty() ? root_[inputs.front()] : -1;
-      const int64_t bytes = root >= 0 || vanishes ? 0 : bytes_of(v);
+      const int64_t bytes = root >= 0 ? 0 : bytes_of(v);
       own += bytes;
       outputs.push_back(add_value(v, index, bytes, root));
     }
@@ -344,6 +345,12 @@ double JointModel::step_seconds(const Evaluation& eval) const {
         p >= 0 && kinds_[p] == OpKind::kCheap && !materialized_[r];
     bytes += static_cast<double>(value_bytes_[r]) * (written_for_the_backward ? 2 : 1);
   }
+  // Values a compute-bound op reads in the backward: the backward's own, and recomputed ones.
+  std::vector<char> operand(read_by_compute_bound_backward_);
+  for (size_t i = 0; i < size(); ++i) {
+    if (!eval.recomputed[i] || kinds_[i] != OpKind::kComputeBound) continue;
+    for (int id : node_inputs_[i]) operand[root_[id]] = 1;
+  }
   for (size_t i = 0; i < size(); ++i) {
     if (!eval.recomputed[i]) continue;
     if (kinds_[i] == OpKind::kComputeBound) {
@@ -352,7 +359,7 @@ double JointModel::step_seconds(const Evaluation& eval) const {
     }
     if (kinds_[i] != OpKind::kCheap) continue;
     for (int id : node_outputs_[i]) {
-      if (root_[id] == id && read_by_compute_bound_backward_[id]) {
+      if (root_[id] == id && operand[id]) {
         bytes += 2.0 * static_cast<double>(value_bytes_[id]);
       }
     }

@@ -61,8 +61,9 @@ class JointModel {
   Evaluation evaluate(const NodeSet& plan) const;
   /// Predicted seconds a plan adds to the step in memory traffic and recomputed FLOPs, for
   /// ranking plans (AUTOSEARCH). Memory-bound recomputation runs inside the backward's fused
-  /// kernels, so it costs only the values it must write for a compute-bound reader (a matmul's
-  /// operand: written, then read) and the graph inputs it reads. A saved value costs its read
+  /// kernels, so it costs only the values it must write for a compute-bound reader in the
+  /// backward or in the recomputation (a matmul's operand: written, then read) and the graph
+  /// inputs it reads. A saved value costs its read
   /// in the backward, and its write in the forward unless the forward writes it anyway (it is
   /// a memory-bound op's output that only memory-bound forward ops read, which fusion keeps in
   /// registers). Recomputed compute-bound ops cost their roofline time.

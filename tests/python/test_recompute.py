@@ -533,7 +533,7 @@ def test_autosearch_budgets_are_met_and_monotonic(reference):
     # reads: values that fusion keeps in registers are recomputed rather than written out.
     everything = ref.cap.replan(recompute_policy=RecomputePolicy.HANDCRAFT, memory_budget=1.0)
     assert everything["saved_bytes"] == ref.plan["no_recompute_bytes"]
-    assert costs[-1] <= everything["step_seconds"]
+    assert costs[-1] < everything["step_seconds"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,9 +26,9 @@ bool group_query_attention(ir::Graph& graph);
 
 /// Is `node` the aten::clone of a repeat of grouped key/value heads that group_query_attention
 /// removes: every reader of the repeat is a flash or cuDNN attention call (forward or backward)
-/// at dropout 0, without a bias, reading it as its key or value, with both repeats alike? The
-/// recompute planner counts such a copy as free (the backward's group-sum form is not checked
-/// here; the pass checks it).
+/// at dropout 0, without a bias, reading it as its key or value, with both repeats alike, and
+/// each backward's key and value gradients are read only through the group sums the pass
+/// bypasses? The recompute planner takes such a copy as an alias of its source.
 bool is_grouped_attention_copy(const ir::Node& node);
 
 /// Cuts an unsplit graph at every call of a boundary operator (flagged in ir::OpRegistry, or

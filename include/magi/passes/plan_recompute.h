@@ -19,11 +19,14 @@
 //     first plan of the sequence that fits, so a smaller budget never saves more bytes.
 //   - AUTOSEARCH: a budget in bytes of simulated activation peak (forward, then a backward that
 //     recomputes just in time). Starts from the plan with the fewest saved bytes that keeps
-//     compute-bound outputs (a minimum cut, capacities from bytes), spends what the budget
-//     leaves on saving the costliest recomputations (knapsacks at the budget and at smaller
-//     ones), keeps the plan with the lowest predicted step cost (step_seconds) whose simulated
-//     peak fits, from those, the HANDCRAFT sequence and the heuristic plan, and then switches
-//     single nodes between saved and recomputed while that lowers the cost and still fits.
+//     compute-bound outputs (a minimum cut, capacities from bytes) and saves back the
+//     costliest recomputations that fit a peak (knapsacks at 13 peaks from the cut's to the
+//     no-recompute plan's). Those, the heuristic plan and the fewest-bytes cut are seeds:
+//     each is also improved by switching single nodes between saved and recomputed while
+//     that lowers the predicted step cost (step_seconds) within the seed's own simulated
+//     peak. Of the seeds, their improvements and the HANDCRAFT sequence, the plan with the
+//     lowest predicted cost whose simulated peak fits the budget is chosen; the candidates do
+//     not depend on the budget.
 // Random ops are never recomputed: their outputs are saved.
 #pragma once
 
