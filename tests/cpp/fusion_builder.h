@@ -176,6 +176,44 @@ inline std::vector<Node*> nodes_of_kind(const Graph& g, NodeKind kind) {
   return out;
 }
 
+// Grouped-query attention's repeat_kv as the capture records it, for x: [b, hkv, s, d] (hkv,
+// s and d constant): view(clone(expand(unsqueeze(x, 2), [b, hkv, r, s, d])), [b, hkv * r, s, d]).
+inline Value* repeat_heads(Builder& b, Value* x, int64_t r, const std::string& name) {
+  const auto& t = *x->tensor_type();
+  const SymExpr n = t.sizes[0];
+  const int64_t hkv = t.sizes[1].constant_value(), s = t.sizes[2].constant_value(),
+                d = t.sizes[3].constant_value();
+  Value* u = b.op("aten::unsqueeze", "", {x, b.integer(2)}, tensor_type({n, hkv, 1, s, d}, t.dtype),
+                  name + "_unsqueeze");
+  Value* e = b.op("aten::expand", "", {u, b.dims({-1, hkv, r, s, d}), b.flag(false)},
+                  tensor_type({n, hkv, r, s, d}, t.dtype), name + "_expand");
+  Value* c = b.op("aten::clone", "", {e, b.none()}, tensor_type({n, hkv, r, s, d}, t.dtype),
+                  name + "_clone");
+  return b.view(c, {n, hkv * r, s, d}, name + "_rep");
+}
+
+// The capture's form of repeat_heads' gradient, for a bf16 grad: [b, hkv * r, s, d]:
+// view(grad, [b, hkv, r, s, d]), its r selects along dim 2 widened to float32 and added in order
+// (`swapped`: the second add's operands the other way round), rounded back to bf16.
+inline Value* sum_head_groups(Builder& b, Value* grad, int64_t hkv, const std::string& name,
+                              bool swapped = false) {
+  const auto& t = *grad->tensor_type();
+  const SymExpr n = t.sizes[0];
+  const int64_t r = t.sizes[1].constant_value() / hkv, s = t.sizes[2].constant_value(),
+                d = t.sizes[3].constant_value();
+  Value* grouped = b.view(grad, {n, hkv, r, s, d}, name + "_grouped");
+  Value* total = nullptr;
+  for (int64_t i = 0; i < r; ++i) {
+    Value* head = b.op("aten::select", "int", {grouped, b.integer(2), b.integer(i)},
+                       tensor_type({n, hkv, s, d}, kBF16), name + "_select");
+    Value* wide = b.cast(head, c10::ScalarType::Float, name + "_wide");
+    total = total == nullptr      ? wide
+            : (swapped && i == 1) ? b.add(wide, total, name + "_add")
+                                  : b.add(total, wide, name + "_add");
+  }
+  return b.cast(total, c10::ScalarType::BFloat16, name + "_sum");
+}
+
 // "aten::add.Tensor aten::silu ..." of the operators of `g`, in order.
 inline std::string op_list(const Graph& g) {
   std::string s;

@@ -499,8 +499,8 @@ struct GroupedBackward {
     Value* lse = b.input("lse", {b_, 4, 8, 1});
     Value* seed = b.input("seed", {}, c10::ScalarType::Long);
     Value* offset = b.input("offset", {}, c10::ScalarType::Long);
-    Value* k_rep = repeat(b, k, "k");
-    Value* v_rep = repeat(b, v, "v");
+    Value* k_rep = test::repeat_heads(b, k, r, "k");
+    Value* v_rep = test::repeat_heads(b, v, r, "v");
     const std::string name = o.op;
     // AOTAutograd passes None to the Tensor parameters it leaves unset; the importer makes them
     // undefined tensors.
@@ -519,8 +519,8 @@ struct GroupedBackward {
     Value* dq = b.op(o.op, "", args, *q->tensor_type(), "backward");
     backward = dq->producer();
     for (size_t j = 1; j < 3; ++j) backward->output(j)->set_tensor_type(*q->tensor_type());
-    key_sum = group_sum(b, backward->output(1), hkv, "dk", o.swapped_adds);
-    value_sum = group_sum(b, backward->output(2), hkv, "dv", false);
+    key_sum = test::sum_head_groups(b, backward->output(1), hkv, "dk", o.swapped_adds);
+    value_sum = test::sum_head_groups(b, backward->output(2), hkv, "dv");
     Value* dk = o.viewed_sum ? b.view(key_sum, {b_, hkv * 8 * 16}, "dk_flat")
                              : transposed(b, key_sum, "dk");
     std::vector<Value*> outputs = {dq, dk, transposed(b, value_sum, "dv")};
@@ -528,41 +528,11 @@ struct GroupedBackward {
     g.set_outputs(outputs);
   }
 
-  // view(x, [b, hkv, r, 8, 16]): its r selects along dim 2, widened to float32 and added in
-  // order (`swapped`: the second add's operands the other way round), rounded back to bf16.
-  Value* group_sum(test::Builder& b, Value* x, int64_t hkv, const std::string& name, bool swapped) {
-    const ir::SymExpr s0 = x->tensor_type()->sizes[0];
-    Value* grouped = b.view(x, {s0, hkv, r, 8, 16}, name + "_grouped");
-    Value* total = nullptr;
-    for (int64_t i = 0; i < r; ++i) {
-      Value* sel = b.op("aten::select", "int", {grouped, b.integer(2), b.integer(i)},
-                        test::tensor_type({s0, hkv, 8, 16}, test::kBF16), name + "_select");
-      Value* wide = b.cast(sel, c10::ScalarType::Float, name + "_wide");
-      total = total == nullptr      ? wide
-              : (swapped && i == 1) ? b.add(wide, total, name + "_add")
-                                    : b.add(total, wide, name + "_add");
-    }
-    return b.cast(total, c10::ScalarType::BFloat16, name + "_sum");
-  }
-
   static Value* transposed(test::Builder& b, Value* x, const std::string& name) {
     const auto& s = x->tensor_type()->sizes;
     Value* t = b.op("aten::transpose", "int", {x, b.integer(1), b.integer(2)},
                     test::tensor_type({s[0], s[2], s[1], s[3]}, test::kBF16), name + "_t");
     return b.mul(t, t, name + "_sq");
-  }
-
-  // view(clone(expand(unsqueeze(x, 2), [b, hkv, r, 8, 16])), [b, 4, 8, 16])
-  Value* repeat(test::Builder& b, Value* x, const std::string& name) {
-    const ir::SymExpr s0 = x->tensor_type()->sizes[0];
-    const int64_t hkv = x->tensor_type()->sizes[1].constant_value();
-    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(2)},
-                    test::tensor_type({s0, hkv, 1, 8, 16}, test::kBF16), name + "_unsqueeze");
-    Value* e = b.op("aten::expand", "", {u, b.dims({-1, hkv, r, 8, 16}), b.flag(false)},
-                    test::tensor_type({s0, hkv, r, 8, 16}, test::kBF16), name + "_expand");
-    Value* c = b.op("aten::clone", "", {e, b.none()},
-                    test::tensor_type({s0, hkv, r, 8, 16}, test::kBF16), name + "_clone");
-    return b.view(c, {s0, 4, 8, 16}, name + "_rep");
   }
 };
 

@@ -346,8 +346,8 @@ struct GroupedAttentionJoint : Joint {
     Value* dy = b.input("tangents_1", {2, 4, 8, 16}, kBF16);
     Value* k = b.op("aten::mul", "Tensor", {k_in, b.number(2.0)}, grouped, "k");
     Value* v = b.op("aten::mul", "Tensor", {v_in, b.number(2.0)}, grouped, "v");
-    Value* k_rep = repeat(k, "k");
-    Value* v_rep = repeat(v, "v");
+    Value* k_rep = repeat_heads(b, k, 2, "k");
+    Value* v_rep = repeat_heads(b, v, 2, "v");
     Value* out = b.op("aten::_scaled_dot_product_flash_attention", "",
                       {q, k_rep, v_rep, b.floating(dropout), b.flag(true), b.flag(false), b.none()},
                       heads, "attention");
@@ -365,33 +365,12 @@ struct GroupedAttentionJoint : Joint {
     std::vector<Value*> outputs = {out, dq};
     for (size_t j = 1; j < 3; ++j) {
       backward->output(j)->set_tensor_type(heads);
-      // The capture's form of the expand's gradient: the r = 2 heads of each group selected,
-      // added in float32 and rounded back.
-      const std::string name = j == 1 ? "dk" : "dv";
-      Value* split = b.view(backward->output(j), {2, 2, 2, 8, 16}, name + "_split");
-      Value* total = nullptr;
-      for (int64_t i = 0; i < 2; ++i) {
-        Value* head = b.op("aten::select", "int", {split, b.integer(2), b.integer(i)}, grouped,
-                           name + "_select");
-        Value* wide = b.cast(head, c10::ScalarType::Float, name + "_wide");
-        total = total == nullptr ? wide : b.add(total, wide, name + "_add");
-      }
-      Value* sum = b.cast(total, c10::ScalarType::BFloat16, name);
+      Value* sum = sum_head_groups(b, backward->output(j), 2, j == 1 ? "dk" : "dv");
       outputs.push_back(
           b.op("aten::mul", "Tensor", {sum, b.number(2.0)}, grouped, j == 1 ? "dk_in" : "dv_in"));
     }
     if (!summed) outputs.push_back(backward->output(1));
     g.set_outputs(outputs);
-  }
-
-  Value* repeat(Value* x, const std::string& name) {
-    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(2)}, tensor_type({2, 2, 1, 8, 16}, kBF16),
-                    name + "_unsqueeze");
-    Value* e = b.op("aten::expand", "", {u, b.dims({2, 2, 2, 8, 16}), b.flag(false)},
-                    tensor_type({2, 2, 2, 8, 16}, kBF16), name + "_expand");
-    Value* c = b.op("aten::clone", "", {e, b.none()}, tensor_type({2, 2, 2, 8, 16}, kBF16),
-                    name + "_clone");
-    return b.view(c, {2, 4, 8, 16}, name + "_rep");
   }
 };
 
