@@ -352,6 +352,8 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
       .def_property_readonly("num_padded_calls", &runtime::CudaGraphRunner::num_padded_calls)
       .def_property_readonly("num_direct_launches", &runtime::CudaGraphRunner::num_direct_launches)
+      .def_property_readonly("num_fresh_output_buffers",
+                             &runtime::CudaGraphRunner::num_fresh_output_buffers)
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
            "Diagnostics: time the host stages of each replaying call (see stage_times).")

@@ -3,7 +3,8 @@ batch 4 x 32 under magi_compile(cudagraph_mode=FULL), each part of a direct call
 
 Parts, each the median of many calls with the device synchronised before each (as in
 benchmarks/host_overhead.py): the whole call; the direct path's gather, signature match and
-Dynamo guard check (Python); the compiled graph's run function; the C++ runner called alone;
+Dynamo guard check (Python); the compiled graph's run function; the whole call again without
+the guard check and without the run function (their cost in place); the C++ runner called alone;
 the runner's own stages (CudaGraphRunner.set_stage_timing). Then reference costs: an empty
 nn.Module call, torch.empty of the output's shape, a device-to-device copy of it.
 
@@ -85,6 +86,23 @@ def main() -> None:
             calls = max(stages.pop("calls"), 1.0)
             for name, total in stages.items():
                 out[f"stage_{name}"] = total / calls
+        # The same whole call with one part taken out, to see its cost in place (parts timed
+        # alone run with warmer caches than inside the call).
+        guards, run = path.guards, path.run
+
+        class _Pass:
+            @staticmethod
+            def check(_frame):
+                return True
+
+        path.guards = _Pass()
+        out["call_without_guard_check"] = timed(lambda: compiled(x), n, device)
+        path.guards = guards
+        held = path.run(list(inputs))
+        path.run = lambda _inputs: held
+        out["call_without_run"] = timed(lambda: compiled(x), n, device)
+        path.run = run
+        del held
         empty = torch.nn.Identity()
         out["empty_module_call"] = timed(lambda: empty(x), n, device)
         y = compiled(x)

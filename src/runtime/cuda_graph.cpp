@@ -18,6 +18,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -144,19 +145,67 @@ struct StageClock {
 };
 
 struct CudaGraphRunner::Impl {
+  // A graph executable instantiated here (the CUDAGraph owns its own).
+  struct ExecDeleter {
+    void operator()(CUgraphExec_st* exec) const {
+      if (exec != nullptr) C10_CUDA_CHECK_WARN(cudaGraphExecDestroy(exec));
+    }
+  };
+  using OwnedExec = std::unique_ptr<CUgraphExec_st, ExecDeleter>;
+
+  struct EventDeleter {
+    void operator()(CUevent_st* event) const {
+      if (event != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
+    }
+  };
+
+  // Where one replay leaves the outputs the graph copies itself (see cuda_graph.h): buffers of
+  // the runner, one per such output, and the executable whose copy nodes write them.
+  struct Slot {
+    OwnedExec owned;                    // null: the CUDAGraph's own executable
+    std::vector<at::Tensor> buffers;    // per output; undefined where copied after the launch
+    std::vector<cudaStream_t> streams;  // streams the buffers have been used on
+  };
+
+  // Output j's copy node inside the graph (null: copied after the launch, as copy_out does).
+  struct OutputCopy {
+    cudaGraphNode_t node = nullptr;
+    const void* src = nullptr;  // the graph's own output, which the node reads
+    size_t bytes = 0;
+  };
+
   struct Entry {
     int calls = 0;
     // The tensors of the warm-up call, held weakly: a weak reference keeps the TensorImpl's
     // memory from being reused, so "the same TensorImpl at capture" means the same tensor
     // object (a parameter or buffer), never a new activation that happens to land there.
     std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> warmup_tensors;
+    // The warm-up's outputs as the graph will make them (bucket-sized when padded): what the
+    // capture allocates the first slot's buffers from. Undefined for outputs the graph does
+    // not copy itself.
+    std::vector<at::Tensor> warmup_outputs;
     std::vector<bool> in_place;              // input used at its own address
     std::vector<c10::IValue> static_inputs;  // what the graph reads
+    // The graph's own outputs: None where the graph copies the output into a slot's buffer
+    // (the memory is then free in the pool, for other captures to use).
     std::vector<c10::IValue> static_outputs;
+    std::vector<OutputCopy> copies;
+    std::vector<Slot> slots;  // two when a second executable could be made, else one
+    size_t last_slot = 0;
+    std::optional<cudaStream_t> last_stream;          // the stream of the last replay
+    std::unique_ptr<CUevent_st, EventDeleter> order;  // orders replays across streams
+    c10::DeviceIndex device = 0;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
     // No kernel of the graph uses random numbers (Executable::draws_random_numbers): replays
     // launch it directly (see launch()).
     bool draws_no_rng = false;
+
+    void drop_graph() {
+      slots.clear();  // before the graph: its executables came from the graph
+      copies.clear();
+      static_outputs.clear();
+      graph.reset();
+    }
   };
 
   Impl(const Executable& executable, size_t max, std::vector<int64_t> sizes)
@@ -173,6 +222,7 @@ struct CudaGraphRunner::Impl {
   const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
   std::map<Signature, Entry> entries;
   size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
+  size_t fresh_buffers = 0;  // output buffers allocated because the caller held both sets
   bool warned_full = false;
   StageClock clock;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
@@ -278,9 +328,99 @@ struct CudaGraphRunner::Impl {
     for (const auto& v : inputs) e.warmup_tensors.push_back(weak_of(v));
   }
 
-  // `graph_inputs`: the call's inputs at the graph's size (padded when `pad.rows` > 0).
+  // Whether the graph can copy output `t` into a buffer of the runner itself: a dense CUDA
+  // tensor with elements, and when the output is batched (padding), with its batch dim
+  // outermost, so that a call's rows are a prefix of the buffer.
+  bool copied_by_graph(const at::Tensor& t, size_t j) const {
+    if (!t.is_cuda() || t.numel() == 0 || !t.is_non_overlapping_and_dense() || t.is_conj() ||
+        t.is_neg()) {
+      return false;
+    }
+    if (padding != nullptr && j < padding->output_rows.size() && padding->output_rows[j] > 0) {
+      const int64_t d = padding->output_dims[j];
+      return d >= 0 && d < t.dim() && t.stride(d) * t.size(d) == t.numel();
+    }
+    return true;
+  }
+
+  static at::Tensor buffer_like(const at::Tensor& t) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options());
+  }
+
+  static bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.device() == b.device() &&
+           a.sizes() == b.sizes() && a.strides() == b.strides();
+  }
+
+  // Finds the copy node of each output the graph copies (by its destination, a buffer of the
+  // first slot). False when one is missing: the graph is then captured again without copies.
+  static bool find_copy_nodes(Entry& e) {
+    cudaGraph_t graph = e.graph->raw_cuda_graph();
+    size_t n = 0;
+    C10_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    C10_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+    std::map<const void*, cudaGraphNode_t> by_destination;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      C10_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      if (type != cudaGraphNodeTypeMemcpy) continue;
+      cudaMemcpy3DParms params{};
+      C10_CUDA_CHECK(cudaGraphMemcpyNodeGetParams(node, &params));
+      by_destination[params.dstPtr.ptr] = node;
+    }
+    for (size_t j = 0; j < e.copies.size(); ++j) {
+      if (e.copies[j].bytes == 0) continue;
+      auto it = by_destination.find(e.slots[0].buffers[j].data_ptr());
+      if (it == by_destination.end()) return false;
+      e.copies[j].node = it->second;
+    }
+    return true;
+  }
+
+  // Points the copy nodes of `exec` at the buffers of `slot` (takes effect for later launches).
+  static void retarget(const Entry& e, cudaGraphExec_t exec, const Slot& slot) {
+    for (size_t j = 0; j < e.copies.size(); ++j) {
+      const OutputCopy& c = e.copies[j];
+      if (c.node == nullptr) continue;
+      C10_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, c.node, slot.buffers[j].data_ptr(),
+                                                        c.src, c.bytes, cudaMemcpyDeviceToDevice));
+    }
+  }
+
+  cudaGraphExec_t exec_of(Entry& e, Slot& slot) const {
+    return slot.owned ? slot.owned.get() : e.graph->raw_cuda_graph_exec();
+  }
+
+  // A second executable of the graph, writing its own buffers, so that calls alternate between
+  // two sets of outputs without touching either executable. Only for graphs launched directly
+  // (replay() launches the CUDAGraph's own), and not where CUDA refuses a second instantiation
+  // (a graph with memory nodes, under the cudaMallocAsync allocator): one slot then.
+  void add_second_slot(Entry& e) {
+    if (!e.draws_no_rng) return;
+    bool any = false;
+    for (const auto& c : e.copies) any |= c.node != nullptr;
+    if (!any) return;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaGraphInstantiate(&exec, e.graph->raw_cuda_graph(), 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      MAGI_LOG_DEBUG("CUDA graphs: no second executable; outputs use one set of buffers");
+      return;
+    }
+    Slot slot;
+    slot.owned.reset(exec);
+    for (const auto& b : e.slots[0].buffers) {
+      slot.buffers.push_back(b.defined() ? buffer_like(b) : at::Tensor());
+    }
+    retarget(e, exec, slot);
+    e.slots.push_back(std::move(slot));
+  }
+
+  // `graph_inputs`: the call's inputs at the graph's size (padded when `pad.rows` > 0). With
+  // `copy_outputs`, the graph ends by copying its outputs into the buffers of a slot.
   std::vector<c10::IValue> capture(Entry& e, const std::vector<c10::IValue>& graph_inputs,
-                                   std::vector<c10::IValue> inputs, const Padding& pad) {
+                                   std::vector<c10::IValue> inputs, const Padding& pad,
+                                   bool copy_outputs = true) {
     const size_t n = graph_inputs.size();
     e.in_place.assign(n, false);
     e.static_inputs.clear();
@@ -301,15 +441,30 @@ struct CudaGraphRunner::Impl {
       }
       return c10::Device(c10::DeviceType::CUDA, 0);
     }();
+    e.device = device.index();
     c10::cuda::CUDAGuard device_guard(device);
     auto current = c10::cuda::getCurrentCUDAStream(device.index());
     C10_CUDA_CHECK(cudaStreamSynchronize(current.stream()));
+    // The first slot's buffers, made outside the graph's pool (on the current stream) from the
+    // warm-up's outputs: the outputs the caller gets must never share memory with the pool,
+    // where another graph's replay could write.
+    Slot first;
+    if (copy_outputs) {
+      for (const auto& w : e.warmup_outputs) {
+        first.buffers.push_back(
+            w.defined() ? at::empty_strided(w.sizes(), w.strides(), w.options().device(device))
+                        : at::Tensor());
+      }
+      first.streams.push_back(current.stream());
+    }
     c10::cuda::MempoolId_t graph_pool = shared_pool();
-    e.graph = std::make_unique<at::cuda::CUDAGraph>();
+    e.graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
     e.draws_no_rng = !exe.draws_random_numbers();
+    e.copies.clear();
     {
       std::lock_guard<std::recursive_mutex> capturing(capture_mutex());
-      c10::cuda::CUDAStreamGuard stream_guard(capture_stream(device.index()));
+      const c10::cuda::CUDAStream side = capture_stream(device.index());
+      c10::cuda::CUDAStreamGuard stream_guard(side);
       // cuBLAS keeps a workspace per handle and stream that outlives captures, and a graph
       // bakes in the address of the one it used. Cleared before the capture (and after it, as
       // torch's CUDA graph trees do), cuBLAS makes a new one inside the capture, from this
@@ -321,6 +476,19 @@ struct CudaGraphRunner::Impl {
       e.graph->capture_begin(graph_pool);
       try {
         e.static_outputs = exe.run(e.static_inputs);
+        e.copies.assign(e.static_outputs.size(), OutputCopy{});
+        for (size_t j = 0; j < e.static_outputs.size() && j < first.buffers.size(); ++j) {
+          at::Tensor& buffer = first.buffers[j];
+          const c10::IValue& v = e.static_outputs[j];
+          if (!buffer.defined() || !v.isTensor() || !same_layout(v.toTensor(), buffer)) {
+            buffer = at::Tensor();
+            continue;
+          }
+          const at::Tensor& out = v.toTensor();
+          e.copies[j].src = out.data_ptr();
+          e.copies[j].bytes = out.nbytes();
+          copy_dense(buffer, out, side.stream());
+        }
       } catch (...) {
         try {
           e.graph->capture_end();
@@ -333,8 +501,25 @@ struct CudaGraphRunner::Impl {
       e.graph->capture_end();
       at::cuda::clearCublasWorkspaces();
     }
+    e.graph->instantiate();
+    e.slots.clear();
+    e.slots.push_back(std::move(first));
+    if (copy_outputs && !find_copy_nodes(e)) {
+      MAGI_LOG_DEBUG(
+          "CUDA graphs: the outputs' copy nodes were not found; capturing again with "
+          "outputs copied after each replay");
+      e.drop_graph();
+      return capture(e, graph_inputs, std::move(inputs), pad, /*copy_outputs=*/false);
+    }
+    for (size_t j = 0; j < e.copies.size(); ++j) {
+      if (e.copies[j].node != nullptr) e.static_outputs[j] = c10::IValue();
+    }
+    add_second_slot(e);
+    e.last_slot = e.slots.size() - 1;  // the first replay writes slot 0
+    e.last_stream.reset();
     ++captures;
-    MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures)");
+    MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures, ", e.slots.size(),
+                   " output slots)");
     return replay(e, std::move(inputs), pad);
   }
 
@@ -367,16 +552,73 @@ struct CudaGraphRunner::Impl {
     return copy;
   }
 
-  // Replays `e` on `stream`. CUDAGraph::replay() first brings the seed and offset of each
-  // generator the capture drew from up to date (two fill kernels and their dispatch on every
-  // replay of a graph whose capture took a Philox offset, as attention does even at dropout 0).
-  // A graph none of whose kernels uses the numbers needs none of that: it is launched directly.
-  void launch(Entry& e, std::optional<cudaStream_t> stream) {
-    if (e.draws_no_rng && stream) {
-      C10_CUDA_CHECK(cudaGraphLaunch(e.graph->raw_cuda_graph_exec(), *stream));
+  // A new tensor on `buffer`'s memory (its first `rows` along `dim` when rows >= 0): what the
+  // caller gets, so that the buffer's storage counts every tensor outside the runner.
+  static at::Tensor hand_out(const at::Tensor& buffer, int64_t dim, int64_t rows) {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()),
+                                                     buffer.key_set(), buffer.dtype());
+    if (rows < 0) {
+      impl->set_sizes_and_strides(buffer.sizes(), buffer.strides());
+    } else {
+      std::vector<int64_t> sizes = buffer.sizes().vec();
+      sizes[dim] = rows;
+      impl->set_sizes_and_strides(sizes, buffer.strides());
+    }
+    return at::Tensor(std::move(impl));
+  }
+
+  // Whether a tensor outside the runner (the caller's output, or any view of it) still refers
+  // to a buffer of `slot`.
+  static bool held(const Slot& slot) {
+    for (const auto& b : slot.buffers) {
+      if (b.defined() && b.storage().use_count() > 1) return true;
+    }
+    return false;
+  }
+
+  // The slot this replay writes: the one the last replay did not write when the caller has let
+  // go of it, else the last one when that is free; when the caller holds both, the first gets
+  // new buffers for what is held (the held ones become the caller's alone).
+  Slot& pick_slot(Entry& e, const c10::cuda::CUDAStream& stream) {
+    const size_t other = (e.last_slot + 1) % e.slots.size();
+    size_t pick = other;
+    if (held(e.slots[other]) && !held(e.slots[e.last_slot])) pick = e.last_slot;
+    Slot& slot = e.slots[pick];
+    e.last_slot = pick;
+    if (held(slot)) {
+      for (auto& b : slot.buffers) {
+        if (b.defined() && b.storage().use_count() > 1) {
+          b = buffer_like(b);
+          ++fresh_buffers;
+        }
+      }
+      slot.streams.assign(1, stream.stream());
+      retarget(e, exec_of(e, slot), slot);
+    }
+    // The caching allocator frees a block once the work of the streams it was used on is done:
+    // a buffer written on a stream it was not made on is recorded there.
+    if (std::find(slot.streams.begin(), slot.streams.end(), stream.stream()) ==
+        slot.streams.end()) {
+      for (const auto& b : slot.buffers) {
+        if (b.defined())
+          c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream);
+      }
+      slot.streams.push_back(stream.stream());
+    }
+    return slot;
+  }
+
+  // Replays `e` on `stream`, writing `slot`. CUDAGraph::replay() first brings the seed and
+  // offset of each generator the capture drew from up to date (two fill kernels and their
+  // dispatch on every replay of a graph whose capture took a Philox offset, as attention does
+  // even at dropout 0). A graph none of whose kernels uses the numbers needs none of that: it
+  // is launched directly.
+  void launch(Entry& e, Slot& slot, cudaStream_t stream) {
+    if (e.draws_no_rng) {
+      C10_CUDA_CHECK(cudaGraphLaunch(exec_of(e, slot), stream));
       ++direct_launches;
     } else {
-      e.graph->replay();
+      e.graph->replay();  // one slot: the CUDAGraph's own executable
     }
   }
 
@@ -385,14 +627,27 @@ struct CudaGraphRunner::Impl {
   // to tell parameters (same tensor at capture) from activations. A padded call runs at the
   // bucket's size and returns copies of its rows, so it keeps no bucket-sized buffer alive.
   std::vector<c10::IValue> warm_up(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
+    std::vector<c10::IValue> outputs;
     if (pad.rows == 0) {
       remember(e, inputs);
-      return exe.run(std::move(inputs));
+      outputs = exe.run(std::move(inputs));
+    } else {
+      std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
+      remember(e, graph_inputs);
+      ++padded_calls;
+      outputs = exe.run(std::move(graph_inputs));
     }
-    std::vector<c10::IValue> graph_inputs = padded(inputs, pad);
-    remember(e, graph_inputs);
-    ++padded_calls;
-    std::vector<c10::IValue> outputs = exe.run(std::move(graph_inputs));
+    e.warmup_outputs.clear();
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      const c10::IValue& v = outputs[j];
+      const bool copied = v.isTensor() && copied_by_graph(v.toTensor(), j);
+      // Only the layout is kept (an empty tensor of it), not the output itself.
+      e.warmup_outputs.push_back(
+          copied ? at::empty_strided(v.toTensor().sizes(), v.toTensor().strides(),
+                                     v.toTensor().options().device(at::kMeta))
+                 : at::Tensor());
+    }
+    if (pad.rows == 0) return outputs;
     for (size_t j = 0; j < outputs.size() && j < padding->output_rows.size(); ++j) {
       const int64_t k = padding->output_rows[j];
       if (k == 0) continue;
@@ -407,18 +662,21 @@ struct CudaGraphRunner::Impl {
   }
 
   std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
-    // The current stream of the outputs' device, with that device current: the default stream's
-    // handle is 0 (the legacy stream of whichever device is current).
-    std::optional<cudaStream_t> stream;
-    c10::cuda::OptionalCUDAGuard device_guard;
-    for (const auto& v : e.static_outputs) {
-      if (v.isTensor() && v.toTensor().is_cuda()) {
-        const c10::DeviceIndex device = v.toTensor().device().index();
-        device_guard.set_index(device);
-        stream = c10::cuda::getCurrentCUDAStream(device).stream();
-        break;
+    c10::cuda::CUDAGuard device_guard(e.device);
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(e.device);
+    const cudaStream_t stream = current.stream();
+    // Two executables of one graph share its memory; CUDA orders the launches of one
+    // executable, not of two. A replay on another stream than the last waits for that one.
+    if (e.last_stream && *e.last_stream != stream) {
+      if (!e.order) {
+        cudaEvent_t event = nullptr;
+        C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        e.order.reset(event);
       }
+      C10_CUDA_CHECK(cudaEventRecord(e.order.get(), *e.last_stream));
+      C10_CUDA_CHECK(cudaStreamWaitEvent(stream, e.order.get(), 0));
     }
+    e.last_stream = stream;
     clock.lap(2);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].isTensor() || e.in_place[i]) continue;
@@ -428,25 +686,31 @@ struct CudaGraphRunner::Impl {
       // capture's copies of a real sample): valid inputs that no valid row reads (the padding
       // plan's guarantee).
       const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
-      if (stream && same_dense_layout(dst, src)) {
-        copy_dense(dst, src, *stream);
+      if (same_dense_layout(dst, src)) {
+        copy_dense(dst, src, stream);
       } else {
         dst.copy_(src, /*non_blocking=*/true);
       }
     }
     clock.lap(3);
-    launch(e, stream);
+    Slot& slot = pick_slot(e, current);
+    launch(e, slot, stream);
     clock.lap(4);
     ++replays;
     padded_calls += pad.rows > 0;
     std::vector<c10::IValue> out;
-    out.reserve(e.static_outputs.size());
-    for (size_t j = 0; j < e.static_outputs.size(); ++j) {
-      const c10::IValue& v = e.static_outputs[j];
+    out.reserve(e.copies.size());
+    for (size_t j = 0; j < e.copies.size(); ++j) {
       const int64_t k = pad.rows > 0 ? padding->output_rows[j] : 0;
+      const int64_t dim = k > 0 ? padding->output_dims[j] : 0;
+      const int64_t rows = k > 0 ? pad.rows * k : -1;
+      if (e.copies[j].node != nullptr) {
+        out.emplace_back(hand_out(slot.buffers[j], dim, rows));
+        continue;
+      }
+      const c10::IValue& v = e.static_outputs[j];
       if (v.isTensor()) {
-        out.emplace_back(copy_out(v.toTensor(), k > 0 ? padding->output_dims[j] : 0,
-                                  k > 0 ? pad.rows * k : -1, stream));
+        out.emplace_back(copy_out(v.toTensor(), dim, rows, stream));
       } else {
         out.push_back(k > 0 ? c10::IValue(pad.rows * k) : v);
       }
@@ -485,12 +749,15 @@ struct CudaGraphRunner::Impl {
       return capture(e, graph_inputs, std::move(inputs), pad);
     }
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (e.in_place[i] && (!same_tensor(weak_of(e.static_inputs[i]), inputs[i]) ||
+      // static_inputs[i] holds the parameter itself: comparing TensorImpls needs no reference.
+      if (e.in_place[i] && (!inputs[i].isTensor() ||
+                            inputs[i].toTensor().unsafeGetTensorImpl() !=
+                                e.static_inputs[i].toTensor().unsafeGetTensorImpl() ||
                             ptr_of(inputs[i]) != ptr_of(e.static_inputs[i]))) {
         // A parameter or buffer was replaced (another tensor, or new storage): this graph
         // reads stale memory. Capture again.
         MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
-        e.graph.reset();
+        e.drop_graph();
         return warm_up(e, std::move(inputs), pad);
       }
     }
@@ -514,6 +781,7 @@ size_t CudaGraphRunner::num_captures() const { return impl_->captures; }
 size_t CudaGraphRunner::num_replays() const { return impl_->replays; }
 size_t CudaGraphRunner::num_padded_calls() const { return impl_->padded_calls; }
 size_t CudaGraphRunner::num_direct_launches() const { return impl_->direct_launches; }
+size_t CudaGraphRunner::num_fresh_output_buffers() const { return impl_->fresh_buffers; }
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 void CudaGraphRunner::set_stage_timing(bool on) {
   impl_->clock = StageClock{};
@@ -545,6 +813,7 @@ size_t CudaGraphRunner::num_captures() const { return 0; }
 size_t CudaGraphRunner::num_replays() const { return 0; }
 size_t CudaGraphRunner::num_padded_calls() const { return 0; }
 size_t CudaGraphRunner::num_direct_launches() const { return 0; }
+size_t CudaGraphRunner::num_fresh_output_buffers() const { return 0; }
 bool CudaGraphRunner::pads() const { return false; }
 void CudaGraphRunner::set_stage_timing(bool) {}
 std::vector<std::pair<std::string, double>> CudaGraphRunner::stage_times() const { return {}; }

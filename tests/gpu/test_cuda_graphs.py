@@ -60,6 +60,82 @@ def test_held_outputs_are_not_overwritten(counters, lowered):
     assert lowered[0].magi_cuda_graphs.num_replays >= 3
 
 
+def test_a_loop_alternates_between_two_output_buffers(counters, lowered):
+    """`y = f(x)` in a loop: each call runs while the previous output is still held, so
+    replays alternate between the graph's two sets of output buffers; nothing new is allocated
+    and every output keeps its values until dropped."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    addresses = []
+    with torch.no_grad():
+        y = None
+        for _ in range(8):  # warm-up, capture, 6 replays
+            x = torch.randn(4, 16, 256, device="cuda")
+            previous = y
+            y = compiled(x)
+            torch.testing.assert_close(y, eager(x), rtol=1e-4, atol=1e-4)
+            addresses.append(y.data_ptr())
+            if previous is not None:
+                assert previous.data_ptr() != y.data_ptr()
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_replays == 7
+    assert runner.num_fresh_output_buffers == 0
+    replayed = addresses[1:]
+    assert len(set(replayed)) == 2
+    assert replayed[0::2] == [replayed[0]] * 4 and replayed[1::2] == [replayed[1]] * 3
+
+
+def test_outputs_held_by_the_caller_get_fresh_buffers(counters, lowered):
+    """Outputs kept in a list: once both buffer sets are held, each replay writes new buffers
+    and leaves the held ones to the caller."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    with torch.no_grad():
+        xs = [torch.randn(4, 16, 256, device="cuda") for _ in range(7)]
+        outs = [compiled(x) for x in xs]
+        for x, out in zip(xs, outs, strict=True):
+            torch.testing.assert_close(out, eager(x), rtol=1e-4, atol=1e-4)
+    runner = lowered[0].magi_cuda_graphs
+    # Calls 2 and 3 write the two sets; calls 4 to 7 find both held.
+    assert runner.num_fresh_output_buffers == 4
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+
+
+def test_a_held_view_keeps_its_output_buffer(counters, lowered):
+    """A view of an output refers to the buffer's memory as the output did: later replays
+    leave it alone."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    with torch.no_grad():
+        for _ in range(2):  # warm-up, capture
+            compiled(torch.randn(4, 16, 256, device="cuda"))
+        x = torch.randn(4, 16, 256, device="cuda")
+        first_row = compiled(x)[1:2]  # the output itself is dropped at once
+        for _ in range(4):
+            compiled(torch.randn(4, 16, 256, device="cuda"))
+        torch.testing.assert_close(first_row, eager(x)[1:2], rtol=1e-4, atol=1e-4)
+    assert lowered[0].magi_cuda_graphs.num_fresh_output_buffers == 0
+
+
+def test_replays_on_two_streams_match_eager(counters, lowered):
+    """Calls alternating between two streams: the second executable's replay waits for the
+    first's on the other stream, and buffers are recorded on both."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    side = torch.cuda.Stream()
+    xs = [torch.randn(4, 16, 256, device="cuda") for _ in range(8)]
+    outs = []
+    with torch.no_grad():
+        for i, x in enumerate(xs):
+            stream = side if i % 2 else torch.cuda.current_stream()
+            stream.wait_stream(torch.cuda.default_stream())
+            with torch.cuda.stream(stream):
+                outs.append(compiled(x).sum(-1))
+        torch.cuda.synchronize()
+        for x, out in zip(xs, outs, strict=True):
+            torch.testing.assert_close(out, eager(x).sum(-1), rtol=1e-4, atol=1e-3)
+
+
 def test_replaced_parameter_recaptures(counters, lowered, assert_close_rel):
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
@@ -151,6 +227,25 @@ def test_graphs_with_random_ops_draw_new_numbers_on_each_replay(counters, lowere
         assert 0.0 <= noise[i].min() and noise[i].max() < 1.0
         for j in range(i):
             assert not torch.equal(noise[i], noise[j]), (i, j)
+
+
+def test_graphs_with_random_ops_keep_held_outputs(counters, lowered):
+    """A graph replayed through CUDAGraph.replay() has one set of output buffers: while the
+    caller holds it, each replay points the graph's copies at new buffers."""
+    model = _Noisy().cuda().eval()
+    compiled = magi_compile(model, config_patch={"cudagraph_mode": "FULL"})
+    xs = [torch.randn(8, 64, device="cuda") for _ in range(5)]
+    with torch.no_grad():
+        outs = [compiled(x) for x in xs]  # warm-up, capture, 3 replays, all held
+        for x, (h, noise) in zip(xs, outs, strict=True):
+            torch.testing.assert_close(h, model.proj(x))
+            assert 0.0 <= noise.min() and noise.max() < 1.0
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_direct_launches == 0
+    assert runner.num_fresh_output_buffers == 2 * 3  # two outputs; calls 3 to 5 find them held
+    for i in range(1, len(outs)):
+        for j in range(1, i):
+            assert not torch.equal(outs[i][1], outs[j][1]), (i, j)
 
 
 def test_graphs_beside_reduce_overhead_keep_their_cublas_workspace(tmp_path):

@@ -10,8 +10,19 @@
 // parameter-like input later arrives at a different address (the parameter was replaced),
 // the graph is dropped and captured again.
 //
-// Outputs: copied out of the graph's memory before they are returned, so a later replay
-// never overwrites a tensor the caller holds. The copy costs one pass over the outputs.
+// Outputs: a graph ends by copying each dense output into a buffer of the runner (outside
+// the graphs' pool), and the caller gets a new tensor on that buffer's memory. Each graph has
+// two sets of buffers (two executables of the graph, each copying into its own set; one set
+// for graphs replayed through CUDAGraph::replay()). A replay writes the set the previous
+// replay did not write unless the caller still holds a tensor on its memory (the output, or
+// any view of it: the buffer's storage is referenced from outside the runner); then the other
+// set if that one is free; when both are held, the held buffers are left to the caller and
+// the set gets new ones (num_fresh_output_buffers). So a replay never overwrites memory a
+// tensor outside the runner refers to, and a loop `y = f(x)` alternates between the two sets
+// with no allocation and no copy call on the host. Outputs that are not dense (or whose batch
+// dim is not outermost in a padded call) are copied out after the replay instead. Buffers used
+// on a stream they were not made on are recorded on it (recordStream), and a replay on another
+// stream than the last waits for the last one.
 //
 // Buckets: with a ladder of batch sizes and an executable whose padding plan allows it
 // (padding.h), a call with batch b runs in the graph of the smallest ladder size B >= b: its
@@ -52,6 +63,8 @@ class CudaGraphRunner {
   /// Replays launched with cudaGraphLaunch alone: graphs none of whose kernels uses random
   /// numbers (Executable::draws_random_numbers) skip CUDAGraph::replay()'s generator update.
   size_t num_direct_launches() const;
+  /// Output buffers allocated because the caller still held tensors on both sets of a graph.
+  size_t num_fresh_output_buffers() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
   /// Diagnostics of the host time of replays: with timing on, each replaying call adds the
