@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
+#include "values.h"
 
 #include <pybind11/stl.h>
 #include "magi/common/error.h"
@@ -18,43 +19,6 @@
 namespace magi::bindings {
 namespace {
 
-c10::IValue to_ivalue(py::handle h, size_t position) {
-  PyObject* obj = h.ptr();
-  if (THPVariable_Check(obj)) return THPVariable_Unpack(obj);
-  if (h.is_none()) return {};
-  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
-  if (py::isinstance<py::int_>(h)) return h.cast<int64_t>();
-  if (py::isinstance<py::float_>(h)) return h.cast<double>();
-  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
-    c10::List<at::Tensor> list;
-    for (py::handle item : h) {
-      MAGI_CHECK(THPVariable_Check(item.ptr()), "input ", position,
-                 " is a list with a non-tensor element; only lists of tensors are accepted");
-      list.push_back(THPVariable_Unpack(item.ptr()));
-    }
-    return list;
-  }
-  MAGI_CHECK(false, "input ", position, " of the compiled graph has type ",
-             py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>(),
-             "; expected a tensor, int, float, bool or None");
-  return {};
-}
-
-py::object to_python(const c10::IValue& v) {
-  if (v.isTensor()) return py::cast(v.toTensor());
-  if (v.isNone()) return py::none();
-  if (v.isBool()) return py::bool_(v.toBool());
-  if (v.isInt()) return py::int_(v.toInt());
-  if (v.isDouble()) return py::float_(v.toDouble());
-  if (v.isList()) {
-    py::list out;
-    for (const auto& item : v.toListRef()) out.append(to_python(item));
-    return out;
-  }
-  MAGI_ASSERT(false, "cannot return a ", v.tagKind(), " to Python");
-  return py::none();
-}
-
 // The inputs of one run. With `steal`, a list argument is emptied once they are taken, so the
 // graph holds the only references and frees each input after its last use.
 std::vector<c10::IValue> take_inputs(py::sequence args, bool steal) {
@@ -63,33 +27,6 @@ std::vector<c10::IValue> take_inputs(py::sequence args, bool steal) {
   for (size_t i = 0; i < args.size(); ++i) inputs.push_back(to_ivalue(args[i], i));
   if (steal && py::isinstance<py::list>(args)) args.attr("clear")();
   return inputs;
-}
-
-// Tensors and scalars as the guard compares them; other objects are not compared.
-std::vector<runtime::GuardInput> guard_inputs(py::sequence args) {
-  std::vector<runtime::GuardInput> out;
-  out.reserve(args.size());
-  for (py::handle h : args) {
-    PyObject* obj = h.ptr();
-    if (THPVariable_Check(obj)) {
-      out.emplace_back(THPVariable_Unpack(obj));
-    } else if (h.is_none()) {
-      out.emplace_back(c10::IValue());
-    } else if (PyBool_Check(obj)) {
-      out.emplace_back(c10::IValue(obj == Py_True));
-    } else if (PyLong_CheckExact(obj)) {
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-      out.emplace_back(overflow ? std::nullopt : runtime::GuardInput(c10::IValue(int64_t(v))));
-    } else if (PyFloat_CheckExact(obj)) {
-      out.emplace_back(c10::IValue(PyFloat_AS_DOUBLE(obj)));
-    } else if (PyUnicode_CheckExact(obj)) {
-      out.emplace_back(c10::IValue(h.cast<std::string>()));
-    } else {
-      out.emplace_back(std::nullopt);
-    }
-  }
-  return out;
 }
 
 runtime::OffloadOptions offload_options(const py::dict& d) {

@@ -7,6 +7,7 @@ PYBIND11_MODULE(_C, m) {
   magi::bindings::bind_ir(m);
   magi::bindings::bind_import(m);
   magi::bindings::bind_runtime(m);
+  magi::bindings::bind_dispatch(m);
   magi::bindings::bind_ops(m);
   magi::bindings::bind_codegen(m);
   magi::bindings::bind_recompute(m);

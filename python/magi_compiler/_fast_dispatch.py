@@ -109,16 +109,25 @@ _OWNED = re.compile(r"^(.*\._(?:parameters|buffers))(\['[^']*'\])$")
 
 class DirectPath:
     """One (signature, instance) pair's direct call: gather inputs, check the signature and
-    Dynamo's guards, run, rebuild the result."""
+    Dynamo's guards, run, rebuild the result. ``native`` does the same in C++ for calls with
+    positional arguments only (``_C.DirectCall``), when every input's source is an argument,
+    a size of one or a parameter or buffer of the module; else None."""
 
     def __init__(
-        self, signature: Any, guards: Any, gather: Callable, run: Callable, rebuild: Callable
+        self,
+        signature: Any,
+        guards: Any,
+        gather: Callable,
+        run: Callable,
+        rebuild: Callable,
+        native: Any = None,
     ):
         self.signature = signature
         self.guards = guards  # the Dynamo cache entry's guard manager
         self.gather = gather  # (*args, **kwargs) -> (guard values, graph inputs, frame locals)
         self.run = run
         self.rebuild = rebuild
+        self.native = native
 
 
 def _parameter_text(fn: Callable) -> str | None:
@@ -197,6 +206,73 @@ def build_gatherer(
     gather.__defaults__ = fn.__defaults__
     gather.__kwdefaults__ = fn.__kwdefaults__
     return gather, ""
+
+
+_ARG = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]$")
+_ARG_SIZE = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\]$")
+
+
+def build_native(
+    fn: Callable,
+    sources: list[str],
+    owner_name: str | None,
+    bound: dict[str, Any],
+    signature: Any,
+    guards: Any,
+    run: Callable,
+    rebuild: Callable,
+    memoize: bool = False,
+) -> tuple[Any, str]:
+    """The C++ form of a direct path (``_C.DirectCall``), or (None, why not). Each graph input
+    must come from an argument (``L['x']``), a size of one (``L['x'].size()[0]``), or a
+    parameter or buffer dict of a module reached from ``owner_name`` (read on every call).
+    ``memoize``: Dynamo's guards are evaluated once per argument layout and process state
+    (``fast_dispatch_guards="arguments"``)."""
+    from magi_compiler import _C
+
+    names = list(inspect.signature(fn).parameters)
+    index = {name: i for i, name in enumerate(names)}
+    slots: list[tuple] = []
+    for source in sources:
+        if (m := _ARG.match(source)) and m[1] in index:
+            slots.append(("arg", index[m[1]]))
+            continue
+        if (m := _ARG_SIZE.match(source)) and m[1] in index:
+            slots.append(("size", index[m[1]], int(m[2])))
+            continue
+        expr = _LOCAL.sub(r"\1", source)
+        owned = _OWNED.match(expr)
+        if not (owned and owner_name and re.match(rf"{owner_name}\b", expr)):
+            return None, f"input source {source} is not an argument, a size or a parameter"
+        container, key = owned.groups()
+        try:
+            table = eval(container, {"__magi_G": fn.__globals__}, dict(bound))  # noqa: S307
+        except Exception as e:  # noqa: BLE001 - any failure: no native path
+            return None, f"cannot evaluate {container}: {e}"
+        name = key[2:-2]
+        if not isinstance(table, dict) or not isinstance(table.get(name), torch.Tensor):
+            return None, f"{container}{key} is not a tensor in a dict"
+        slots.append(("fixed", table, name))
+    result = {_first: "tensor", tuple: "tuple", list: "list"}.get(rebuild)
+    if result is None:
+        return None, "the result is not built from the outputs as they are"
+    target = run.magi_cuda_graphs if run.magi_cuda_graphs is not None else run.magi_executable
+    cells = [
+        (name, cell)
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)
+    ]
+    native = _C.DirectCall(
+        signature,
+        guards.check,
+        names,
+        cells,
+        target,
+        slots,
+        result,
+        owner_name is not None,
+        memoize,
+    )
+    return native, ""
 
 
 def same_inputs(gathered: list[Any], seen: list[Any]) -> str:

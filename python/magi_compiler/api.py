@@ -174,6 +174,13 @@ class _CompiledCallable:
         paths = self._direct.get(owner)
         if paths is not None and paths.valid():
             for path in paths.paths:
+                native = path.native
+                if native is not None and not kwargs and len(args) == native.arity:
+                    result = native(args)
+                    if result is not None:
+                        _counters.count_direct_call()
+                        return result
+                    continue
                 try:
                     values, inputs, frame = path.gather(*args, **kwargs)
                 except Exception:  # noqa: BLE001 - arguments of another structure: not this path
@@ -257,7 +264,20 @@ class _CompiledCallable:
         guards = _fast_dispatch.dynamo_guards(self.fn, frame)
         if guards is None:
             return None, "no Dynamo cache entry whose guards pass for this call"
-        return _fast_dispatch.DirectPath(sig, guards, gather, run, rebuild), ""
+        native, why = _fast_dispatch.build_native(
+            self.fn,
+            run.magi_sources,
+            owner_name,
+            dict(bound.arguments),
+            sig,
+            guards,
+            run,
+            rebuild,
+            memoize=self.config.fast_dispatch_guards == "arguments",
+        )
+        if native is None:
+            logger.debug("%s: direct calls stay in Python: %s", self.model_tag, why)
+        return _fast_dispatch.DirectPath(sig, guards, gather, run, rebuild, native), ""
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1

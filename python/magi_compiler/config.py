@@ -96,6 +96,12 @@ class CompileConfig:
     # Inference calls matching a captured signature skip Dynamo and AOTAutograd and go straight
     # to the compiled graph (after one ordinary call per signature and module instance).
     fast_dispatch: bool = True
+    # What a direct call checks besides the compact signature: "dynamo" evaluates the guards
+    # of Dynamo's cache entry on every call; "arguments" evaluates them once per argument
+    # layout (sizes, strides, aliasing) and process state and trusts that verdict afterwards,
+    # so Python state the forward reads (module attributes, globals) is assumed not to change
+    # after the capture (MagiCompiler's contract). See docs/api.md#direct-dispatch.
+    fast_dispatch_guards: str = "dynamo"
 
 
 # Fields that are accepted and documented but not acted on yet: setting one warns once.
@@ -107,6 +113,7 @@ _warned: set[str] = set()
 
 _ENV_PREFIX = "MAGI_COMPILE_"
 ATTENTION_BACKENDS = ("auto", "graph", "flash", "cudnn", "efficient")
+FAST_DISPATCH_GUARDS = ("dynamo", "arguments")
 
 
 def _list_element(value: Any, element_type: type, name: str) -> Any:
@@ -253,6 +260,11 @@ def validate(cfg: CompileConfig) -> None:
         raise UserError(
             f"attention_backend={cfg.attention_backend!r} is not one of "
             f"{', '.join(ATTENTION_BACKENDS)} (docs/config.md)"
+        )
+    if cfg.fast_dispatch_guards not in FAST_DISPATCH_GUARDS:
+        raise UserError(
+            f"fast_dispatch_guards={cfg.fast_dispatch_guards!r} is not one of "
+            f"{', '.join(FAST_DISPATCH_GUARDS)} (docs/config.md)"
         )
     bad_sizes = [s for s in cfg.compile_sizes if not isinstance(s, int) or s < 1]
     if bad_sizes:

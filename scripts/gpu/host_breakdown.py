@@ -2,9 +2,11 @@
 batch 4 x 32 under magi_compile(cudagraph_mode=FULL), each part of a direct call timed alone.
 
 Parts, each the median of many calls with the device synchronised before each (as in
-benchmarks/host_overhead.py): the whole call; the direct path's gather, signature match and
-Dynamo guard check (Python); the compiled graph's run function; the whole call again without
-the guard check and without the run function (their cost in place); the C++ runner called alone;
+benchmarks/host_overhead.py): the whole call (through the C++ direct call when there is one),
+that C++ call alone, and the whole call through the Python direct path; that path's gather,
+signature match and Dynamo guard check (Python); the compiled graph's run function; the whole
+call again without the guard check and without the run function (their cost in place); the
+C++ runner called alone;
 the runner's own stages (CudaGraphRunner.set_stage_timing). Then reference costs: an empty
 nn.Module call, torch.empty of the output's shape, a device-to-device copy of it.
 
@@ -73,6 +75,12 @@ def main() -> None:
         runner = getattr(path.run, "magi_cuda_graphs", None)
         out["inputs"] = len(inputs)
         out["call"] = timed(lambda: compiled(x), n, device)
+        native = path.native  # the C++ direct call (bind_dispatch.cpp); None: Python only
+        out["native"] = 1.0 if native is not None else 0.0
+        if native is not None:
+            out["native_alone"] = timed(lambda: native((model, x)), n, device)
+        path.native = None  # the parts below time the Python direct path
+        out["call_python_path"] = timed(lambda: compiled(x), n, device)
         out["gather"] = timed(lambda: path.gather(model, x), n, device)
         out["signature_match"] = timed(lambda: path.signature.matches(values, False), n, device)
         out["dynamo_guards"] = timed(lambda: path.guards.check(frame), n, device)
@@ -99,9 +107,10 @@ def main() -> None:
         out["call_without_guard_check"] = timed(lambda: compiled(x), n, device)
         path.guards = guards
         held = path.run(list(inputs))
-        path.run = lambda _inputs: held
+        path.run = lambda _inputs, held=held: held
         out["call_without_run"] = timed(lambda: compiled(x), n, device)
         path.run = run
+        path.native = native
         del held
         empty = torch.nn.Identity()
         out["empty_module_call"] = timed(lambda: empty(x), n, device)

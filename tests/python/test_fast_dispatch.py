@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from _api_helpers import RTOL, H, Tiny, assert_training_step_matches, inputs
 from blocks import LlamaStack, init_weights_
 from magi_compiler import get_counters, magi_compile
+from magi_compiler.errors import UserError
 from torch import nn
 
 LLAMA = dict(hidden=32, n_heads=4, n_kv_heads=2, intermediate=64)
@@ -402,22 +403,26 @@ def test_int_argument_values_each_get_their_own_path(assert_close_rel):
 # --------------------------------------------------------------------------------------------
 
 
-def test_branch_on_a_dynamic_size_is_guarded(assert_close_rel):
+@pytest.mark.parametrize("guards", ["dynamo", "arguments"])
+def test_branch_on_a_dynamic_size_is_guarded(assert_close_rel, guards):
     def branchy(x):
         return x * 2 if x.shape[0] > 4 else x * 3
 
-    compiled = magi_compile(branchy, dynamic_arg_dims={"x": 0})
+    compiled = magi_compile(
+        branchy, dynamic_arg_dims={"x": 0}, config_patch={"fast_dispatch_guards": guards}
+    )
     with torch.no_grad():
         for n in (8, 8, 8, 3, 3, 8):
             x = torch.randn(n, 4)
             assert_close_rel(compiled(x), branchy(x), RTOL)
 
 
-def test_tuple_argument_values_are_guarded(assert_close_rel):
+@pytest.mark.parametrize("guards", ["dynamo", "arguments"])
+def test_tuple_argument_values_are_guarded(assert_close_rel, guards):
     def scaled(x, scale):
         return x * scale[0]
 
-    compiled = magi_compile(scaled)
+    compiled = magi_compile(scaled, config_patch={"fast_dispatch_guards": guards})
     with torch.no_grad():
         for s in ((2,), (2,), (2,), (5,), (2,)):
             x = inputs(3)
@@ -475,3 +480,93 @@ def test_freed_modules_free_their_weights():
         gc.collect()
     assert direct_calls() >= 3
     assert sum(r() is not None for r in refs[:-1]) == 0  # the last may stay in Dynamo's cache
+
+
+# --------------------------------------------------------------------------------------------
+# Direct calls from C++ (_C.DirectCall) and fast_dispatch_guards
+# --------------------------------------------------------------------------------------------
+
+
+def native_of(model: nn.Module):
+    """The C++ direct call learned for ``model``'s one signature."""
+    (path,) = model._magi_compiled._direct.get(model).paths
+    assert path.native is not None
+    return path.native
+
+
+def test_positional_calls_run_from_cpp_and_check_dynamos_guards_each_time(assert_close_rel):
+    model, eager = compiled_with_eager(init_weights_(LlamaStack(2, **LLAMA), seed=4))
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        native = native_of(model)
+        assert (native.arity, native.num_guard_checks) == (2, 1)  # (self, x); call 3
+        for n, b in enumerate((5, 2, 5, 9), start=2):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert native.num_guard_checks == n
+            assert direct_calls() == n
+        # A keyword call takes the Python direct path: counted, but no C++ guard check.
+        x = llama_inputs(3)
+        assert_close_rel(model(x=x), eager(x), RTOL)
+        assert (direct_calls(), native.num_guard_checks) == (6, 5)
+
+
+def test_arguments_mode_checks_dynamos_guards_once_per_argument_layout(assert_close_rel):
+    model, eager = compiled_with_eager(
+        init_weights_(LlamaStack(2, **LLAMA), seed=5),
+        config_patch={"fast_dispatch_guards": "arguments"},
+    )
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        native = native_of(model)
+        # Batch 4 was checked by the first direct call; 3 was seen only by the ordinary call.
+        for b, checks in zip((4, 4, 6, 6, 3, 4), (1, 1, 2, 2, 3, 3), strict=True):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert native.num_guard_checks == checks, (b, native.num_guard_checks)
+        # Process state Dynamo guards is part of the layout: a new thread count checks again.
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(max(1, threads - 1) if threads > 1 else 2)
+            x = llama_inputs(4)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert native.num_guard_checks == 4
+        finally:
+            torch.set_num_threads(threads)
+        # Parameters are still read from their dicts on every call.
+        weight = torch.randn_like(model.layers[0].q_proj.weight)
+        model.layers[0].q_proj._parameters["weight"] = nn.Parameter(weight.clone())
+        eager.layers[0].q_proj._parameters["weight"] = nn.Parameter(weight.clone())
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+
+
+def test_dynamo_mode_sees_a_module_attribute_the_forward_reads(assert_close_rel):
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    model, eager = compiled_with_eager(Scaled())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        model.scale = eager.scale = 3.0  # a plain attribute: no registration hook fires
+        for b in (3, 3, 3):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+
+
+def test_fast_dispatch_guards_must_be_a_known_mode():
+    with pytest.raises(UserError) as info:
+        magi_compile(Tiny(), config_patch={"fast_dispatch_guards": "none"})
+    assert str(info.value) == (
+        "fast_dispatch_guards='none' is not one of dynamo, arguments (docs/config.md)"
+    )

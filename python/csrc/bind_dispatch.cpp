@@ -1,0 +1,305 @@
+// Direct calls in C++: the hot path of a captured inference signature (issue 6, DESIGN §3.5).
+//
+// _fast_dispatch.py learns, from one observed ordinary call, where each input of the compiled
+// graph comes from: an argument of the call, a size of one, or a parameter or buffer found in
+// a module's `_parameters` / `_buffers` dict. A DirectCall holds that plan with the graph's
+// runner, so a later call with positional arguments goes from the module's forward to the
+// runtime without building Python lists: it checks the compact guard signature and Dynamo's
+// guards of the cache entry the learning call ran, gathers the inputs (parameters and buffers
+// from their dicts, as the Python gather does) and runs the CUDA graph runner (or the executable)
+// with the GIL released. Any check that fails returns None, and the caller makes an ordinary
+// call; nothing here decides more than the Python direct path did.
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "values.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <pybind11/stl.h>
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "magi/common/error.h"
+#include "magi/runtime/cuda_graph.h"
+#include "magi/runtime/executor.h"
+#include "magi/runtime/guard.h"
+
+namespace magi::bindings {
+namespace {
+
+/// Where one graph input comes from.
+struct Slot {
+  enum Kind { kArg, kSize, kFixed } kind = kArg;
+  size_t arg = 0;   ///< kArg, kSize: index into the call's positional arguments
+  int64_t dim = 0;  ///< kSize: which size of that argument
+  py::object dict;  ///< kFixed: the module's _parameters or _buffers dict
+  py::object key;   ///< kFixed: the name in it
+};
+
+enum class Result { kTensor, kTuple, kList };
+
+/// Verified argument layouts kept per direct call (fast_dispatch_guards="arguments"); later
+/// layouts are checked by Dynamo's guards on every call.
+constexpr size_t kMaxVerified = 256;
+
+/// Process state that Dynamo's global-state guards compare, as integers.
+void append_global_state(std::vector<int64_t>* key) {
+  const at::Context& ctx = at::globalContext();
+  key->push_back(static_cast<int64_t>(ctx.float32MatmulPrecision()));
+  key->push_back(ctx.allowTF32CuDNN());
+  key->push_back(ctx.deterministicAlgorithms());
+  key->push_back(ctx.deterministicAlgorithmsWarnOnly());
+  key->push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  key->push_back(at::get_num_threads());
+  key->push_back(static_cast<int64_t>(at::impl::PythonTorchFunctionTLS::get_disabled_state()));
+  key->push_back(at::impl::PythonTorchFunctionTLS::stack_len());
+  key->push_back(c10::impl::TorchDispatchModeTLS::stack_len());
+}
+
+/// Everything Dynamo's guards can see of the arguments `argv[first, n)` and of the process
+/// state, as integers; false when an argument is not a tensor or scalar (its contents are
+/// guarded by Dynamo alone).
+bool fingerprint(PyObject* const* argv, size_t first, size_t n, std::vector<int64_t>* key) {
+  key->clear();
+  for (size_t i = first; i < n; ++i) {
+    PyObject* obj = argv[i];
+    if (!THPVariable_Check(obj)) {
+      // Scalars are compared by value by the signature; anything else is not fingerprinted.
+      if (obj != Py_None && !PyBool_Check(obj) && !PyLong_CheckExact(obj) &&
+          !PyFloat_CheckExact(obj) && !PyUnicode_CheckExact(obj)) {
+        return false;
+      }
+      key->push_back(-1);
+      continue;
+    }
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    key->push_back(reinterpret_cast<intptr_t>(Py_TYPE(obj)));
+    key->push_back(static_cast<int64_t>(t.key_set().raw_repr()));
+    key->push_back(t.requires_grad());
+    key->push_back(t.dim());
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      key->push_back(t.size(d));
+      key->push_back(t.stride(d));
+    }
+    key->push_back(t.storage_offset());
+    // The same tensor passed twice is its own guard.
+    int64_t alias = -1;
+    for (size_t j = first; j < i; ++j) {
+      if (THPVariable_Check(argv[j]) &&
+          THPVariable_Unpack(argv[j]).unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        alias = static_cast<int64_t>(j);
+        break;
+      }
+    }
+    key->push_back(alias);
+  }
+  append_global_state(key);
+  return true;
+}
+
+class DirectCall {
+ public:
+  DirectCall(py::object signature, py::object guard_check, std::vector<std::string> frame_names,
+             std::vector<std::pair<std::string, py::object>> cells, py::object target,
+             const py::list& slots, const std::string& result, bool method, bool memoize)
+      : signature_obj_(std::move(signature)),
+        guard_check_(std::move(guard_check)),
+        cells_(std::move(cells)),
+        target_(std::move(target)),
+        method_(method),
+        memoize_(memoize) {
+    signature_ = signature_obj_.cast<const runtime::GuardSignature*>();
+    for (const std::string& name : frame_names) frame_names_.push_back(py::str(name));
+    if (py::isinstance<runtime::CudaGraphRunner>(target_)) {
+      runner_ = target_.cast<runtime::CudaGraphRunner*>();
+    } else {
+      executable_ = target_.cast<const runtime::Executable*>();
+    }
+    for (py::handle item : slots) {
+      const py::tuple spec = py::reinterpret_borrow<py::tuple>(item);
+      const std::string kind = spec[0].cast<std::string>();
+      Slot slot;
+      if (kind == "arg") {
+        slot.kind = Slot::kArg;
+        slot.arg = spec[1].cast<size_t>();
+      } else if (kind == "size") {
+        slot.kind = Slot::kSize;
+        slot.arg = spec[1].cast<size_t>();
+        slot.dim = spec[2].cast<int64_t>();
+      } else {
+        MAGI_ASSERT(kind == "fixed", "DirectCall: unknown input slot kind ", kind);
+        slot.kind = Slot::kFixed;
+        slot.dict = spec[1];
+        slot.key = spec[2];
+        MAGI_ASSERT(PyDict_Check(slot.dict.ptr()), "DirectCall: a fixed input needs a dict");
+      }
+      slots_.push_back(std::move(slot));
+    }
+    result_ = result == "tuple"  ? Result::kTuple
+              : result == "list" ? Result::kList
+                                 : Result::kTensor;
+    MAGI_ASSERT(result == "tensor" || result == "tuple" || result == "list",
+                "DirectCall: unknown result kind ", result);
+  }
+
+  size_t arity() const { return frame_names_.size(); }
+  size_t num_guard_checks() const { return guard_checks_; }
+
+  /// The call's result, or None when this path does not apply to `args` (the caller then
+  /// makes an ordinary call).
+  py::object call(const py::tuple& args) {
+    const size_t n = args.size();
+    if (n != frame_names_.size()) return py::none();
+    PyObject* const* argv = &PyTuple_GET_ITEM(args.ptr(), 0);
+    const size_t first = method_ ? 1 : 0;
+
+    // 1. The compact signature: dtypes, devices, ranks, static sizes, layouts, scalar values;
+    //    grad mode, autocast, module.training.
+    std::vector<runtime::GuardInput> values;
+    values.reserve(n - first);
+    for (size_t i = first; i < n; ++i) values.push_back(guard_input(argv[i]));
+    bool training = false;
+    if (method_) {
+      PyObject* flag = PyObject_GetAttrString(argv[0], "training");
+      if (flag == nullptr) {
+        PyErr_Clear();
+      } else {
+        training = PyObject_IsTrue(flag) == 1;
+        Py_DECREF(flag);
+      }
+    }
+    if (!signature_->matches(values, training)) return py::none();
+
+    // 2. Dynamo's guards of the cache entry the learning call ran, on the frame's locals;
+    //    with memoize, once per argument layout and process state.
+    const bool have_key = memoize_ && fingerprint(argv, first, n, &key_);
+    if (!have_key || verified_.count(key_) == 0) {
+      if (!guards_pass(argv, n)) return py::none();
+      if (have_key && verified_.size() < kMaxVerified) verified_.insert(key_);
+    }
+
+    // 3. The inputs.
+    std::vector<c10::IValue> inputs;
+    inputs.reserve(slots_.size());
+    for (const Slot& slot : slots_) {
+      switch (slot.kind) {
+        case Slot::kArg: {
+          PyObject* obj = argv[slot.arg];
+          if (THPVariable_Check(obj)) {
+            inputs.emplace_back(THPVariable_Unpack(obj));
+          } else {
+            inputs.push_back(to_ivalue(obj, inputs.size()));
+          }
+          break;
+        }
+        case Slot::kSize: {
+          PyObject* obj = argv[slot.arg];
+          if (!THPVariable_Check(obj)) return py::none();
+          const at::Tensor& t = THPVariable_Unpack(obj);
+          if (slot.dim >= t.dim()) return py::none();
+          inputs.emplace_back(t.size(slot.dim));
+          break;
+        }
+        case Slot::kFixed: {
+          // What the dict holds now, as the Python gather reads it: a write to
+          // module._parameters bypasses the registration hooks, and Dynamo's guards above
+          // have checked whatever tensor is there.
+          PyObject* now = PyDict_GetItemWithError(slot.dict.ptr(), slot.key.ptr());
+          if (now == nullptr || !THPVariable_Check(now)) {
+            PyErr_Clear();
+            return py::none();
+          }
+          inputs.emplace_back(THPVariable_Unpack(now));
+          break;
+        }
+      }
+    }
+
+    // 4. The run, without the GIL.
+    std::vector<c10::IValue> outputs;
+    {
+      py::gil_scoped_release no_gil;
+      outputs = runner_ != nullptr ? runner_->run(std::move(inputs))
+                                   : executable_->run(std::move(inputs));
+    }
+    if (result_ == Result::kTensor) {
+      MAGI_ASSERT(outputs.size() == 1, "DirectCall: one output expected, the graph returned ",
+                  outputs.size());
+      return to_python(outputs[0]);
+    }
+    py::list list(outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) list[i] = to_python(outputs[i]);
+    if (result_ == Result::kList) return std::move(list);
+    return py::tuple(list);
+  }
+
+ private:
+  bool guards_pass(PyObject* const* argv, size_t n) {
+    ++guard_checks_;
+    py::dict frame;
+    for (size_t i = 0; i < n; ++i) PyDict_SetItem(frame.ptr(), frame_names_[i].ptr(), argv[i]);
+    for (const auto& [name, cell] : cells_) {
+      PyObject* contents = PyCell_GET(cell.ptr());
+      if (contents == nullptr) return false;
+      PyDict_SetItemString(frame.ptr(), name.c_str(), contents);
+    }
+    PyObject* passed = PyObject_CallOneArg(guard_check_.ptr(), frame.ptr());
+    if (passed == nullptr) throw py::error_already_set();
+    const bool ok = PyObject_IsTrue(passed) == 1;
+    Py_DECREF(passed);
+    return ok;
+  }
+
+  py::object signature_obj_;  // keeps signature_ alive
+  const runtime::GuardSignature* signature_ = nullptr;
+  py::object guard_check_;
+  std::vector<py::str> frame_names_;
+  std::vector<std::pair<std::string, py::object>> cells_;
+  py::object target_;  // keeps the runner or executable alive
+  runtime::CudaGraphRunner* runner_ = nullptr;
+  const runtime::Executable* executable_ = nullptr;
+  std::vector<Slot> slots_;
+  Result result_ = Result::kTensor;
+  bool method_ = false;
+  bool memoize_ = false;
+  std::set<std::vector<int64_t>> verified_;  // argument layouts Dynamo's guards passed
+  std::vector<int64_t> key_;                 // this call's layout (reused buffer)
+  size_t guard_checks_ = 0;
+};
+
+}  // namespace
+
+void bind_dispatch(py::module_& m) {
+  py::class_<DirectCall>(m, "DirectCall",
+                         "A learned direct call of one captured inference signature, run from "
+                         "C++ (_fast_dispatch.py).")
+      .def(py::init<py::object, py::object, std::vector<std::string>,
+                    std::vector<std::pair<std::string, py::object>>, py::object, const py::list&,
+                    const std::string&, bool, bool>(),
+           py::arg("signature"), py::arg("guard_check"), py::arg("frame_names"), py::arg("cells"),
+           py::arg("target"), py::arg("slots"), py::arg("result"), py::arg("method"),
+           py::arg("memoize") = false,
+           "signature: the GuardSignature; guard_check: Dynamo's guard check of the cache "
+           "entry, called with the frame's locals; frame_names: the function's parameters, "
+           "self included; cells: (name, cell) of its closure; target: a CudaGraphRunner or "
+           "Executable; slots: per graph input ('arg', i) | ('size', i, dim) | ('fixed', dict, "
+           "key); result: 'tensor', 'tuple' or 'list'; method: argument 0 is the "
+           "module; memoize: evaluate Dynamo's guards once per argument layout and process "
+           "state (fast_dispatch_guards='arguments').")
+      .def_property_readonly("arity", &DirectCall::arity)
+      .def_property_readonly("num_guard_checks", &DirectCall::num_guard_checks,
+                             "Calls that evaluated Dynamo's guards.")
+      .def("__call__", &DirectCall::call, py::arg("args"),
+           "The result of the call with these positional arguments (self first for a method), "
+           "or None when the path does not apply and an ordinary call must be made.");
+}
+
+}  // namespace magi::bindings
