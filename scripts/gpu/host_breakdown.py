@@ -3,12 +3,12 @@ batch 4 x 32 under magi_compile(cudagraph_mode=FULL), each part of a direct call
 
 Parts, each the median of many calls with the device synchronised before each (as in
 benchmarks/host_overhead.py): the whole call (through the C++ direct call when there is one),
-that C++ call alone, and the whole call through the Python direct path; that path's gather,
-signature match and Dynamo guard check (Python); the compiled graph's run function; the whole
-call again without the guard check and without the run function (their cost in place); the
-C++ runner called alone;
-the runner's own stages (CudaGraphRunner.set_stage_timing). Then reference costs: an empty
-nn.Module call, torch.empty of the output's shape, a device-to-device copy of it.
+that C++ call alone, and the whole call through the Python direct path (also both interleaved
+in --rounds blocks); that path's gather, signature match and Dynamo guard check (Python); the
+compiled graph's run function; the whole call again without the guard check and without the
+run function (their cost in place); the C++ runner called alone; the runner's own stages
+(CudaGraphRunner.set_stage_timing). Then reference costs: an empty nn.Module call, torch.empty
+of the output's shape, a device-to-device copy of it.
 
     python scripts/gpu/host_breakdown.py [--iters 500] [--json PATH] [--device cpu --quick]
 """
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--padding", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved A/B blocks")
     ap.add_argument("--json")
     args = ap.parse_args()
     from magi_compiler import magi_compile
@@ -81,6 +82,17 @@ def main() -> None:
             out["native_alone"] = timed(lambda: native((model, x)), n, device)
         path.native = None  # the parts below time the Python direct path
         out["call_python_path"] = timed(lambda: compiled(x), n, device)
+        if native is not None:
+            # The two paths interleaved, `rounds` blocks of n calls each, so drift of the host's
+            # speed reaches both alike: the median of each path's block medians.
+            per_path: dict[str, list[float]] = {"native": [], "python": []}
+            for _ in range(args.rounds):
+                for name, value in (("native", native), ("python", None)):
+                    path.native = value
+                    per_path[name].append(timed(lambda: compiled(x), n, device))
+            path.native = None
+            out["ab_call_native"] = statistics.median(per_path["native"])
+            out["ab_call_python_path"] = statistics.median(per_path["python"])
         out["gather"] = timed(lambda: path.gather(model, x), n, device)
         out["signature_match"] = timed(lambda: path.signature.matches(values, False), n, device)
         out["dynamo_guards"] = timed(lambda: path.guards.check(frame), n, device)
