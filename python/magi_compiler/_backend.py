@@ -80,6 +80,10 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     run.magi_graph = graph  # type: ignore[attr-defined]  # for inspection and tests
     run.magi_executable = executable  # type: ignore[attr-defined]
     run.magi_cuda_graphs = runner  # type: ignore[attr-defined]
+    # What a C++ direct call may run in place of `run`: the runner or executable itself, unless
+    # something wraps it (dumps count the first calls to write their reports).
+    plain = call == (runner.run if runner is not None else executable.run)
+    run.magi_native_target = (runner or executable) if plain else None  # type: ignore[attr-defined]
     run.magi_kind = kind  # type: ignore[attr-defined]
     # Where Dynamo found each input (source expressions) and whether the capture had Python
     # side effects: what a direct call needs (_fast_dispatch.py). Inference graphs only.

@@ -256,7 +256,9 @@ def build_native(
     result = {_first: "tensor", tuple: "tuple", list: "list"}.get(rebuild)
     if result is None:
         return None, "the result is not built from the outputs as they are"
-    target = run.magi_cuda_graphs if run.magi_cuda_graphs is not None else run.magi_executable
+    target = run.magi_native_target
+    if target is None:
+        return None, "the graph's run is wrapped (dumps are on)"
     cells = [
         (name, cell)
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)

@@ -570,3 +570,20 @@ def test_fast_dispatch_guards_must_be_a_known_mode():
     assert str(info.value) == (
         "fast_dispatch_guards='none' is not one of dynamo, arguments (docs/config.md)"
     )
+
+
+def test_dumps_keep_direct_calls_in_python(assert_close_rel, tmp_path, monkeypatch):
+    """Dumps wrap a graph's run to count its first calls (reports rewritten until the fourth):
+    a C++ direct call would bypass that, so with dumps on direct calls stay in Python."""
+    from magi_compiler import _dump
+
+    monkeypatch.setenv(_dump.ENABLE_ENV, "1")
+    monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
+    model, eager = compiled_with_eager(Tiny())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native is None
+        x = inputs(3)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 2
