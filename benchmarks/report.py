@@ -536,18 +536,23 @@ def extra_section(doc: dict, source: str) -> str:
             f"{m['class']} ({m['n_layers']} layers, hidden {m['hidden']}, {m['n_heads']}/"
             f"{m['n_kv_heads']} heads, intermediate {m['intermediate']}) at batch {doc['batch']} x "
             f"{doc['tokens']} tokens, {doc['iters']} calls per measurement. *Host* is the wall time "
-            "of the Python call (the GPU kept from being the bottleneck), *device* the CUDA-event "
-            "time of one call, *back-to-back* the mean time of calls issued without syncs.",
+            "of the Python call (the GPU kept from being the bottleneck), *host, GPU busy* the same "
+            "with the calls queued behind a sleep kernel instead of a synchronise before each (when "
+            "measured), *device* the CUDA-event time of one call, *back-to-back* the mean time of "
+            "calls issued without syncs.",
             "",
-            "| variant | host µs (median) | host µs (p90) | device µs | back-to-back µs | first call s |",
-            "|---|---|---|---|---|---|",
+            "| variant | host µs (median) | host µs (p90) | host, GPU busy µs | device µs | "
+            "back-to-back µs | first call s |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in doc["results"]:
             if r.get("error"):
-                lines.append(f"| {r['label']} | failed: {r['error']} | | | | |")
+                lines.append(f"| {r['label']} | failed: {r['error']} | | | | | |")
                 continue
+            busy = r.get("host_us_busy")
             lines.append(
                 f"| {r['label']} | {r['host_us_median']:.1f} | {r['host_us_p90']:.1f} | "
+                f"{'-' if busy is None else f'{busy:.1f}'} | "
                 f"{r['device_us_median']:.1f} | {r['back_to_back_us']:.1f} | {r['first_call_s']:.2f} |"
             )
         return "\n".join(lines) + "\n"
