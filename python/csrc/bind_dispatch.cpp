@@ -6,9 +6,11 @@
 // runner, so a later call with positional arguments goes from the module's forward to the
 // runtime without building Python lists: it checks the compact guard signature and Dynamo's
 // guards of the cache entry the learning call ran, gathers the inputs (parameters and buffers
-// from their dicts, as the Python gather does) and runs the CUDA graph runner (or the executable)
-// with the GIL released. Any check that fails returns None, and the caller makes an ordinary
-// call; nothing here decides more than the Python direct path did.
+// from their dicts, as the Python gather does) and runs the CUDA graph runner (or the
+// executable) with the GIL released. Any check that fails returns None, and the caller makes an
+// ordinary call. With `memoize` (fast_dispatch_guards="arguments") Dynamo's guards run once per
+// fingerprint of the arguments, the gathered parameters and the process state, and their
+// verdict is reused; Python state outside those is then assumed fixed (docs/api.md).
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -19,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/DefaultDtype.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <pybind11/stl.h>
 
@@ -46,52 +49,72 @@ struct Slot {
 
 enum class Result { kTensor, kTuple, kList };
 
-/// Verified argument layouts kept per direct call (fast_dispatch_guards="arguments"); later
-/// layouts are checked by Dynamo's guards on every call.
+/// Verified fingerprints kept per direct call (fast_dispatch_guards="arguments"); calls with
+/// later ones are checked by Dynamo's guards every time.
 constexpr size_t kMaxVerified = 256;
 
-/// Process state that Dynamo's global-state guards compare, as integers.
-void append_global_state(std::vector<int64_t>* key) {
+/// Appends what Dynamo's tensor guards compare of `t` (its Python type `type`, when known).
+void append_tensor(const at::Tensor& t, PyTypeObject* type, std::vector<int64_t>* key) {
+  key->push_back(reinterpret_cast<intptr_t>(type));
+  key->push_back(static_cast<int64_t>(t.key_set().raw_repr()));
+  key->push_back(static_cast<int64_t>(t.scalar_type()));
+  key->push_back(static_cast<int64_t>(t.device().type()));
+  key->push_back(t.device().index());
+  key->push_back(t.requires_grad());
+  key->push_back(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    key->push_back(t.size(d));
+    key->push_back(t.stride(d));
+  }
+  key->push_back(t.storage_offset());
+}
+
+/// Appends the process state Dynamo's global guards compare; false under a torch-function or
+/// dispatch mode (Dynamo compares the modes themselves, which a fingerprint does not).
+bool append_global_state(std::vector<int64_t>* key) {
+  if (at::impl::PythonTorchFunctionTLS::stack_len() > 0 ||
+      c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    return false;
+  }
   const at::Context& ctx = at::globalContext();
   key->push_back(static_cast<int64_t>(ctx.float32MatmulPrecision()));
   key->push_back(ctx.allowTF32CuDNN());
+  key->push_back(static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS()));
+  key->push_back(static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS()));
   key->push_back(ctx.deterministicAlgorithms());
   key->push_back(ctx.deterministicAlgorithmsWarnOnly());
   key->push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   key->push_back(at::get_num_threads());
   key->push_back(static_cast<int64_t>(at::impl::PythonTorchFunctionTLS::get_disabled_state()));
-  key->push_back(at::impl::PythonTorchFunctionTLS::stack_len());
-  key->push_back(c10::impl::TorchDispatchModeTLS::stack_len());
+  // Dynamo's tensor guards see dispatch keys through the thread's included and excluded sets
+  // (inference_mode differs from no_grad there).
+  const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+  key->push_back(static_cast<int64_t>(local.included_.raw_repr()));
+  key->push_back(static_cast<int64_t>(local.excluded_.raw_repr()));
+  return true;
 }
 
-/// Everything Dynamo's guards can see of the arguments `argv[first, n)` and of the process
-/// state, as integers; false when an argument is not a tensor or scalar (its contents are
-/// guarded by Dynamo alone).
-bool fingerprint(PyObject* const* argv, size_t first, size_t n, std::vector<int64_t>* key) {
-  key->clear();
+/// Appends what Dynamo's guards can see of the arguments `argv[first, n)`; false when an
+/// argument is neither a tensor nor a scalar the signature compares by value (Dynamo alone
+/// guards its contents).
+bool append_arguments(PyObject* const* argv, size_t first, size_t n, std::vector<int64_t>* key) {
   for (size_t i = first; i < n; ++i) {
     PyObject* obj = argv[i];
     if (!THPVariable_Check(obj)) {
-      // Scalars are compared by value by the signature; anything else is not fingerprinted.
-      if (obj != Py_None && !PyBool_Check(obj) && !PyLong_CheckExact(obj) &&
-          !PyFloat_CheckExact(obj) && !PyUnicode_CheckExact(obj)) {
+      if (PyLong_CheckExact(obj)) {
+        int overflow = 0;
+        PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (overflow != 0) return false;  // the signature does not compare it
+      } else if (obj != Py_None && !PyBool_Check(obj) && !PyFloat_CheckExact(obj) &&
+                 !PyUnicode_CheckExact(obj)) {
         return false;
       }
       key->push_back(-1);
       continue;
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    key->push_back(reinterpret_cast<intptr_t>(Py_TYPE(obj)));
-    key->push_back(static_cast<int64_t>(t.key_set().raw_repr()));
-    key->push_back(t.requires_grad());
-    key->push_back(t.dim());
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      key->push_back(t.size(d));
-      key->push_back(t.stride(d));
-    }
-    key->push_back(t.storage_offset());
-    // The same tensor passed twice is its own guard.
-    int64_t alias = -1;
+    append_tensor(t, Py_TYPE(obj), key);
+    int64_t alias = -1;  // the same tensor passed twice is a guard of its own
     for (size_t j = first; j < i; ++j) {
       if (THPVariable_Check(argv[j]) &&
           THPVariable_Unpack(argv[j]).unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
@@ -101,7 +124,6 @@ bool fingerprint(PyObject* const* argv, size_t first, size_t n, std::vector<int6
     }
     key->push_back(alias);
   }
-  append_global_state(key);
   return true;
 }
 
@@ -161,8 +183,8 @@ class DirectCall {
     PyObject* const* argv = &PyTuple_GET_ITEM(args.ptr(), 0);
     const size_t first = method_ ? 1 : 0;
 
-    // 1. The compact signature: dtypes, devices, ranks, static sizes, layouts, scalar values;
-    //    grad mode, autocast, module.training.
+    // The compact signature: dtypes, devices, ranks, static sizes, layouts, scalar values;
+    // grad mode, autocast, module.training.
     std::vector<runtime::GuardInput> values;
     values.reserve(n - first);
     for (size_t i = first; i < n; ++i) values.push_back(guard_input(argv[i]));
@@ -170,60 +192,56 @@ class DirectCall {
     if (method_) {
       PyObject* flag = PyObject_GetAttrString(argv[0], "training");
       if (flag == nullptr) {
-        PyErr_Clear();
+        PyErr_Clear();  // the Python path's getattr(owner, "training", False)
       } else {
-        training = PyObject_IsTrue(flag) == 1;
+        const int truth = PyObject_IsTrue(flag);
         Py_DECREF(flag);
+        if (truth < 0) throw py::error_already_set();
+        training = truth == 1;
       }
     }
     if (!signature_->matches(values, training)) return py::none();
 
-    // 2. Dynamo's guards of the cache entry the learning call ran, on the frame's locals;
-    //    with memoize, once per argument layout and process state.
-    const bool have_key = memoize_ && fingerprint(argv, first, n, &key_);
-    if (!have_key || verified_.count(key_) == 0) {
-      if (!guards_pass(argv, n)) return py::none();
-      if (have_key && verified_.size() < kMaxVerified) verified_.insert(key_);
-    }
-
-    // 3. The inputs.
+    // The inputs, gathered before the guards run as the Python path does. Parameters and
+    // buffers are what their dicts hold now: a write to module._parameters bypasses the
+    // registration hooks.
     std::vector<c10::IValue> inputs;
     inputs.reserve(slots_.size());
+    std::vector<PyObject*> fixed;  // borrowed from their dicts, for the fingerprint
     for (const Slot& slot : slots_) {
-      switch (slot.kind) {
-        case Slot::kArg: {
-          PyObject* obj = argv[slot.arg];
-          if (THPVariable_Check(obj)) {
-            inputs.emplace_back(THPVariable_Unpack(obj));
-          } else {
-            inputs.push_back(to_ivalue(obj, inputs.size()));
-          }
-          break;
-        }
-        case Slot::kSize: {
-          PyObject* obj = argv[slot.arg];
-          if (!THPVariable_Check(obj)) return py::none();
-          const at::Tensor& t = THPVariable_Unpack(obj);
-          if (slot.dim >= t.dim()) return py::none();
-          inputs.emplace_back(t.size(slot.dim));
-          break;
-        }
-        case Slot::kFixed: {
-          // What the dict holds now, as the Python gather reads it: a write to
-          // module._parameters bypasses the registration hooks, and Dynamo's guards above
-          // have checked whatever tensor is there.
-          PyObject* now = PyDict_GetItemWithError(slot.dict.ptr(), slot.key.ptr());
-          if (now == nullptr || !THPVariable_Check(now)) {
-            PyErr_Clear();
-            return py::none();
-          }
-          inputs.emplace_back(THPVariable_Unpack(now));
-          break;
-        }
+      PyObject* obj = slot.kind == Slot::kFixed
+                          ? PyDict_GetItemWithError(slot.dict.ptr(), slot.key.ptr())
+                          : argv[slot.arg];
+      if (slot.kind == Slot::kFixed) {
+        if (obj == nullptr && PyErr_Occurred()) throw py::error_already_set();
+        if (obj == nullptr || !THPVariable_Check(obj)) return py::none();
+        fixed.push_back(obj);
+      }
+      if (slot.kind == Slot::kSize) {
+        if (!THPVariable_Check(obj)) return py::none();
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (slot.dim >= t.dim()) return py::none();
+        inputs.emplace_back(t.size(slot.dim));
+      } else if (THPVariable_Check(obj)) {
+        inputs.emplace_back(THPVariable_Unpack(obj));
+      } else {
+        inputs.push_back(to_ivalue(obj, inputs.size()));
       }
     }
 
-    // 4. The run, without the GIL.
+    // Dynamo's guards of the cache entry the learning call ran, on the frame's locals; with
+    // memoize, once per fingerprint of the arguments, the parameters and the process state.
+    std::vector<int64_t> key;
+    bool have_key = false;
+    if (memoize_) {
+      have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
+      for (PyObject* obj : fixed) append_tensor(THPVariable_Unpack(obj), Py_TYPE(obj), &key);
+    }
+    if (!have_key || verified_.count(key) == 0) {
+      if (!guards_pass(argv, n)) return py::none();
+      if (have_key && verified_.size() < kMaxVerified) verified_.insert(std::move(key));
+    }
+
     std::vector<c10::IValue> outputs;
     {
       py::gil_scoped_release no_gil;
@@ -245,17 +263,24 @@ class DirectCall {
   bool guards_pass(PyObject* const* argv, size_t n) {
     ++guard_checks_;
     py::dict frame;
-    for (size_t i = 0; i < n; ++i) PyDict_SetItem(frame.ptr(), frame_names_[i].ptr(), argv[i]);
+    for (size_t i = 0; i < n; ++i) {
+      if (PyDict_SetItem(frame.ptr(), frame_names_[i].ptr(), argv[i]) < 0) {
+        throw py::error_already_set();
+      }
+    }
     for (const auto& [name, cell] : cells_) {
       PyObject* contents = PyCell_GET(cell.ptr());
-      if (contents == nullptr) return false;
-      PyDict_SetItemString(frame.ptr(), name.c_str(), contents);
+      if (contents == nullptr) return false;  // an empty cell: the gather would fail too
+      if (PyDict_SetItemString(frame.ptr(), name.c_str(), contents) < 0) {
+        throw py::error_already_set();
+      }
     }
     PyObject* passed = PyObject_CallOneArg(guard_check_.ptr(), frame.ptr());
     if (passed == nullptr) throw py::error_already_set();
-    const bool ok = PyObject_IsTrue(passed) == 1;
+    const int truth = PyObject_IsTrue(passed);
     Py_DECREF(passed);
-    return ok;
+    if (truth < 0) throw py::error_already_set();
+    return truth == 1;
   }
 
   py::object signature_obj_;  // keeps signature_ alive
@@ -270,8 +295,7 @@ class DirectCall {
   Result result_ = Result::kTensor;
   bool method_ = false;
   bool memoize_ = false;
-  std::set<std::vector<int64_t>> verified_;  // argument layouts Dynamo's guards passed
-  std::vector<int64_t> key_;                 // this call's layout (reused buffer)
+  std::set<std::vector<int64_t>> verified_;  // fingerprints Dynamo's guards passed
   size_t guard_checks_ = 0;
 };
 

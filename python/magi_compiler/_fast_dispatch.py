@@ -107,6 +107,15 @@ _LOCAL = re.compile(r"\bL\['([A-Za-z_][A-Za-z0-9_]*)'\]")
 _OWNED = re.compile(r"^(.*\._(?:parameters|buffers))(\['[^']*'\])$")
 
 
+def _owned_entry(expr: str, owner_name: str | None) -> tuple[str, str] | None:
+    """(dict expression, "['name']") when ``expr`` (a source with ``L[...]`` rewritten to
+    names) reads a parameter or buffer dict of a module reached from ``owner_name``."""
+    owned = _OWNED.match(expr)
+    if owned and owner_name and re.match(rf"{owner_name}\b", expr):
+        return owned[1], owned[2]
+    return None
+
+
 class DirectPath:
     """One (signature, instance) pair's direct call: gather inputs, check the signature and
     Dynamo's guards, run, rebuild the result. ``native`` does the same in C++ for calls with
@@ -170,9 +179,9 @@ def build_gatherer(
     items = []
     for source in sources:
         expr = _LOCAL.sub(r"\1", source).replace("G[", "__magi_G[")
-        owned = _OWNED.match(expr)
-        if owned and owner_name and re.match(rf"{owner_name}\b", expr):
-            container, key = owned.groups()
+        owned = _owned_entry(expr, owner_name)
+        if owned:
+            container, key = owned
             if container not in containers:
                 try:
                     value = eval(container, {**namespace, **bound})  # noqa: S307 - our text
@@ -230,8 +239,12 @@ def build_native(
     (``fast_dispatch_guards="arguments"``)."""
     from magi_compiler import _C
 
-    names = list(inspect.signature(fn).parameters)
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.KEYWORD_ONLY for p in parameters):
+        return None, "the function has keyword-only parameters"
+    names = [p.name for p in parameters]
     index = {name: i for i, name in enumerate(names)}
+    namespace = {"__magi_G": fn.__globals__, **bound}
     slots: list[tuple] = []
     for source in sources:
         if (m := _ARG.match(source)) and m[1] in index:
@@ -240,13 +253,12 @@ def build_native(
         if (m := _ARG_SIZE.match(source)) and m[1] in index:
             slots.append(("size", index[m[1]], int(m[2])))
             continue
-        expr = _LOCAL.sub(r"\1", source)
-        owned = _OWNED.match(expr)
-        if not (owned and owner_name and re.match(rf"{owner_name}\b", expr)):
+        owned = _owned_entry(_LOCAL.sub(r"\1", source).replace("G[", "__magi_G["), owner_name)
+        if owned is None:
             return None, f"input source {source} is not an argument, a size or a parameter"
-        container, key = owned.groups()
+        container, key = owned
         try:
-            table = eval(container, {"__magi_G": fn.__globals__}, dict(bound))  # noqa: S307
+            table = eval(container, namespace)  # noqa: S307 - our text, as in build_gatherer
         except Exception as e:  # noqa: BLE001 - any failure: no native path
             return None, f"cannot evaluate {container}: {e}"
         name = key[2:-2]

@@ -587,3 +587,50 @@ def test_dumps_keep_direct_calls_in_python(assert_close_rel, tmp_path, monkeypat
         x = inputs(3)
         assert_close_rel(model(x), eager(x), RTOL)
         assert direct_calls() == 2
+
+
+def test_arguments_mode_fingerprints_the_parameters_too(assert_close_rel):
+    """A parameter changed in place (no registration hook, the argument unchanged) gives a new
+    fingerprint, so Dynamo's guards run again instead of a remembered verdict."""
+    model, eager = compiled_with_eager(
+        init_weights_(LlamaStack(2, **LLAMA), seed=6),
+        config_patch={"fast_dispatch_guards": "arguments"},
+    )
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        native = native_of(model)
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 1
+        model.layers[1].up_proj.weight.requires_grad_(False)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 2
+        weight = model.layers[0].o_proj.weight
+        weight.data = weight.data.t().contiguous().t()  # same values, column-major strides
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 3
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 3
+
+
+def test_keyword_only_parameters_keep_direct_calls_in_python(assert_close_rel):
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x, *, scale=2.0):
+            return self.fc(x) * scale
+
+    model, eager = compiled_with_eager(Scaled())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native is None
+        x = inputs(3)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 2
+        with pytest.raises(TypeError):
+            model(x, 3.0)  # scale is keyword-only, as in eager
