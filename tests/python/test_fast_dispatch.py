@@ -494,13 +494,21 @@ def native_of(model: nn.Module):
     return path.native
 
 
+def llama_with_native(assert_close_rel, seed: int, **config):
+    """(compiled Llama stack, eager copy, its C++ direct call) after the three calls that
+    capture (batch 2), learn (3) and make the first direct call (4), each matching eager."""
+    model, eager = compiled_with_eager(
+        init_weights_(LlamaStack(2, **LLAMA), seed=seed), config_patch=config or None
+    )
+    for b in (2, 3, 4):
+        x = llama_inputs(b)
+        assert_close_rel(model(x), eager(x), RTOL)
+    return model, eager, native_of(model)
+
+
 def test_positional_calls_run_from_cpp_and_check_dynamos_guards_each_time(assert_close_rel):
-    model, eager = compiled_with_eager(init_weights_(LlamaStack(2, **LLAMA), seed=4))
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = llama_inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        native = native_of(model)
+        model, eager, native = llama_with_native(assert_close_rel, seed=4)
         assert (native.arity, native.num_guard_checks) == (2, 1)  # (self, x); call 3
         for n, b in enumerate((5, 2, 5, 9), start=2):
             x = llama_inputs(b)
@@ -514,15 +522,10 @@ def test_positional_calls_run_from_cpp_and_check_dynamos_guards_each_time(assert
 
 
 def test_arguments_mode_checks_dynamos_guards_once_per_argument_layout(assert_close_rel):
-    model, eager = compiled_with_eager(
-        init_weights_(LlamaStack(2, **LLAMA), seed=5),
-        config_patch={"fast_dispatch_guards": "arguments"},
-    )
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = llama_inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        native = native_of(model)
+        model, eager, native = llama_with_native(
+            assert_close_rel, seed=5, fast_dispatch_guards="arguments"
+        )
         # Batch 4 was checked by the first direct call; 3 was seen only by the ordinary call.
         for b, checks in zip((4, 4, 6, 6, 3, 4), (1, 1, 2, 2, 3, 3), strict=True):
             x = llama_inputs(b)
@@ -592,15 +595,10 @@ def test_dumps_keep_direct_calls_in_python(assert_close_rel, tmp_path, monkeypat
 def test_arguments_mode_fingerprints_the_parameters_too(assert_close_rel):
     """A parameter changed in place (no registration hook, the argument unchanged) gives a new
     fingerprint, so Dynamo's guards run again instead of a remembered verdict."""
-    model, eager = compiled_with_eager(
-        init_weights_(LlamaStack(2, **LLAMA), seed=6),
-        config_patch={"fast_dispatch_guards": "arguments"},
-    )
     with torch.no_grad():
-        for b in (2, 3, 4):
-            x = llama_inputs(b)
-            assert_close_rel(model(x), eager(x), RTOL)
-        native = native_of(model)
+        model, eager, native = llama_with_native(
+            assert_close_rel, seed=6, fast_dispatch_guards="arguments"
+        )
         x = llama_inputs(4)
         assert_close_rel(model(x), eager(x), RTOL)
         assert native.num_guard_checks == 1
