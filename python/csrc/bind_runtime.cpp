@@ -232,6 +232,21 @@ void bind_runtime(py::module_& m) {
                              &runtime::Executable::num_piece_graph_captures)
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
                              "Fusion nodes (generated kernels) run per call, pieces included.")
+      .def_property_readonly(
+          "arena_stats",
+          [](const runtime::Executable& exe) {
+            const runtime::Executable::ArenaStats s = exe.arena_stats();
+            py::dict d;
+            d["planned_values"] = s.planned_values;
+            d["runs"] = s.runs;
+            d["last_bytes"] = s.last_bytes;
+            d["last_peak_live"] = s.last_peak_live;
+            d["unplanned_copies"] = s.unplanned_copies;
+            return d;
+          },
+          "The memory arena: values chosen at lowering (pieces included), runs that allocated "
+          "one, the last run's arena size and most bytes live in it at once (the largest "
+          "piece's), and results copied off it because an operator aliased it undeclared.")
       .def_property_readonly("num_in_place_outputs", &runtime::Executable::num_in_place_outputs,
                              "Generated-kernel calls so far, pieces included, that wrote an "
                              "output over an input at its last use instead of a new buffer.")

@@ -6,6 +6,10 @@
 #include <map>
 #include <optional>
 
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/clone.h>
+#include <ATen/ops/empty.h>
+
 #include "magi/codegen/compiler.h"
 #include "magi/common/error.h"
 #include "magi/common/log.h"
@@ -84,6 +88,20 @@ c10::IValue eval_sym(ir::SymOp op, const c10::IValue& a, const c10::IValue* b) {
   }
   MAGI_ASSERT(false, "unhandled symbolic op ", ir::sym_op_name(op));
   return {};
+}
+
+// Whether autograd would record a call on this stack: an out= overload refuses that.
+bool records_grad(const torch::jit::Stack& stack) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const c10::IValue& v : stack) {
+    if (v.isTensor() && v.toTensor().requires_grad()) return true;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (t.requires_grad()) return true;
+      }
+    }
+  }
+  return false;
 }
 
 c10::IValue make_list(ir::ValueKind kind, std::vector<const c10::IValue*> items) {
@@ -184,6 +202,29 @@ void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t
 }
 
 const PaddingPlan& Executable::padding() const { return program_->padding; }
+
+Executable::ArenaStats Executable::arena_stats() const {
+  ArenaStats stats;
+  if (const Arena* a = program_->arena.get()) {
+    stats.planned_values = a->values.size();
+    stats.runs = a->placed_calls.load(std::memory_order_relaxed);
+    stats.last_bytes = a->last_bytes.load(std::memory_order_relaxed);
+    stats.last_peak_live = a->last_peak_live.load(std::memory_order_relaxed);
+    stats.unplanned_copies = a->unplanned_copies.load(std::memory_order_relaxed);
+  }
+  for (const auto& piece : program_->pieces) {
+    if (!piece) continue;
+    const ArenaStats s = piece->arena_stats();
+    stats.planned_values += s.planned_values;
+    stats.runs += s.runs;
+    stats.unplanned_copies += s.unplanned_copies;
+    if (s.last_bytes > stats.last_bytes) {
+      stats.last_bytes = s.last_bytes;
+      stats.last_peak_live = s.last_peak_live;
+    }
+  }
+  return stats;
+}
 bool Executable::draws_random_numbers() const { return program_->draws_random; }
 bool Executable::calls_custom_ops() const { return program_->calls_custom_ops; }
 
@@ -304,6 +345,36 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
     }
   } abort_on_throw{engine};
 
+  // The memory arena: a segment's block is allocated when the first of its values is written
+  // and dropped by the run after the last step reading one (views keep it until they die).
+  std::shared_ptr<const ArenaLayoutForSizes> layout;
+  if (p.arena) {
+    layout = p.arena->layout_for(inputs);
+    if (layout->bytes == 0) layout.reset();
+  }
+  // Per segment: its block while the run holds it; the storages of those held, for the check
+  // after each step.
+  std::vector<at::Tensor> arenas;
+  std::vector<std::pair<int32_t, const c10::StorageImpl*>> held;
+  if (layout) arenas.resize(layout->segment_bytes.size());
+  auto arena_slot = [&](Ref r) -> at::Tensor {
+    const int32_t v = r == kUnused ? -1 : p.arena->value_of[r];
+    if (v < 0 || layout->offsets[v] < 0) return {};
+    const int32_t segment = layout->segment[v];
+    at::Tensor& arena = arenas[segment];
+    if (!arena.defined()) {
+      arena = at::empty({layout->segment_bytes[segment]},
+                        at::TensorOptions().dtype(at::kByte).device(p.arena->device));
+      held.emplace_back(segment, arena.storage().unsafeGetStorageImpl());
+    }
+    return arena_tensor(arena, layout->offsets[v], p.arena->values[v].dtype, layout->sizes[v]);
+  };
+  if (layout) {
+    p.arena->placed_calls.fetch_add(1, std::memory_order_relaxed);
+    p.arena->last_bytes.store(layout->bytes, std::memory_order_relaxed);
+    p.arena->last_peak_live.store(layout->peak_live, std::memory_order_relaxed);
+  }
+
   std::vector<c10::IValue> regs(p.num_registers);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (p.input_regs[i] != kUnused) regs[p.input_regs[i]] = std::move(inputs[i]);
@@ -345,8 +416,17 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         }
         std::vector<c10::IValue> operands;
         if (estimate) operands = stack;
+        // Into the arena through the out= overload (not where autograd would record the call).
+        const c10::OperatorHandle* op = &*instr.op;
+        if (instr.out_op && layout && !records_grad(stack)) {
+          at::Tensor slot = arena_slot(instr.out[0]);
+          if (slot.defined()) {
+            stack.push_back(std::move(slot));
+            op = &*instr.out_op;
+          }
+        }
         try {
-          instr.op->callBoxed(stack);
+          op->callBoxed(stack);
         } catch (const std::exception& e) {
           throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
         }
@@ -384,7 +464,16 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         }
         std::vector<c10::IValue> operands;
         if (estimate) operands.assign(args.begin(), args.end());
-        std::vector<at::Tensor> results = p.fused[instr.piece]->run(std::move(args));
+        std::vector<at::Tensor> presets;
+        if (layout) {
+          for (Ref r : instr.out) presets.push_back(arena_slot(r));
+          bool any = false;
+          for (const at::Tensor& t : presets) any |= t.defined();
+          if (!any) presets.clear();
+        }
+        std::vector<at::Tensor> results =
+            presets.empty() ? p.fused[instr.piece]->run(std::move(args))
+                            : p.fused[instr.piece]->run(std::move(args), std::move(presets));
         if (estimate) {
           OffloadEngine::add_estimate(estimate_operator_us(
               "fusion", operands, std::vector<c10::IValue>(results.begin(), results.end())));
@@ -439,6 +528,33 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         c10::IValue list = make_list(instr.list_kind, std::move(items));
         if (instr.out[0] != kUnused) regs[instr.out[0]] = std::move(list);
         break;
+      }
+    }
+    if (!held.empty()) {
+      // A result on an arena that the plan did not put there (an operator returning an
+      // operand it was not declared to alias): a copy, so the plan's reuse cannot reach it.
+      for (Ref r : instr.out) {
+        if (instr.may_alias || r == kUnused || !regs[r].isTensor()) continue;
+        const at::Tensor& t = regs[r].toTensor();
+        if (!t.has_storage()) continue;
+        const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+        for (const auto& [segment, arena_storage] : held) {
+          if (storage != arena_storage) continue;
+          const int32_t v = p.arena->value_of[r];
+          if (v >= 0 && layout->offsets[v] >= 0 && layout->segment[v] == segment &&
+              t.data_ptr() == static_cast<char*>(arenas[segment].data_ptr()) + layout->offsets[v]) {
+            break;
+          }
+          MAGI_LOG_DEBUG("memory arena: ", instr.where, " returned arena memory it was not given");
+          p.arena->unplanned_copies.fetch_add(1, std::memory_order_relaxed);
+          regs[r] = t.clone();
+          break;
+        }
+      }
+      for (size_t k = held.size(); k-- > 0;) {
+        if (step < layout->segment_last[held[k].first]) continue;
+        arenas[held[k].first] = at::Tensor();  // its views keep the memory until they die
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
       }
     }
     if (instr.once && fold && !folded) {

@@ -501,6 +501,20 @@ bool same_layout(const at::Tensor& t, c10::IntArrayRef strides) {
 
 }  // namespace
 
+std::vector<at::Tensor> FusedKernel::run(std::vector<at::Tensor> inputs,
+                                         std::vector<at::Tensor> presets) const {
+  MAGI_ASSERT(inputs.size() == spec_.inputs.size(), spec_.name, " takes ", spec_.inputs.size(),
+              " inputs, got ", inputs.size());
+  MAGI_ASSERT(!strided_outputs_ && presets.size() == outputs_.size(), spec_.name,
+              ": preset outputs need contiguous outputs, one per output");
+  return run_kernel(inputs, {}, std::move(presets));
+}
+
+bool FusedKernel::can_write_over_input(size_t i) const {
+  return spec_.schedule == codegen::Schedule::kPointwise && i < shift_free_.size() &&
+         shift_free_[i] && i < input_views_.size() && input_views_[i].empty();
+}
+
 std::vector<at::Tensor> FusedKernel::run(std::vector<at::Tensor> inputs) const {
   MAGI_ASSERT(inputs.size() == spec_.inputs.size(), spec_.name, " takes ", spec_.inputs.size(),
               " inputs, got ", inputs.size());
@@ -567,7 +581,8 @@ int FusedKernel::reusable_input(const std::vector<at::Tensor>& inputs,
 }
 
 std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& inputs,
-                                                c10::IntArrayRef first_output_strides) const {
+                                                c10::IntArrayRef first_output_strides,
+                                                std::vector<at::Tensor> presets) const {
   // MagiArgs has room for kMaxIO pointers; a larger group runs through ATen.
   if (inputs.size() + outputs_.size() > static_cast<size_t>(kMaxIO)) return run_fallback(inputs);
   // Each input's sizes and strides in the index space: its own, or through its views.
@@ -654,6 +669,13 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   // Allocated after the inputs' access classes are known (an output may take over an input's
   // memory, see reusable_input); left undefined until then.
   std::vector<at::Tensor> outputs(outputs_.size());
+  for (size_t k = 0; k < presets.size() && k < outputs.size(); ++k) {
+    const at::Tensor& t = presets[k];
+    if (t.defined() && t.scalar_type() == outputs_[k].dtype && t.device() == device &&
+        t.sizes() == c10::IntArrayRef(shapes[k]) && t.is_contiguous()) {
+      outputs[k] = t;
+    }
+  }
   auto allocate_outputs = [&] {
     for (size_t k = 0; k < outputs.size(); ++k) {
       if (outputs[k].defined()) continue;
@@ -684,9 +706,14 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
   if (any_strided && rank > codegen::kMaxRank) return run_fallback(inputs);
   size_t written_over = 0;
+  for (const at::Tensor& out : outputs) {  // presets the arena placed over a dying input
+    if (!out.defined()) continue;
+    for (const at::Tensor& in : inputs) written_over += in.data_ptr() == out.data_ptr();
+  }
   if (spec_.schedule == codegen::Schedule::kPointwise) {
     std::vector<bool> taken(inputs.size(), false);
     for (size_t k = 0; k < outputs.size(); ++k) {
+      if (outputs[k].defined()) continue;  // a preset
       const int i = reusable_input(inputs, kv.access, taken, k, numel);
       if (i < 0) continue;
       taken[i] = true;

@@ -238,10 +238,13 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     return r;
   };
 
+  std::vector<const ir::Node*> instr_nodes;  // the node each instruction runs
+  std::vector<const ir::Value*> input_values;
   for (const ir::Node* node : graph.nodes()) {
     switch (node->kind()) {
       case ir::NodeKind::kInput:
         p.input_regs.push_back(new_register(node->output()));
+        input_values.push_back(node->output());
         continue;
       case ir::NodeKind::kConstant:
         p.constants.push_back(node->constant());
@@ -308,6 +311,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
         MAGI_ASSERT(false, "unexpected node kind ", ir::node_kind_name(node->kind()));
     }
     p.instrs.push_back(std::move(instr));
+    instr_nodes.push_back(node);
   }
 
   // Liveness: the last instruction reading each register. Graph outputs live to the end.
@@ -373,6 +377,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     p.folding =
         mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
   }
+  plan_arena(p, instr_nodes, input_values);
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
                  " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
                  " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");

@@ -38,6 +38,7 @@ enum class InstrKind : uint8_t {
 struct Instr {
   InstrKind kind;
   std::optional<c10::OperatorHandle> op;            // kCall
+  std::optional<c10::OperatorHandle> out_op;        // kCall: its out= overload (memory arena)
   ir::SymOp sym = ir::SymOp::kAdd;                  // kSym
   ir::ValueKind list_kind = ir::ValueKind::kOther;  // kMakeList
   int64_t item_index = 0;                           // kGetItem
@@ -47,10 +48,77 @@ struct Instr {
   std::vector<uint8_t> move_in;  // kCall, kCallPiece: move the register in (its last use)
   std::vector<Ref> out;          // kUnused for outputs nobody reads
   std::vector<Ref> release_after;
-  std::string where;  // for error messages: "aten::mm (FX node mm, model.py:12)"
-  bool pure = false;  // same operands, same results, nothing else touched (may run once)
-  bool once = false;  // reads only constants: runs on the first call only (see Program)
+  std::string where;       // for error messages: "aten::mm (FX node mm, model.py:12)"
+  bool pure = false;       // same operands, same results, nothing else touched (may run once)
+  bool once = false;       // reads only constants: runs on the first call only (see Program)
+  bool may_alias = false;  // results may share memory with operands (set with an arena)
 };
+
+// The memory arena (memory_plan.h): registers a run places in one block, chosen at lowering
+// (plan_memory_arena in memory_arena.cpp); their offsets are laid out once per set of input
+// sizes and kept.
+struct ArenaValue {
+  Ref reg;
+  size_t first = 0, last = 0;  // the instruction writing it; the last reading it or a view of it
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<ir::SymExpr> sizes;  // contiguous
+  int32_t reuses = -1;  // an arena value dying at `first` whose memory a pointwise kernel takes
+};
+
+// A symbol the planned sizes use, read from an input's size (dim >= 0) or an integer input.
+struct ArenaSymbol {
+  size_t input = 0;
+  int64_t dim = -1;
+  std::string name;
+};
+
+// A tensor the arena does not hold (an attention output, a custom op's result): where its
+// memory is allocated and freed, which the layout needs to keep the run's peak (see
+// Arena::layout_for).
+struct ArenaOther {
+  size_t first = 0;
+  size_t last = kNeverFreed;  // the last step reading it or a view of it
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<ir::SymExpr> sizes;  // empty with `sized` false: counts whatever its size
+  bool sized = false;
+  static constexpr size_t kNeverFreed = std::numeric_limits<size_t>::max();
+};
+
+// The arena of one set of symbol values: blocks (segments), each holding some of the planned
+// values over the stretch of instructions they live in; a value in none is allocated as usual.
+struct ArenaLayoutForSizes {
+  std::vector<int64_t> key;      // the symbols' values
+  std::vector<int64_t> offsets;  // per ArenaValue; -1: allocated as usual
+  std::vector<int32_t> segment;  // per ArenaValue with an offset
+  std::vector<std::vector<int64_t>> sizes;
+  std::vector<int64_t> segment_bytes;
+  std::vector<size_t> segment_last;  // the last step reading a value of the segment
+  int64_t bytes = 0;                 // the largest segment
+  int64_t peak_live = 0;             // its most bytes live at once
+  int64_t run_peak = 0;              // estimated peak of the run's tensors, as without an arena
+};
+
+struct Arena {
+  std::vector<ArenaValue> values;
+  std::vector<ArenaOther> others;
+  std::vector<int32_t> value_of;  // per register: index into values, or -1
+  std::vector<ArenaSymbol> symbols;
+  size_t num_steps = 0;
+  c10::Device device{c10::DeviceType::CPU};
+  mutable std::mutex mutex;
+  mutable std::vector<std::shared_ptr<const ArenaLayoutForSizes>> layouts;  // newest last
+  mutable std::atomic<int64_t> last_bytes{0}, last_peak_live{0};
+  mutable std::atomic<size_t> placed_calls{0};
+  mutable std::atomic<size_t> unplanned_copies{0};  // results copied off the arena (executor.cpp)
+
+  /// The layout for the sizes of `inputs` (laid out on first sight; the last 8 are kept).
+  std::shared_ptr<const ArenaLayoutForSizes> layout_for(
+      const std::vector<c10::IValue>& inputs) const;
+};
+
+/// A tensor of `sizes` (contiguous) and `dtype` on the arena's storage at `offset` bytes.
+at::Tensor arena_tensor(const at::Tensor& arena, int64_t offset, c10::ScalarType dtype,
+                        c10::IntArrayRef sizes);
 
 struct Executable::Program {
   std::vector<Instr> instrs;
@@ -83,6 +151,7 @@ struct Executable::Program {
   bool writes_inputs = false;              // some operator writes an input in place
   std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
   PaddingPlan padding;                     // plan_padding() of the graph
+  std::unique_ptr<Arena> arena;            // null: no value is planned (or MAGI_MEMORY_ARENA=0)
 };
 
 // Folded values kept per executable at most; past it every call recomputes them.

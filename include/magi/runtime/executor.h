@@ -108,12 +108,27 @@ class Executable {
   bool calls_custom_ops() const;
   /// Whether (and how) calls may be padded along a dynamic batch dim: decided at lowering.
   const PaddingPlan& padding() const;
+  /// The memory arena (memory_plan.h): intermediates a run places in one block, this graph's
+  /// and its pieces' (each piece call has its own arena); what the last run laid out.
+  struct ArenaStats {
+    size_t planned_values = 0;   ///< values chosen at lowering
+    size_t runs = 0;             ///< runs that allocated an arena
+    int64_t last_bytes = 0;      ///< the last run's arena size (the largest, with pieces)
+    int64_t last_peak_live = 0;  ///< the most bytes of planned values live at once in it
+    /// Results an operator returned on arena memory the plan did not give it (an alias its
+    /// schema does not declare), copied off so that later values cannot overwrite them.
+    size_t unplanned_copies = 0;
+  };
+  ArenaStats arena_stats() const;
 
  private:
   struct Program;
   /// After the first call: keeps the results of the instructions that read only constants.
   static void keep_folded_values(Program& p, std::vector<std::pair<int32_t, c10::IValue>> values);
   static void analyse_input_uses(Program& p, const ExecutorOptions& options);
+  /// Chooses the values a run places in its memory arena (memory_arena.cpp).
+  static void plan_arena(Program& p, const std::vector<const ir::Node*>& nodes,
+                         const std::vector<const ir::Value*>& inputs);
   std::unique_ptr<Program> program_;
 };
 

@@ -50,6 +50,16 @@ class FusedKernel {
   /// moves in may have an output written over it (pointwise kernels); one the caller still
   /// holds (a copied vector) never does.
   std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) const;
+  /// The same, writing output k into `presets[k]` where that is defined, contiguous and of
+  /// the output's dtype, device and sizes (the memory arena's place for it); other outputs
+  /// are allocated as usual, and so are all of them when the group runs through ATen.
+  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs,
+                              std::vector<at::Tensor> presets) const;
+  /// Whether an output the size and dtype of input `i` may be written over it: a pointwise
+  /// kernel reads each element of the input at the index it writes, and nothing else of it.
+  bool can_write_over_input(size_t i) const;
+  /// Whether some output is laid out otherwise than contiguous (as traced).
+  bool has_strided_outputs() const { return strided_outputs_; }
 
   const codegen::KernelSpec& spec() const { return spec_; }
   /// The device the captured graph ran this group on.
@@ -85,7 +95,8 @@ class FusedKernel {
   /// pointwise kernel whose index space can be relabelled to that layout's dim order writes
   /// its outputs in it (returned permuted back, so with those strides).
   std::vector<at::Tensor> run_kernel(const std::vector<at::Tensor>& inputs,
-                                     c10::IntArrayRef first_output_strides) const;
+                                     c10::IntArrayRef first_output_strides,
+                                     std::vector<at::Tensor> presets = {}) const;
 
   /// One view between where an input is read and the index space (see input_view_chains).
   struct ViewStep {
