@@ -475,6 +475,7 @@ struct CudaGraphRunner::Impl {
       at::cuda::clearCublasWorkspaces();
       e.graph->capture_begin(graph_pool);
       try {
+        ArenaOffScope no_arena;
         e.static_outputs = exe.run(e.static_inputs);
         e.copies.assign(e.static_outputs.size(), OutputCopy{});
         for (size_t j = 0; j < e.static_outputs.size() && j < first.buffers.size(); ++j) {

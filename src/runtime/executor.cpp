@@ -348,7 +348,7 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
   // The memory arena: a segment's block is allocated when the first of its values is written
   // and dropped by the run after the last step reading one (views keep it until they die).
   std::shared_ptr<const ArenaLayoutForSizes> layout;
-  if (p.arena) {
+  if (p.arena && !ArenaOffScope::active()) {
     layout = p.arena->layout_for(inputs);
     if (layout->bytes == 0) layout.reset();
   }

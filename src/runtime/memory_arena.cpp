@@ -79,6 +79,14 @@ bool may_alias_inputs(const Instr& instr, const std::vector<std::unique_ptr<Exec
 
 }  // namespace
 
+namespace {
+thread_local bool arena_off = false;
+}  // namespace
+
+ArenaOffScope::ArenaOffScope() : previous_(arena_off) { arena_off = true; }
+ArenaOffScope::~ArenaOffScope() { arena_off = previous_; }
+bool ArenaOffScope::active() { return arena_off; }
+
 at::Tensor arena_tensor(const at::Tensor& arena, int64_t offset, c10::ScalarType dtype,
                         c10::IntArrayRef sizes) {
   const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));

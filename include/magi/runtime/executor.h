@@ -44,6 +44,20 @@ struct ExecutorOptions {
   std::optional<OffloadOptions> offload;
 };
 
+/// While one lives, runs on this thread use no memory arena (CUDA graph captures: a replay
+/// makes no allocator calls, and the graph's pool is laid out by the allocator as before).
+class ArenaOffScope {
+ public:
+  ArenaOffScope();
+  ~ArenaOffScope();
+  ArenaOffScope(const ArenaOffScope&) = delete;
+  ArenaOffScope& operator=(const ArenaOffScope&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 class Executable {
  public:
   /// Lowers `graph` (which must verify). The graph is not kept.
