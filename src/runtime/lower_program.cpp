@@ -138,7 +138,7 @@ void Executable::analyse_input_uses(Program& p, const ExecutorOptions& options) 
     switch (instr.kind) {
       case InstrKind::kCall: {
         const c10::FunctionSchema& schema = instr.op->schema();
-        for (const auto& ret : schema.returns()) aliasing |= ret.alias_info() != nullptr;
+        aliasing = returns_may_alias(schema);
         const auto& args = schema.arguments();
         for (size_t j = 0; j < instr.in.size() && j < args.size(); ++j) {
           const auto* alias = args[j].alias_info();

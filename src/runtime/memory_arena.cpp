@@ -27,6 +27,7 @@ namespace magi::runtime {
 namespace {
 
 constexpr size_t kMaxLayouts = 8;
+constexpr size_t kMaxLaidOut = 64;
 
 // Read at each lowering (not once per process), so a compile can turn it off.
 bool arena_enabled() {
@@ -57,16 +58,11 @@ std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op) {
   return out;
 }
 
-// Whether the step's outputs may share memory with its tensor inputs: as the schema says, and
-// for _unsafe_view (AOTAutograd's reshape of a fresh result), a view its schema does not mark.
+// Whether the step's outputs may share memory with its tensor inputs.
 bool may_alias_inputs(const Instr& instr, const std::vector<std::unique_ptr<Executable>>& pieces) {
   switch (instr.kind) {
     case InstrKind::kCall:
-      if (instr.op->schema().name() == "aten::_unsafe_view") return true;
-      for (const auto& ret : instr.op->schema().returns()) {
-        if (ret.alias_info() != nullptr) return true;
-      }
-      return false;
+      return returns_may_alias(instr.op->schema());
     case InstrKind::kGetItem:
     case InstrKind::kMakeList:
       return true;
@@ -111,8 +107,23 @@ std::shared_ptr<const ArenaLayoutForSizes> Arena::layout_for(
   }
   std::lock_guard<std::mutex> lock(mutex);
   for (size_t i = layouts.size(); i-- > 0;) {
-    if (layouts[i]->key == key) return layouts[i];
+    if (layouts[i]->key != key) continue;
+    auto hit = layouts[i];  // most recently used last
+    layouts.erase(layouts.begin() + static_cast<std::ptrdiff_t>(i));
+    layouts.push_back(hit);
+    return hit;
   }
+  // Sizes that keep changing (a decode step's growing cache length) would lay out on every
+  // call: past kMaxLaidOut sizes, new ones run without the arena.
+  if (laid_out >= kMaxLaidOut) {
+    static const auto none = std::make_shared<const ArenaLayoutForSizes>();
+    if (laid_out++ == kMaxLaidOut) {
+      MAGI_LOG_DEBUG("memory arena: ", kMaxLaidOut,
+                     " sets of sizes laid out; later new ones run without the arena");
+    }
+    return none;
+  }
+  ++laid_out;
   auto layout = std::make_shared<ArenaLayoutForSizes>();
   layout->key = key;
   ir::SymbolBindings bindings;
@@ -227,8 +238,12 @@ std::shared_ptr<const ArenaLayoutForSizes> Arena::layout_for(
   };
   for (size_t u : by_first) {
     // The segment this unit grows least (best fit), among those it keeps within the budget.
+    // The last kSearched segments only: a value rarely fits an old one's stretch, and the
+    // layout of a graph of thousands of values stays quick.
+    constexpr size_t kSearched = 8;
     std::vector<std::pair<int64_t, size_t>> growth;
-    for (size_t k = 0; k < segments.size(); ++k) {
+    for (size_t k = segments.size() > kSearched ? segments.size() - kSearched : 0;
+         k < segments.size(); ++k) {
       std::vector<size_t> grown = segments[k].units;
       grown.push_back(u);
       growth.emplace_back(layout_of(grown, nullptr).bytes - segments[k].bytes, k);
@@ -316,8 +331,10 @@ void Executable::plan_arena(Program& p, const std::vector<const ir::Node*>& node
   for (size_t s = 0; s < p.instrs.size(); ++s) {
     Instr& instr = p.instrs[s];
     instr.may_alias = may_alias_inputs(instr, p.pieces);
+    // Custom operators are opaque (they may keep a reference), in a piece as well.
     const bool custom =
-        instr.kind == InstrKind::kCall && nodes[s]->kind() == ir::NodeKind::kCustomOp;
+        (instr.kind == InstrKind::kCall && nodes[s]->kind() == ir::NodeKind::kCustomOp) ||
+        (instr.kind == InstrKind::kCallPiece && p.pieces[instr.piece]->calls_custom_ops());
     std::vector<int32_t> read;
     for (Ref r : instr.in) {
       if (r < 0) continue;

@@ -54,6 +54,17 @@ struct Instr {
   bool may_alias = false;  // results may share memory with operands (set with an arena)
 };
 
+// Whether an operator's results may share memory with its operands: returns its schema marks
+// as aliases, aten::_unsafe_view (AOTAutograd's reshape of a fresh result, a view its schema
+// does not mark), and lists of tensors (broadcast_tensors and meshgrid return unmarked views).
+inline bool returns_may_alias(const c10::FunctionSchema& schema) {
+  if (schema.name() == "aten::_unsafe_view") return true;
+  for (const auto& ret : schema.returns()) {
+    if (ret.alias_info() != nullptr || ret.type()->kind() == c10::TypeKind::ListType) return true;
+  }
+  return false;
+}
+
 // The memory arena (memory_plan.h): registers a run places in one block, chosen at lowering
 // (plan_memory_arena in memory_arena.cpp); their offsets are laid out once per set of input
 // sizes and kept.
@@ -107,11 +118,13 @@ struct Arena {
   c10::Device device{c10::DeviceType::CPU};
   mutable std::mutex mutex;
   mutable std::vector<std::shared_ptr<const ArenaLayoutForSizes>> layouts;  // newest last
+  mutable size_t laid_out = 0;  // sets of sizes laid out so far (under the mutex)
   mutable std::atomic<int64_t> last_bytes{0}, last_peak_live{0};
   mutable std::atomic<size_t> placed_calls{0};
   mutable std::atomic<size_t> unplanned_copies{0};  // results copied off the arena (executor.cpp)
 
-  /// The layout for the sizes of `inputs` (laid out on first sight; the last 8 are kept).
+  /// The layout for the sizes of `inputs` (laid out on first sight; the 8 most recently used
+  /// are kept; after 64 sets of sizes, new ones get an empty layout).
   std::shared_ptr<const ArenaLayoutForSizes> layout_for(
       const std::vector<c10::IValue>& inputs) const;
 };

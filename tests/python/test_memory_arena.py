@@ -139,3 +139,23 @@ def test_training_step_matches_eager_with_the_arena(policy, assert_close_rel):
                 assert_close_rel(p.grad, q.grad, 1e-4)
     placed = [r.magi_executable.arena_stats["runs"] for r in runs]
     assert len(placed) == 2 and all(n >= 1 for n in placed), placed
+
+
+def _chain(x, w):
+    return torch.tanh(torch.sigmoid(x @ w * 2.0) @ w + 1.0) @ w
+
+
+def test_sizes_that_keep_changing_stop_being_laid_out(assert_close_rel):
+    """A decode-like run whose size changes on every call lays out 64 sets of sizes; later
+    new sizes run without the arena (and stay correct), known ones keep theirs."""
+    w = torch.randn(16, 16)
+    compiled = magi_compile(_chain, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        for rows in range(2, 72):
+            x = torch.randn(rows, 16)
+            assert_close_rel(compiled(x, w), _chain(x, w), RTOL)
+        exe = runs[0].magi_executable
+        assert exe.arena_stats["runs"] == 64
+        x = torch.randn(60, 16)  # laid out before, still cached: placed again
+        assert_close_rel(compiled(x, w), _chain(x, w), RTOL)
+        assert exe.arena_stats["runs"] == 65
