@@ -244,9 +244,9 @@ void bind_runtime(py::module_& m) {
             d["unplanned_copies"] = s.unplanned_copies;
             return d;
           },
-          "The memory arena: values chosen at lowering (pieces included), runs that allocated "
-          "one, the last run's arena size and most bytes live in it at once (the largest "
-          "piece's), and results copied off it because an operator aliased it undeclared.")
+          "The memory arena: values chosen at lowering (pieces included), runs whose layout "
+          "placed some value, the last run's largest block and the most bytes live in it at "
+          "once, and results copied off it because an operator aliased it undeclared.")
       .def_property_readonly("num_in_place_outputs", &runtime::Executable::num_in_place_outputs,
                              "Generated-kernel calls so far, pieces included, that wrote an "
                              "output over an input at its last use instead of a new buffer.")

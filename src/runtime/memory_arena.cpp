@@ -1,7 +1,8 @@
 // The memory arena of an executor run: which intermediates go into it (decided once, at
-// lowering), where each sits for a given set of input sizes (memory_plan.h), and the tensors
-// made on it. executor.cpp allocates the block when a run first writes a planned value and
-// hands out views of it; the block is freed when the last of them dies.
+// lowering), in which block and where each sits for a given set of input sizes
+// (plan_segments in memory_plan.h, within the run's peak), and the tensors made on it.
+// executor.cpp allocates a block when a run first writes one of its values and hands out
+// views of it; the block's memory is freed when the last of them dies.
 //
 // Planned: the contiguous outputs of generated kernels, and of the matmul family and cat,
 // which write into the arena through their out= overloads. Not planned: a value any view or
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <numeric>
 #include <set>
 
 #include "magi/common/log.h"
@@ -73,10 +73,8 @@ bool may_alias_inputs(const Instr& instr, const std::vector<std::unique_ptr<Exec
   }
 }
 
-}  // namespace
+thread_local bool arena_off = false;  // see ArenaOffScope
 
-namespace {
-thread_local bool arena_off = false;
 }  // namespace
 
 ArenaOffScope::ArenaOffScope() : previous_(arena_off) { arena_off = true; }
@@ -139,141 +137,30 @@ std::shared_ptr<const ArenaLayoutForSizes> Arena::layout_for(
     }
     return numel * static_cast<int64_t>(c10::elementSize(dtype));
   };
-  std::vector<int64_t> bytes(values.size());
+  std::vector<ArenaBlock> blocks(values.size());
   layout->sizes.resize(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
-    bytes[i] = bytes_of(values[i].dtype, values[i].sizes, &layout->sizes[i]);
+    const ArenaValue& v = values[i];
+    blocks[i] = {bytes_of(v.dtype, v.sizes, &layout->sizes[i]), v.first, v.last, v.reuses};
   }
-  // Segments, greedily in the order values are written. The budget is the run's peak as the
-  // allocator would see it: each tensor (planned or not) holding its bytes from the step that
-  // writes it to the last reading it or a view of it, a value written over a dying input
-  // sharing its bytes. A value (with those it takes over, as one unit) joins the open segment
-  // if the segment's new size, reserved over its new stretch, with everything else live
-  // there, stays within that peak; else it opens a segment of its own. A segment of one value
-  // would only cost what the allocator does: that value is left to the allocator.
-  constexpr int64_t kAlign = 256;
-  auto aligned = [](int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
-  struct Unit {
-    std::vector<size_t> members;
-    int64_t bytes;
-    size_t first, last;
-  };
-  std::vector<Unit> units;
-  std::vector<int32_t> unit_of(values.size(), -1);
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (bytes[i] <= 0) continue;
-    const int32_t r = values[i].reuses;
-    if (r >= 0 && unit_of[r] >= 0 && bytes[r] >= bytes[i] &&
-        units[unit_of[r]].last <= values[i].first) {
-      Unit& u = units[unit_of[r]];
-      u.members.push_back(i);
-      u.last = std::max(u.last, values[i].last);
-      unit_of[i] = unit_of[r];
-      continue;
-    }
-    unit_of[i] = static_cast<int32_t>(units.size());
-    units.push_back({{i}, aligned(bytes[i]), values[i].first, values[i].last});
-  }
-  const size_t steps = std::max<size_t>(num_steps, 1);
-  std::vector<int64_t> memory(steps, 0);
-  auto hold = [&](int64_t b, size_t first, size_t last) {
-    for (size_t t = first; t <= std::min(last, steps - 1); ++t) memory[t] += b;
-  };
-  for (const Unit& u : units) hold(u.bytes, u.first, u.last);
+  // The other tensors' bytes at each step (those of unknown size count nothing).
+  std::vector<int64_t> other_bytes(std::max<size_t>(num_steps, 1), 0);
   for (const ArenaOther& o : others) {
     const int64_t b = o.sized ? bytes_of(o.dtype, o.sizes, nullptr) : -1;
-    if (b > 0) hold(aligned(b), o.first, o.last);
+    for (size_t t = o.first; b > 0 && t <= std::min(o.last, other_bytes.size() - 1); ++t) {
+      other_bytes[t] += (b + 255) / 256 * 256;
+    }
   }
-  layout->run_peak = *std::max_element(memory.begin(), memory.end());
-
-  struct Segment {
-    std::vector<size_t> units;
-    int64_t bytes;
-    size_t first, last;
-  };
-  std::vector<Segment> segments;
-  auto layout_of = [&](const std::vector<size_t>& seg_units, std::vector<size_t>* order) {
-    std::vector<ArenaBlock> blocks;
-    std::vector<int32_t> index(values.size(), -1);
-    for (size_t u : seg_units) {
-      for (size_t i : units[u].members) {
-        ArenaBlock block{bytes[i], values[i].first, values[i].last, -1};
-        if (values[i].reuses >= 0 && index[values[i].reuses] >= 0) {
-          block.reuses = index[values[i].reuses];
-        }
-        index[i] = static_cast<int32_t>(blocks.size());
-        blocks.push_back(block);
-        if (order != nullptr) order->push_back(i);
-      }
-    }
-    return plan_arena(blocks, kAlign);
-  };
-  std::vector<size_t> by_first(units.size());
-  std::iota(by_first.begin(), by_first.end(), 0);
-  std::stable_sort(by_first.begin(), by_first.end(),
-                   [&](size_t a, size_t b) { return units[a].first < units[b].first; });
-  // Whether segment `seg` grown by unit `u` to `grown` bytes keeps every step within the
-  // budget; if so the grown segment's reservation replaces both in `memory`.
-  auto try_grow = [&](Segment& seg, size_t u, int64_t grown) {
-    const Unit& unit = units[u];
-    const size_t first = std::min(seg.first, unit.first), last = std::max(seg.last, unit.last);
-    hold(-unit.bytes, unit.first, unit.last);
-    hold(-seg.bytes, seg.first, seg.last);
-    hold(grown, first, last);
-    bool fits = true;
-    for (size_t t = first; t <= std::min(last, steps - 1) && fits; ++t) {
-      fits = memory[t] <= layout->run_peak;
-    }
-    if (!fits) {
-      hold(-grown, first, last);
-      hold(seg.bytes, seg.first, seg.last);
-      hold(unit.bytes, unit.first, unit.last);
-      return false;
-    }
-    seg.units.push_back(u);
-    seg.bytes = grown;
-    seg.first = first;
-    seg.last = last;
-    return true;
-  };
-  for (size_t u : by_first) {
-    // The segment this unit grows least (best fit), among those it keeps within the budget.
-    // The last kSearched segments only: a value rarely fits an old one's stretch, and the
-    // layout of a graph of thousands of values stays quick.
-    constexpr size_t kSearched = 8;
-    std::vector<std::pair<int64_t, size_t>> growth;
-    for (size_t k = segments.size() > kSearched ? segments.size() - kSearched : 0;
-         k < segments.size(); ++k) {
-      std::vector<size_t> grown = segments[k].units;
-      grown.push_back(u);
-      growth.emplace_back(layout_of(grown, nullptr).bytes - segments[k].bytes, k);
-    }
-    std::stable_sort(growth.begin(), growth.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    bool placed = false;
-    for (const auto& [extra, k] : growth) {
-      if ((placed = try_grow(segments[k], u, segments[k].bytes + extra))) break;
-    }
-    if (!placed) segments.push_back({{u}, units[u].bytes, units[u].first, units[u].last});
-  }
-
-  layout->offsets.assign(values.size(), -1);
-  layout->segment.assign(values.size(), -1);
-  for (const Segment& seg : segments) {
-    if (seg.units.size() == 1 && units[seg.units[0]].members.size() == 1) continue;
-    std::vector<size_t> order;
-    const ArenaLayout planned = layout_of(seg.units, &order);
-    const int32_t index = static_cast<int32_t>(layout->segment_bytes.size());
-    for (size_t k = 0; k < order.size(); ++k) {
-      layout->offsets[order[k]] = planned.offsets[k];
-      layout->segment[order[k]] = index;
-    }
-    layout->segment_bytes.push_back(planned.bytes);
-    layout->segment_last.push_back(seg.last);
-    if (planned.bytes > layout->bytes) {
-      layout->bytes = planned.bytes;
-      layout->peak_live = planned.peak_live;
-    }
+  SegmentedLayout planned = plan_segments(blocks, other_bytes);
+  layout->offsets = std::move(planned.offsets);
+  layout->segment = std::move(planned.segment);
+  layout->segment_bytes = std::move(planned.segment_bytes);
+  layout->segment_last = std::move(planned.segment_last);
+  layout->run_peak = planned.budget;
+  for (size_t k = 0; k < layout->segment_bytes.size(); ++k) {
+    if (layout->segment_bytes[k] <= layout->bytes) continue;
+    layout->bytes = layout->segment_bytes[k];
+    layout->peak_live = planned.segment_peak_live[k];
   }
   size_t placed = 0;
   for (int64_t o : layout->offsets) placed += o >= 0;

@@ -1,5 +1,6 @@
-// The memory arena: best-fit layout of blocks by liveness, and an executor run that places
-// its matmul intermediates in one block while its outputs stay the caller's.
+// The memory arena: best-fit layout of blocks by liveness, their grouping into allocations
+// within the run's peak, and executor runs that place intermediates while outputs stay the
+// caller's.
 #include "magi/runtime/memory_plan.h"
 
 #include <ATen/ATen.h>
@@ -104,6 +105,77 @@ TEST(PlanArena, RandomSpansNeverCollide) {
 TEST(PlanArena, ABlockCannotTakeOverOneStillLive) {
   std::vector<ArenaBlock> blocks = {{1024, 0, 5}, {1024, 2, 6, /*reuses=*/0}};
   EXPECT_THROW(plan_arena(blocks), InternalError);
+}
+
+TEST(PlanSegments, SharesAnAllocationOnlyWhereThePeakHolds) {
+  // a, b, c: a chain of products, each live over two steps; the result (another tensor) from
+  // step 3 on. The peak is two products at once. A segment of a and b would hold both until
+  // step 2, beside c; a and c take turns in one, and b is left to the allocator.
+  std::vector<ArenaBlock> blocks = {{256, 0, 1}, {256, 1, 2}, {256, 2, 3}};
+  std::vector<int64_t> others = {0, 0, 0, 256};
+  SegmentedLayout layout = plan_segments(blocks, others);
+  EXPECT_EQ(layout.budget, 512);
+  EXPECT_EQ(layout.segment, (std::vector<int32_t>{0, -1, 0}));
+  EXPECT_EQ(layout.offsets, (std::vector<int64_t>{0, -1, 0}));
+  EXPECT_EQ(layout.segment_bytes, (std::vector<int64_t>{256}));
+  EXPECT_EQ(layout.segment_last, (std::vector<size_t>{3}));
+}
+
+TEST(PlanSegments, AUnitWrittenOverItsInputStaysTogether) {
+  // gate and up die at the product, written over gate; a small block follows. gate and the
+  // product share one place; up with them would hold a second wide block beside the small
+  // one, above the peak, so up and the small block take turns in a segment of their own.
+  std::vector<ArenaBlock> blocks = {{4096, 0, 2}, {4096, 1, 2}, {4096, 2, 4, /*reuses=*/0},
+                                    {512, 3, 4}};
+  SegmentedLayout layout = plan_segments(blocks, std::vector<int64_t>(5, 0));
+  EXPECT_EQ(layout.budget, 8192);
+  EXPECT_EQ(layout.segment, (std::vector<int32_t>{0, 1, 0, 1}));
+  EXPECT_EQ(layout.offsets, (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(layout.segment_bytes, (std::vector<int64_t>{4096, 4096}));
+}
+
+TEST(PlanSegments, RandomRunsNeverExceedTheBudget) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t steps = 5 + rng() % 40;
+    std::vector<ArenaBlock> blocks;
+    const int n = 1 + static_cast<int>(rng() % 30);
+    for (int i = 0; i < n; ++i) {
+      const size_t first = rng() % steps;
+      const size_t last = std::min(steps - 1, first + rng() % 8);
+      blocks.push_back({256 * static_cast<int64_t>(1 + rng() % 16), first, last});
+    }
+    std::vector<int64_t> others(steps);
+    for (int64_t& o : others) o = 256 * static_cast<int64_t>(rng() % 8);
+    SegmentedLayout layout = plan_segments(blocks, others);
+    // At every step: the segments reserved, the blocks left out and the other tensors.
+    std::vector<int64_t> memory = others;
+    std::vector<size_t> seg_first(layout.segment_bytes.size(), steps);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const int32_t seg = layout.segment[i];
+      if (seg < 0) {
+        for (size_t t = blocks[i].first; t <= blocks[i].last; ++t) memory[t] += blocks[i].bytes;
+      } else {
+        seg_first[seg] = std::min(seg_first[seg], blocks[i].first);
+      }
+    }
+    for (size_t k = 0; k < seg_first.size(); ++k) {
+      for (size_t t = seg_first[k]; t <= layout.segment_last[k]; ++t) {
+        memory[t] += layout.segment_bytes[k];
+      }
+    }
+    for (size_t t = 0; t < steps; ++t) ASSERT_LE(memory[t], layout.budget) << "step " << t;
+    // Within a segment, blocks live at once never share a byte.
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (layout.segment[i] < 0 || layout.segment[i] != layout.segment[j]) continue;
+        const bool in_time = blocks[i].first <= blocks[j].last && blocks[j].first <= blocks[i].last;
+        const bool in_memory = layout.offsets[i] < layout.offsets[j] + blocks[j].bytes &&
+                               layout.offsets[j] < layout.offsets[i] + blocks[i].bytes;
+        ASSERT_FALSE(in_time && in_memory) << "blocks " << j << " and " << i;
+      }
+    }
+  }
 }
 
 ir::TensorType dense(std::vector<ir::SymExpr> sizes) {

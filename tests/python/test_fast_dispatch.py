@@ -575,6 +575,18 @@ def test_fast_dispatch_guards_must_be_a_known_mode():
     )
 
 
+def assert_direct_path_stays_in_python(model, eager, assert_close_rel) -> torch.Tensor:
+    """After the warm-up, the learned direct path has no C++ call, and the next call still
+    goes direct (through Python), matching eager. Returns that call's input."""
+    warm_up(model, eager, assert_close_rel)
+    (path,) = model._magi_compiled._direct.get(model).paths
+    assert path.native is None
+    x = inputs(3)
+    assert_close_rel(model(x), eager(x), RTOL)
+    assert direct_calls() == 2
+    return x
+
+
 def test_dumps_keep_direct_calls_in_python(assert_close_rel, tmp_path, monkeypatch):
     """Dumps wrap a graph's run to count its first calls (reports rewritten until the fourth):
     a C++ direct call would bypass that, so with dumps on direct calls stay in Python."""
@@ -584,12 +596,7 @@ def test_dumps_keep_direct_calls_in_python(assert_close_rel, tmp_path, monkeypat
     monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
     model, eager = compiled_with_eager(Tiny())
     with torch.no_grad():
-        warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native is None
-        x = inputs(3)
-        assert_close_rel(model(x), eager(x), RTOL)
-        assert direct_calls() == 2
+        assert_direct_path_stays_in_python(model, eager, assert_close_rel)
 
 
 def test_arguments_mode_fingerprints_the_parameters_too(assert_close_rel):
@@ -624,11 +631,6 @@ def test_keyword_only_parameters_keep_direct_calls_in_python(assert_close_rel):
 
     model, eager = compiled_with_eager(Scaled())
     with torch.no_grad():
-        warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native is None
-        x = inputs(3)
-        assert_close_rel(model(x), eager(x), RTOL)
-        assert direct_calls() == 2
+        x = assert_direct_path_stays_in_python(model, eager, assert_close_rel)
         with pytest.raises(TypeError):
             model(x, 3.0)  # scale is keyword-only, as in eager

@@ -122,13 +122,13 @@ class Executable {
   bool calls_custom_ops() const;
   /// Whether (and how) calls may be padded along a dynamic batch dim: decided at lowering.
   const PaddingPlan& padding() const;
-  /// The memory arena (memory_plan.h): intermediates a run places in one block, this graph's
-  /// and its pieces' (each piece call has its own arena); what the last run laid out.
+  /// The memory arena (memory_plan.h): intermediates a run places in shared blocks, this
+  /// graph's and its pieces' (each piece call has its own); what the last run laid out.
   struct ArenaStats {
     size_t planned_values = 0;   ///< values chosen at lowering
-    size_t runs = 0;             ///< runs that allocated an arena
-    int64_t last_bytes = 0;      ///< the last run's arena size (the largest, with pieces)
-    int64_t last_peak_live = 0;  ///< the most bytes of planned values live at once in it
+    size_t runs = 0;             ///< runs whose layout placed some value
+    int64_t last_bytes = 0;      ///< the last run's largest block (pieces included)
+    int64_t last_peak_live = 0;  ///< the most bytes of values live at once in that block
     /// Results an operator returned on arena memory the plan did not give it (an alias its
     /// schema does not declare), copied off so that later values cannot overwrite them.
     size_t unplanned_copies = 0;
