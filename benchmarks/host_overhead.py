@@ -9,7 +9,10 @@ process, on the same weights and inputs. Model (``examples/blocks.py`` ``LlamaSt
 4 layers, hidden 2048, 16 query / 8 key-value heads, intermediate 8192, bfloat16.
 
 Method, per variant, after a first call (timed: it includes capture and compilation), an
-output check against eager and warm-up calls:
+output check against eager and warm-up calls. The timed calls take ``--inputs`` distinct
+input tensors of equal values in turn (default 4), as a serving loop passes a new tensor each
+step; ``--inputs 1`` passes the same tensor every call, which a runner that remembers its last
+input's address can exploit:
 
 1. **Host time per call** (``perf_counter``): the device is synchronised *before* each call,
    outside the timed region, then the call alone is timed on the host clock. The GPU is idle
@@ -158,9 +161,10 @@ def build(variant: str, eager: nn.Module) -> Callable[[torch.Tensor], torch.Tens
     return step
 
 
-def host_times(fn: Callable, x: torch.Tensor, iters: int) -> list[float]:
+def host_times(fn: Callable, xs: list[torch.Tensor], iters: int) -> list[float]:
     times = []
-    for _ in range(iters):
+    for i in range(iters):
+        x = xs[i % len(xs)]
         sync(x.device)
         t0 = time.perf_counter()
         fn(x)
@@ -168,49 +172,54 @@ def host_times(fn: Callable, x: torch.Tensor, iters: int) -> list[float]:
     return times
 
 
-def busy_host_times(fn: Callable, x: torch.Tensor, iters: int) -> list[float]:
+def busy_host_times(fn: Callable, xs: list[torch.Tensor], iters: int) -> list[float]:
     """Host microseconds per call with a sleep kernel queued ahead (method 3)."""
     times: list[float] = []
     cycles = 100_000_000  # about 50 ms at Hopper's clocks: far longer than a burst's host time
     while len(times) < iters:
-        torch.cuda.synchronize(x.device)
+        torch.cuda.synchronize(xs[0].device)
         torch.cuda._sleep(cycles)
-        for _ in range(BUSY_BURST):
+        for i in range(BUSY_BURST):
+            x = xs[(len(times) + i) % len(xs)]
             t0 = time.perf_counter()
             fn(x)
             times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize(x.device)
+    torch.cuda.synchronize(xs[0].device)
     return times
 
 
-def device_times(fn: Callable, x: torch.Tensor, iters: int) -> list[float]:
+def device_times(fn: Callable, xs: list[torch.Tensor], iters: int) -> list[float]:
     times = []
-    for _ in range(iters):
+    for i in range(iters):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(x.device)
+        torch.cuda.synchronize(xs[0].device)
         start.record()
-        fn(x)
+        fn(xs[i % len(xs)])
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return times
 
 
-def back_to_back(fn: Callable, x: torch.Tensor, iters: int, repeats: int = 5) -> float:
+def back_to_back(fn: Callable, xs: list[torch.Tensor], iters: int, repeats: int = 5) -> float:
     per_call = []
     for _ in range(repeats):
-        sync(x.device)
+        sync(xs[0].device)
         t0 = time.perf_counter()
-        for _ in range(iters):
-            fn(x)
-        sync(x.device)
+        for i in range(iters):
+            fn(xs[i % len(xs)])
+        sync(xs[0].device)
         per_call.append((time.perf_counter() - t0) * 1e6 / iters)
     return statistics.median(per_call)
 
 
-def measure(variant: str, eager: nn.Module, x: torch.Tensor, iters: int, warmup: int) -> Result:
+def measure(
+    variant: str, eager: nn.Module, xs: list[torch.Tensor], iters: int, warmup: int
+) -> Result:
+    """``xs``: the input tensors the timed calls take in turn (equal values)."""
     result = Result(variant, LABELS[variant])
+    x = xs[0]
     try:
         fn = build(variant, eager)
         sync(x.device)
@@ -222,18 +231,18 @@ def measure(variant: str, eager: nn.Module, x: torch.Tensor, iters: int, warmup:
         err = (out.float() - expected.float()).abs().max() / expected.float().abs().max()
         result.max_rel_err = err.item()
         del out, expected
-        for _ in range(warmup):
-            fn(x)
+        for i in range(warmup):
+            fn(xs[i % len(xs)])
         direct_before = _direct_calls()
-        host = host_times(fn, x, iters)
+        host = host_times(fn, xs, iters)
         if variant.startswith("magi"):
             result.direct_calls = _direct_calls() - direct_before
         result.host_us_median = statistics.median(host)
         result.host_us_p90 = percentile(host, 0.9)
         if x.device.type == "cuda":
-            result.host_us_busy = statistics.median(busy_host_times(fn, x, iters))
-            result.device_us_median = statistics.median(device_times(fn, x, iters))
-        result.back_to_back_us = back_to_back(fn, x, iters)
+            result.host_us_busy = statistics.median(busy_host_times(fn, xs, iters))
+            result.device_us_median = statistics.median(device_times(fn, xs, iters))
+        result.back_to_back_us = back_to_back(fn, xs, iters)
     except Exception as e:  # noqa: BLE001 - a failing variant is reported, not fatal
         result.error = (
             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -252,7 +261,7 @@ def timer_overhead_us(iters: int) -> float:
     def nothing(x):
         return x
 
-    return statistics.median(host_times(nothing, torch.empty(0), iters))
+    return statistics.median(host_times(nothing, [torch.empty(0)], iters))
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -287,7 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=None, help="calls per measurement")
     parser.add_argument("--variants", default=None, help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--inputs",
+        type=int,
+        default=4,
+        help="distinct input tensors (equal values) the timed calls take in turn; 1 passes the "
+        "same tensor every call",
+    )
     args = parser.parse_args(argv)
+    if args.inputs < 1:
+        parser.error("--inputs must be at least 1")
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -309,19 +327,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     eager = init_weights_(LlamaStack(**shape), seed=0).to(device=device, dtype=dtype).eval()
     x = torch.randn(BATCH, TOKENS, shape["hidden"], device=device, dtype=dtype)
+    xs = [x] + [x.clone() for _ in range(args.inputs - 1)]
     device_name = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else platform.processor() or "cpu"
     )
     print(f"torch {torch.__version__}, {device_name}, {dtype}, batch {BATCH} x {TOKENS} tokens")
-    print(f"model: LlamaStack {shape}; {iters} calls per measurement")
+    print(
+        f"model: LlamaStack {shape}; {iters} calls per measurement, taking {args.inputs} "
+        "input tensors in turn"
+    )
 
     results = []
     with torch.no_grad():
         timer_us = timer_overhead_us(iters)
         for variant in variants:
-            results.append(measure(variant, eager, x, iters, warmup))
+            results.append(measure(variant, eager, xs, iters, warmup))
     print_table(results, timer_us)
 
     if args.out is not None:
@@ -338,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": BATCH,
             "tokens": TOKENS,
             "iters": iters,
+            "inputs": args.inputs,
             "timer_overhead_us": timer_us,
             "results": [asdict(r) for r in results],
         }

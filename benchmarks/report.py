@@ -535,7 +535,13 @@ def extra_section(doc: dict, source: str) -> str:
             *([doc["note"], ""] if doc.get("note") else []),
             f"{m['class']} ({m['n_layers']} layers, hidden {m['hidden']}, {m['n_heads']}/"
             f"{m['n_kv_heads']} heads, intermediate {m['intermediate']}) at batch {doc['batch']} x "
-            f"{doc['tokens']} tokens, {doc['iters']} calls per measurement. *Host* is the wall time "
+            f"{doc['tokens']} tokens, {doc['iters']} calls per measurement"
+            + (
+                f", taking {doc['inputs']} input tensors in turn"
+                if doc.get("inputs") is not None
+                else ", on one input tensor"
+            )
+            + ". *Host* is the wall time "
             "of the Python call (the GPU kept from being the bottleneck), *host, GPU busy* the same "
             "with the calls queued behind a sleep kernel instead of a synchronise before each (when "
             "measured), *device* the CUDA-event time of one call, *back-to-back* the mean time of "

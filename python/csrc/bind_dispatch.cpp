@@ -231,16 +231,20 @@ class DirectCall {
 
     // Dynamo's guards of the cache entry the learning call ran, on the frame's locals; with
     // memoize, once per fingerprint of the arguments, the parameters and the process state.
-    std::vector<int64_t> key;
+    // The fingerprint is built in a buffer kept across calls, and compared with the last
+    // verified one before the set (a loop calls with one layout).
+    std::vector<int64_t>& key = key_buffer_;
+    key.clear();
     bool have_key = false;
     if (memoize_) {
       have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
       for (PyObject* obj : fixed) append_tensor(THPVariable_Unpack(obj), Py_TYPE(obj), &key);
     }
-    if (!have_key || verified_.count(key) == 0) {
+    if (!have_key || (key != last_verified_ && verified_.count(key) == 0)) {
       if (!guards_pass(argv, n)) return py::none();
-      if (have_key && verified_.size() < kMaxVerified) verified_.insert(std::move(key));
+      if (have_key && verified_.size() < kMaxVerified) verified_.insert(key);
     }
+    if (have_key && key != last_verified_) last_verified_ = key;
 
     std::vector<c10::IValue> outputs;
     {
@@ -296,6 +300,8 @@ class DirectCall {
   bool method_ = false;
   bool memoize_ = false;
   std::set<std::vector<int64_t>> verified_;  // fingerprints Dynamo's guards passed
+  std::vector<int64_t> last_verified_;       // the last call's, when it passed
+  std::vector<int64_t> key_buffer_;
   size_t guard_checks_ = 0;
 };
 

@@ -306,7 +306,13 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_direct_launches", &runtime::CudaGraphRunner::num_direct_launches)
       .def_property_readonly("num_fresh_output_buffers",
                              &runtime::CudaGraphRunner::num_fresh_output_buffers)
+      .def_property_readonly(
+          "num_input_retargets", &runtime::CudaGraphRunner::num_input_retargets,
+          "Times an input copy node was pointed at another tensor (per input and replay).")
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
+      .def("set_input_copy_nodes", &runtime::CudaGraphRunner::set_input_copy_nodes, py::arg("on"),
+           "Diagnostics: False copies inputs on the stream before each launch instead of "
+           "through the graphs' copy nodes (default True).")
       .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
            "Diagnostics: time the host stages of each replaying call (see stage_times).")
       .def("stage_times", &runtime::CudaGraphRunner::stage_times,

@@ -346,17 +346,31 @@ class PathTable:
     def __init__(self) -> None:
         self._by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._unowned: OwnerPaths | None = None
+        # The owner last looked up and its paths: a call of the same module again finds them
+        # without the dictionary's lookup. The weak reference's callback drops the pair when
+        # the owner dies, so it keeps nothing of a freed module alive.
+        self._last: tuple[weakref.ref, OwnerPaths] | None = None
 
     def get(self, owner: Any) -> OwnerPaths | None:
         if owner is None:
             return self._unowned
+        last = self._last
+        if last is not None and last[0]() is owner:
+            return last[1]
         try:
-            return self._by_owner.get(owner)
+            paths = self._by_owner.get(owner)
+            if paths is not None:
+                self._last = (weakref.ref(owner, self._forget), paths)
+            return paths
         except TypeError:  # not weakly referenceable (or not hashable)
             return None
 
+    def _forget(self, _ref: weakref.ref) -> None:
+        self._last = None
+
     def fresh(self, owner: Any) -> OwnerPaths | None:
         """A new, empty OwnerPaths for ``owner`` (None when it cannot have one)."""
+        self._last = None
         paths = OwnerPaths()
         if owner is None:
             self._unowned = paths

@@ -170,7 +170,6 @@ class _CompiledCallable:
             return self.fn(*args, **kwargs)
 
         owner = args[0] if self.is_method else None
-        training = bool(getattr(owner, "training", False))
         paths = self._direct.get(owner)
         if paths is not None and paths.valid():
             for path in paths.paths:
@@ -185,9 +184,11 @@ class _CompiledCallable:
                     values, inputs, frame = path.gather(*args, **kwargs)
                 except Exception:  # noqa: BLE001 - arguments of another structure: not this path
                     continue
+                training = bool(getattr(owner, "training", False))
                 if path.signature.matches(values, training) and path.guards.check(frame):
                     _counters.count_direct_call()
                     return path.rebuild(path.run(inputs))
+        training = bool(getattr(owner, "training", False))
         values, dims = self._flat_inputs(args, kwargs)
         for sig in self.signatures:
             if sig.matches(values, training):

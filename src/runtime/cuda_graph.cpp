@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "magi/common/error.h"
 #include "magi/common/log.h"
@@ -165,6 +167,21 @@ struct CudaGraphRunner::Impl {
     OwnedExec owned;                    // null: the CUDAGraph's own executable
     std::vector<at::Tensor> buffers;    // per output; undefined where copied after the launch
     std::vector<cudaStream_t> streams;  // streams the buffers have been used on
+    // Per input, what this executable's input copy node reads now (see InputCopy): set before
+    // a launch only when the call's tensor is another one than the last launch's.
+    std::vector<std::pair<const void*, size_t>> sources;
+  };
+  // Slot::sources before the first launch (the capture's tensor), and of a node set idle.
+  static constexpr std::pair<const void*, size_t> kCaptured{nullptr, SIZE_MAX};
+  static constexpr std::pair<const void*, size_t> kIdle{nullptr, 0};
+
+  // Input i's copy node at the start of the graph: it copies the caller's tensor into the
+  // graph's static buffer, so that a replay is one launch and no cudaMemcpyAsync of its own.
+  // Each launch points it at the call's tensor first (cudaGraphExecMemcpyNodeSetParams1D,
+  // which leaves launches already queued as they were).
+  struct InputCopy {
+    cudaGraphNode_t node = nullptr;      // null: copied on the stream before the launch
+    const void* captured_src = nullptr;  // what the node read at capture (to find it)
   };
 
   // Output j's copy node inside the graph (null: copied after the launch, as copy_out does).
@@ -190,7 +207,9 @@ struct CudaGraphRunner::Impl {
     // (the memory is then free in the pool, for other captures to use).
     std::vector<c10::IValue> static_outputs;
     std::vector<OutputCopy> copies;
-    std::vector<Slot> slots;  // two when a second executable could be made, else one
+    std::vector<InputCopy> input_copies;  // per input
+    at::Tensor scratch;                   // a few bytes an unused input copy node writes (idle())
+    std::vector<Slot> slots;              // two when a second executable could be made, else one
     size_t last_slot = 0;
     std::optional<cudaStream_t> last_stream;          // the stream of the last replay
     std::unique_ptr<CUevent_st, EventDeleter> order;  // orders replays across streams
@@ -203,6 +222,7 @@ struct CudaGraphRunner::Impl {
     void drop_graph() {
       slots.clear();  // before the graph: its executables came from the graph
       copies.clear();
+      input_copies.clear();
       static_outputs.clear();
       graph.reset();
     }
@@ -222,7 +242,13 @@ struct CudaGraphRunner::Impl {
   const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
   std::map<Signature, Entry> entries;
   size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
-  size_t fresh_buffers = 0;  // output buffers allocated because the caller held both sets
+  size_t fresh_buffers = 0;     // output buffers allocated because the caller held both sets
+  size_t input_retargets = 0;   // input copy nodes pointed at another tensor
+  bool use_input_nodes = true;  // false: inputs copied on the stream (set_input_copy_nodes)
+  // The entry of the last unpadded replay found through the map, and its signature (entries
+  // are never erased, so both stay valid): run() tries it before building a signature.
+  const Signature* last_key = nullptr;
+  Entry* last_entry = nullptr;
   bool warned_full = false;
   StageClock clock;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
@@ -352,28 +378,42 @@ struct CudaGraphRunner::Impl {
            a.sizes() == b.sizes() && a.strides() == b.strides();
   }
 
-  // Finds the copy node of each output the graph copies (by its destination, a buffer of the
-  // first slot). False when one is missing: the graph is then captured again without copies.
+  // Finds the copy node of each input and output the graph copies: an output's by its
+  // destination (a buffer of the first slot), an input's by its destination (the static
+  // buffer) and source (the capture's tensor). False when one is missing: the graph is then
+  // captured again without copy nodes.
   static bool find_copy_nodes(Entry& e) {
     cudaGraph_t graph = e.graph->raw_cuda_graph();
     size_t n = 0;
     C10_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
     std::vector<cudaGraphNode_t> nodes(n);
     C10_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-    std::map<const void*, cudaGraphNode_t> by_destination;
+    std::multimap<const void*, std::pair<const void*, cudaGraphNode_t>> by_destination;
     for (cudaGraphNode_t node : nodes) {
       cudaGraphNodeType type;
       C10_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
       if (type != cudaGraphNodeTypeMemcpy) continue;
       cudaMemcpy3DParms params{};
       C10_CUDA_CHECK(cudaGraphMemcpyNodeGetParams(node, &params));
-      by_destination[params.dstPtr.ptr] = node;
+      by_destination.emplace(params.dstPtr.ptr, std::make_pair(params.srcPtr.ptr, node));
     }
+    auto find = [&](const void* dst, const void* src) -> cudaGraphNode_t {
+      auto [first, last] = by_destination.equal_range(dst);
+      for (auto it = first; it != last; ++it) {
+        if (src == nullptr || it->second.first == src) return it->second.second;
+      }
+      return nullptr;
+    };
     for (size_t j = 0; j < e.copies.size(); ++j) {
       if (e.copies[j].bytes == 0) continue;
-      auto it = by_destination.find(e.slots[0].buffers[j].data_ptr());
-      if (it == by_destination.end()) return false;
-      e.copies[j].node = it->second;
+      e.copies[j].node = find(e.slots[0].buffers[j].data_ptr(), nullptr);
+      if (e.copies[j].node == nullptr) return false;
+    }
+    for (size_t i = 0; i < e.input_copies.size(); ++i) {
+      InputCopy& c = e.input_copies[i];
+      if (c.captured_src == nullptr) continue;
+      c.node = find(e.static_inputs[i].toTensor().data_ptr(), c.captured_src);
+      if (c.node == nullptr) return false;
     }
     return true;
   }
@@ -417,10 +457,11 @@ struct CudaGraphRunner::Impl {
   }
 
   // `graph_inputs`: the call's inputs at the graph's size (padded when `pad.rows` > 0). With
-  // `copy_outputs`, the graph ends by copying its outputs into the buffers of a slot.
+  // `copy_nodes`, the graph starts by copying its dense inputs into their static buffers and
+  // ends by copying its outputs into the buffers of a slot.
   std::vector<c10::IValue> capture(Entry& e, const std::vector<c10::IValue>& graph_inputs,
                                    std::vector<c10::IValue> inputs, const Padding& pad,
-                                   bool copy_outputs = true) {
+                                   bool copy_nodes = true) {
     const size_t n = graph_inputs.size();
     e.in_place.assign(n, false);
     e.static_inputs.clear();
@@ -449,7 +490,7 @@ struct CudaGraphRunner::Impl {
     // warm-up's outputs: the outputs the caller gets must never share memory with the pool,
     // where another graph's replay could write.
     Slot first;
-    if (copy_outputs) {
+    if (copy_nodes) {
       for (const auto& w : e.warmup_outputs) {
         first.buffers.push_back(
             w.defined() ? at::empty_strided(w.sizes(), w.strides(), w.options().device(device))
@@ -461,6 +502,7 @@ struct CudaGraphRunner::Impl {
     e.graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
     e.draws_no_rng = !exe.draws_random_numbers();
     e.copies.clear();
+    e.input_copies.assign(n, InputCopy{});
     {
       std::lock_guard<std::recursive_mutex> capturing(capture_mutex());
       const c10::cuda::CUDAStream side = capture_stream(device.index());
@@ -476,6 +518,14 @@ struct CudaGraphRunner::Impl {
       e.graph->capture_begin(graph_pool);
       try {
         ArenaOffScope no_arena;
+        for (size_t i = 0; i < n && copy_nodes; ++i) {
+          if (e.in_place[i] || !graph_inputs[i].isTensor()) continue;
+          const at::Tensor& src = graph_inputs[i].toTensor();
+          const at::Tensor& dst = e.static_inputs[i].toTensor();
+          if (!src.is_cuda() || src.nbytes() == 0 || !same_dense_layout(dst, src)) continue;
+          copy_dense(dst, src, side.stream());
+          e.input_copies[i].captured_src = src.data_ptr();
+        }
         e.static_outputs = exe.run(e.static_inputs);
         e.copies.assign(e.static_outputs.size(), OutputCopy{});
         for (size_t j = 0; j < e.static_outputs.size() && j < first.buffers.size(); ++j) {
@@ -505,12 +555,12 @@ struct CudaGraphRunner::Impl {
     e.graph->instantiate();
     e.slots.clear();
     e.slots.push_back(std::move(first));
-    if (copy_outputs && !find_copy_nodes(e)) {
+    if (copy_nodes && !find_copy_nodes(e)) {
       MAGI_LOG_DEBUG(
-          "CUDA graphs: the outputs' copy nodes were not found; capturing again with "
-          "outputs copied after each replay");
+          "CUDA graphs: the copy nodes of inputs or outputs were not found; capturing again "
+          "with inputs copied before and outputs after each replay");
       e.drop_graph();
-      return capture(e, graph_inputs, std::move(inputs), pad, /*copy_outputs=*/false);
+      return capture(e, graph_inputs, std::move(inputs), pad, /*copy_nodes=*/false);
     }
     for (size_t j = 0; j < e.copies.size(); ++j) {
       if (e.copies[j].node != nullptr) e.static_outputs[j] = c10::IValue();
@@ -662,6 +712,57 @@ struct CudaGraphRunner::Impl {
     return outputs;
   }
 
+  // Makes the graph read the call's inputs that are not used in place: through the input's
+  // copy node where it has one (pointed at the call's tensor when that is not the one the
+  // executable's node reads already), else by a copy on the stream before the launch. A padded
+  // call fills the first rows; the rest keep an earlier call's rows (or the capture's copies
+  // of a real sample): valid inputs that no valid row reads (the padding plan's guarantee).
+  void feed_inputs(Entry& e, Slot& slot, const std::vector<c10::IValue>& inputs, const Padding& pad,
+                   cudaStream_t stream) {
+    if (slot.sources.size() != inputs.size()) slot.sources.assign(inputs.size(), kCaptured);
+    const cudaGraphExec_t exec = exec_of(e, slot);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].isTensor() || e.in_place[i]) continue;
+      const at::Tensor& src = inputs[i].toTensor();
+      const at::Tensor& whole = e.static_inputs[i].toTensor();
+      const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
+      const bool dense = same_dense_layout(dst, src);
+      const cudaGraphNode_t node = i < e.input_copies.size() ? e.input_copies[i].node : nullptr;
+      if (node != nullptr && dense && use_input_nodes) {
+        const std::pair<const void*, size_t> source{src.data_ptr(), src.nbytes()};
+        if (slot.sources[i] == source) continue;
+        if (cudaGraphExecMemcpyNodeSetParams1D(exec, node, dst.data_ptr(), source.first,
+                                               source.second,
+                                               cudaMemcpyDeviceToDevice) == cudaSuccess) {
+          slot.sources[i] = source;
+          ++input_retargets;
+          continue;
+        }
+        (void)cudaGetLastError();  // e.g. memory of another kind than the capture's: copy below
+        MAGI_LOG_DEBUG("CUDA graphs: input ", i, "'s copy node refused the call's tensor");
+      }
+      if (node != nullptr && slot.sources[i] != kIdle) {
+        idle(e, exec, node, whole);
+        slot.sources[i] = kIdle;
+      }
+      if (dense) {
+        copy_dense(dst, src, stream);
+      } else {
+        dst.copy_(src, /*non_blocking=*/true);
+      }
+    }
+  }
+
+  // Points an input copy node that this call does not use at a copy of one byte of the
+  // static buffer into the entry's scratch, so that it cannot read a tensor the caller has
+  // freed since.
+  static void idle(Entry& e, cudaGraphExec_t exec, cudaGraphNode_t node, const at::Tensor& whole) {
+    if (!e.scratch.defined())
+      e.scratch = at::empty_strided({16}, {1}, whole.options().dtype(at::kByte));
+    C10_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(
+        exec, node, e.scratch.data_ptr(), whole.data_ptr(), 1, cudaMemcpyDeviceToDevice));
+  }
+
   std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad) {
     c10::cuda::CUDAGuard device_guard(e.device);
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(e.device);
@@ -679,22 +780,9 @@ struct CudaGraphRunner::Impl {
     }
     e.last_stream = stream;
     clock.lap(2);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].isTensor() || e.in_place[i]) continue;
-      const at::Tensor& src = inputs[i].toTensor();
-      const at::Tensor& whole = e.static_inputs[i].toTensor();
-      // A padded call fills the first rows; the rest keep an earlier call's rows (or the
-      // capture's copies of a real sample): valid inputs that no valid row reads (the padding
-      // plan's guarantee).
-      const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
-      if (same_dense_layout(dst, src)) {
-        copy_dense(dst, src, stream);
-      } else {
-        dst.copy_(src, /*non_blocking=*/true);
-      }
-    }
-    clock.lap(3);
     Slot& slot = pick_slot(e, current);
+    feed_inputs(e, slot, inputs, pad, stream);
+    clock.lap(3);
     launch(e, slot, stream);
     clock.lap(4);
     ++replays;
@@ -721,10 +809,64 @@ struct CudaGraphRunner::Impl {
     return out;
   }
 
+  // Whether `inputs`, unpadded, have signature `key` (what signature_of would build, compared
+  // field by field without building it) and each input `e` uses in place is the tensor it
+  // was at capture: the call replays `e` as it is.
+  static bool same_call(const Signature& key, const Entry& e,
+                        const std::vector<c10::IValue>& inputs) {
+    size_t at = 0;
+    auto next = [&](int64_t value) { return at < key.size() && key[at++] == value; };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const c10::IValue& v = inputs[i];
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.is_cuda() ||
+            !next(static_cast<int64_t>(t.scalar_type()) << 32 | (t.device().index() + 1) << 1 |
+                  (t.requires_grad() ? 1 : 0)) ||
+            !next(t.dim())) {
+          return false;
+        }
+        for (int64_t d : t.sizes()) {
+          if (!next(d)) return false;
+        }
+        for (int64_t d : t.strides()) {
+          if (!next(d)) return false;
+        }
+        if (e.in_place[i] &&
+            (t.unsafeGetTensorImpl() != e.static_inputs[i].toTensor().unsafeGetTensorImpl() ||
+             t.data_ptr() != ptr_of(e.static_inputs[i]))) {
+          return false;
+        }
+      } else if (v.isInt()) {
+        if (!next(-1) || !next(v.toInt())) return false;
+      } else if (v.isDouble()) {
+        double d = v.toDouble();
+        int64_t bits = 0;
+        std::memcpy(&bits, &d, sizeof bits);
+        if (!next(-2) || !next(bits)) return false;
+      } else if (v.isBool()) {
+        if (!next(-3) || !next(v.toBool())) return false;
+      } else if (v.isNone()) {
+        if (!next(-4)) return false;
+      } else {
+        return false;
+      }
+    }
+    return at == key.size();
+  }
+
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
     clock.start();
-    bool all_cuda = false;
     const Padding pad = padding_of(inputs);
+    // The common case of a serving loop: the same signature as the last replay.
+    if (pad.rows == 0 && last_entry != nullptr && last_entry->graph != nullptr &&
+        same_call(*last_key, *last_entry, inputs)) {
+      clock.lap(0);
+      clock.lap(1);
+      ++last_entry->calls;
+      return replay(*last_entry, std::move(inputs), pad);
+    }
+    bool all_cuda = false;
     Signature key = signature_of(inputs, &all_cuda, pad);
     if (!all_cuda) return exe.run(std::move(inputs));
     clock.lap(0);
@@ -762,6 +904,10 @@ struct CudaGraphRunner::Impl {
         return warm_up(e, std::move(inputs), pad);
       }
     }
+    if (pad.rows == 0) {
+      last_key = &it->first;
+      last_entry = &e;
+    }
     return replay(e, std::move(inputs), pad);
   }
 };
@@ -783,7 +929,9 @@ size_t CudaGraphRunner::num_replays() const { return impl_->replays; }
 size_t CudaGraphRunner::num_padded_calls() const { return impl_->padded_calls; }
 size_t CudaGraphRunner::num_direct_launches() const { return impl_->direct_launches; }
 size_t CudaGraphRunner::num_fresh_output_buffers() const { return impl_->fresh_buffers; }
+size_t CudaGraphRunner::num_input_retargets() const { return impl_->input_retargets; }
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
+void CudaGraphRunner::set_input_copy_nodes(bool on) { impl_->use_input_nodes = on; }
 void CudaGraphRunner::set_stage_timing(bool on) {
   impl_->clock = StageClock{};
   impl_->clock.on = on;
@@ -815,7 +963,9 @@ size_t CudaGraphRunner::num_replays() const { return 0; }
 size_t CudaGraphRunner::num_padded_calls() const { return 0; }
 size_t CudaGraphRunner::num_direct_launches() const { return 0; }
 size_t CudaGraphRunner::num_fresh_output_buffers() const { return 0; }
+size_t CudaGraphRunner::num_input_retargets() const { return 0; }
 bool CudaGraphRunner::pads() const { return false; }
+void CudaGraphRunner::set_input_copy_nodes(bool) {}
 void CudaGraphRunner::set_stage_timing(bool) {}
 std::vector<std::pair<std::string, double>> CudaGraphRunner::stage_times() const { return {}; }
 bool CudaGraphRunner::available() { return false; }

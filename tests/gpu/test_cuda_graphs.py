@@ -117,6 +117,58 @@ def test_a_held_view_keeps_its_output_buffer(counters, lowered):
     assert lowered[0].magi_cuda_graphs.num_fresh_output_buffers == 0
 
 
+def test_inputs_reach_the_graph_through_its_copy_nodes(counters, lowered):
+    """Dense inputs are copied by nodes at the start of the graph, pointed at each call's
+    tensor: a tensor reused with new contents, fresh tensors (also ones the allocator hands out
+    at a freed tensor's address), and padded calls of fewer rows (a shorter copy into the same
+    node) all replay what eager computes. The node is set only when the tensor changes: once
+    per executable for a reused tensor, once per call for distinct ones."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+
+    def check(x):
+        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-4)
+
+    with torch.no_grad():
+        x = torch.randn(4, 16, 256, device="cuda")
+        for _ in range(2):  # warm-up, capture (its replay points slot 0's node at x)
+            check(x)
+        runner = lowered[0].magi_cuda_graphs
+        before = runner.num_input_retargets
+        for _ in range(6):  # the same tensor, new contents each call
+            x.copy_(torch.randn_like(x))
+            check(x)
+        assert runner.num_input_retargets - before == 1  # slot 1's executable, once
+
+        before = runner.num_input_retargets
+        kept = [torch.randn(4, 16, 256, device="cuda") for _ in range(5)]
+        for k in kept:  # distinct live tensors: the node follows each
+            check(k)
+        assert runner.num_input_retargets - before == len(kept)
+
+        for _ in range(4):  # freed at once: the next one may land at the same address
+            check(torch.randn(4, 16, 256, device="cuda"))
+        for batch in (3, 4, 3, 2, 4):  # 3 pads into bucket 4 (the same graph), 2 has its own
+            check(torch.randn(batch, 16, 256, device="cuda"))
+    assert runner.num_padded_calls >= 2
+    assert runner.num_fresh_output_buffers == 0
+
+
+def test_strided_inputs_are_copied_before_the_launch(counters, lowered):
+    """An input that is not dense (every other column of a wider tensor) has no copy node: it
+    is copied into the graph's buffer before each launch, and nothing is retargeted."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    with torch.no_grad():
+        for _ in range(5):
+            wide = torch.randn(4, 16, 512, device="cuda")
+            x = wide[..., ::2]
+            torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-4)
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_replays == 4
+    assert runner.num_input_retargets == 0
+
+
 def test_replays_on_two_streams_match_eager(counters, lowered):
     """Calls alternating between two streams: the second executable's replay waits for the
     first's on the other stream, and buffers are recorded on both."""

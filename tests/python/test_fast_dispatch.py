@@ -482,6 +482,29 @@ def test_freed_modules_free_their_weights():
     assert sum(r() is not None for r in refs[:-1]) == 0  # the last may stay in Dynamo's cache
 
 
+def test_path_table_remembers_the_last_owner_without_keeping_it_alive():
+    """PathTable.get answers a repeated owner from its last lookup; the owner's death drops
+    that pair, so its paths (and the parameter dicts they reach) are freed with it."""
+    import gc
+    import weakref
+
+    from magi_compiler import _fast_dispatch
+
+    table = _fast_dispatch.PathTable()
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    paths = table.fresh(first)
+    assert table.get(first) is paths and table.get(first) is paths
+    assert table.get(second) is None
+    assert table.get(first) is paths
+    replaced = table.fresh(first)
+    assert table.get(first) is replaced
+    freed = weakref.ref(replaced)
+    del first, paths, replaced
+    gc.collect()
+    assert freed() is None
+    assert table.get(second) is None
+
+
 # --------------------------------------------------------------------------------------------
 # Direct calls from C++ (_C.DirectCall) and fast_dispatch_guards
 # --------------------------------------------------------------------------------------------

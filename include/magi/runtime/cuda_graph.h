@@ -6,8 +6,10 @@
 // and replays, later calls only replay. All graphs of the process share one memory pool.
 //
 // Inputs: an input whose address was the same in the warm-up and the capture (parameters,
-// buffers) is used in place; others are copied into static buffers before each replay. If a
-// parameter-like input later arrives at a different address (the parameter was replaced),
+// buffers) is used in place; others are copied into static buffers: by copy nodes at the
+// start of the graph for dense inputs (each replay points the node at the call's tensor, only
+// when it is another tensor than the last launch's), else on the stream before the launch. If
+// a parameter-like input later arrives at a different address (the parameter was replaced),
 // the graph is dropped and captured again.
 //
 // Outputs: a graph ends by copying each dense output into a buffer of the runner (outside
@@ -65,6 +67,9 @@ class CudaGraphRunner {
   size_t num_direct_launches() const;
   /// Output buffers allocated because the caller still held tensors on both sets of a graph.
   size_t num_fresh_output_buffers() const;
+  /// Times a replay pointed an input's copy node at another tensor than the one the
+  /// executable's last launch read, one per input (the same tensor as last time sets nothing).
+  size_t num_input_retargets() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
   /// Diagnostics of the host time of replays: with timing on, each replaying call adds the
@@ -72,6 +77,9 @@ class CudaGraphRunner {
   /// totals that stage_times() returns in microseconds, with the number of replays timed (turn
   /// it on after warm-up and capture: their signature and lookup time counts, their calls not).
   void set_stage_timing(bool on);
+  /// Diagnostics: with false, replays copy every input on the stream before the launch and
+  /// leave the graphs' input copy nodes idle (to compare the two ways; default true).
+  void set_input_copy_nodes(bool on);
   std::vector<std::pair<std::string, double>> stage_times() const;
   static bool available();  ///< built with CUDA graph support
 
