@@ -156,8 +156,10 @@ void bind_runtime(py::module_& m) {
   py::class_<runtime::Executable>(m, "Executable",
                                   "A graph lowered for the C++ executor (boxed ATen calls).")
       .def(py::init([](const ir::Graph& g, const std::string& attention_backend,
-                       int64_t private_outputs_from, std::optional<py::dict> offload) {
+                       int64_t private_outputs_from, std::optional<py::dict> offload,
+                       bool memory_arena) {
              runtime::ExecutorOptions options;
+             options.memory_arena = memory_arena;
              options.attention = runtime::parse_attention_backend(attention_backend);
              if (private_outputs_from >= 0) {
                options.private_outputs_from = static_cast<size_t>(private_outputs_from);
@@ -167,12 +169,14 @@ void bind_runtime(py::module_& m) {
            }),
            py::arg("graph"), py::arg("attention_backend") = "auto",
            py::arg("private_outputs_from") = -1, py::arg("offload") = py::none(),
+           py::arg("memory_arena") = true,
            "Lowers `graph`. attention_backend: how CUDA SDPA calls of inference graphs pick "
            "their kernel (auto, graph, flash, cudnn, efficient; docs/config.md). "
            "private_outputs_from: outputs from this index on (a training forward's saved "
            "tensors) reach only the backward and may share values kept across calls. "
            "offload: weight offload settings (policy, resident_ratio, safety_factor, lookahead, "
-           "prefetch_across_calls); inputs in offloaded host memory are then streamed.")
+           "prefetch_across_calls); inputs in offloaded host memory are then streamed. "
+           "memory_arena: plan intermediates into the memory arena (inference graphs).")
       .def(
           "run",
           [](const runtime::Executable& exe, py::sequence args, bool steal_inputs) {

@@ -40,6 +40,9 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         attention_backend=config.attention_backend,
         private_outputs_from=_saved_outputs_start(kind),
         offload=_offload.engine_settings(config, kind),
+        # Training graphs keep the caching allocator: their backward frees saved inputs as it
+        # reads them, which the arena's peak estimate does not model (ExecutorOptions).
+        memory_arena=kind == "inference",
     )
     # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
     executable.precompile_kernels()

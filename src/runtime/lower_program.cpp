@@ -377,7 +377,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     p.folding =
         mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
   }
-  plan_arena(p, instr_nodes, input_values);
+  if (options.memory_arena) plan_arena(p, instr_nodes, input_values);
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
                  " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
                  " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");

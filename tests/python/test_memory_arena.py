@@ -121,8 +121,10 @@ def test_a_custom_op_may_keep_its_input(assert_close_rel):
 
 
 @pytest.mark.parametrize("policy", ["HEURISTIC", "HANDCRAFT"])
-def test_training_step_matches_eager_with_the_arena(policy, assert_close_rel):
-    """Forward (saved tensors are outputs: not placed) and backward (its intermediates are)."""
+def test_training_graphs_keep_the_caching_allocator(policy, assert_close_rel):
+    """Training graphs plan nothing into the arena (their backward frees saved inputs as it
+    reads them, which the arena's peak estimate does not model: on the GPU, arena blocks
+    raised the measured activation peak), and the step matches eager."""
     config = {"recompute_config": {"recompute_policy": policy, "memory_budget": 0.3}}
     torch._dynamo.reset()
     model = init_weights_(LlamaStack(2, **LLAMA), seed=3)
@@ -137,8 +139,9 @@ def test_training_step_matches_eager_with_the_arena(policy, assert_close_rel):
             eager(x).square().mean().backward()
             for p, q in zip(model.parameters(), eager.parameters(), strict=True):
                 assert_close_rel(p.grad, q.grad, 1e-4)
-    placed = [r.magi_executable.arena_stats["runs"] for r in runs]
-    assert len(placed) == 2 and all(n >= 1 for n in placed), placed
+    assert sorted(r.magi_kind for r in runs) == ["backward", "forward"]
+    stats = [r.magi_executable.arena_stats for r in runs]
+    assert all(s["planned_values"] == 0 and s["runs"] == 0 for s in stats), stats
 
 
 def _chain(x, w):

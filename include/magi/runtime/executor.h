@@ -42,6 +42,11 @@ struct ExecutorOptions {
   /// Weight offload (top-level graphs only; pieces never get it): inputs that live in
   /// offloaded host memory are streamed or kept on the GPU by an OffloadEngine (offload.h).
   std::optional<OffloadOptions> offload;
+  /// Plan intermediates into the memory arena (memory_arena.cpp; MAGI_MEMORY_ARENA=0 turns it
+  /// off everywhere). Inference graphs only: a training graph's backward frees its saved
+  /// inputs as it reads them, which the arena's peak estimate does not see, and arena blocks
+  /// then raised the measured activation peak (by 184 MiB on the 4-layer Llama stack).
+  bool memory_arena = true;
 };
 
 /// While one lives, runs on this thread use no memory arena (CUDA graph captures: a replay
