@@ -125,8 +125,8 @@ TEST(PlanSegments, AUnitWrittenOverItsInputStaysTogether) {
   // gate and up die at the product, written over gate; a small block follows. gate and the
   // product share one place; up with them would hold a second wide block beside the small
   // one, above the peak, so up and the small block take turns in a segment of their own.
-  std::vector<ArenaBlock> blocks = {{4096, 0, 2}, {4096, 1, 2}, {4096, 2, 4, /*reuses=*/0},
-                                    {512, 3, 4}};
+  std::vector<ArenaBlock> blocks = {
+      {4096, 0, 2}, {4096, 1, 2}, {4096, 2, 4, /*reuses=*/0}, {512, 3, 4}};
   SegmentedLayout layout = plan_segments(blocks, std::vector<int64_t>(5, 0));
   EXPECT_EQ(layout.budget, 8192);
   EXPECT_EQ(layout.segment, (std::vector<int32_t>{0, 1, 0, 1}));
