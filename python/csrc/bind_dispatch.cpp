@@ -11,6 +11,12 @@
 // ordinary call. With `memoize` (fast_dispatch_guards="arguments") Dynamo's guards run once per
 // fingerprint of the arguments, the gathered parameters and the process state, and their
 // verdict is reused; Python state outside those is then assumed fixed (docs/api.md).
+//
+// A DirectEntry is what a compiled module's `forward` calls first: the direct calls learned
+// for that module instance, tried in C++ without a Python frame between the module call and
+// the runner. Each DirectCall remembers what the parameter and buffer dicts held at its last
+// call, and re-reads a dict only when the dict changed since (its version tag, CPython 3.11
+// and 3.12) or when the tensor it held changed layout.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -23,6 +29,7 @@
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
 #include <pybind11/stl.h>
 
 #include <set>
@@ -38,6 +45,70 @@
 namespace magi::bindings {
 namespace {
 
+enum class Result { kTensor, kTuple, kList };
+
+/// Verified fingerprints kept per direct call (fast_dispatch_guards="arguments"); calls with
+/// later ones are checked by Dynamo's guards every time.
+constexpr size_t kMaxVerified = 256;
+
+// Bumped (by _fast_dispatch.py's registration hooks) whenever a module anywhere registers a
+// parameter, buffer or submodule: direct calls learned before are stale. Read and written
+// with the GIL held.
+uint64_t g_registration_epoch = 0;
+// Calls a DirectEntry ran directly (get_counters().direct_calls adds them), GIL-protected.
+uint64_t g_direct_calls = 0;
+
+/// The version tag of `dict`, which CPython changes on every write to it; 0 where the tag is
+/// not available (the caller then looks the key up on every call).
+uint64_t dict_version(PyObject* dict) {
+#if PY_VERSION_HEX < 0x030D0000 && !defined(Py_LIMITED_API) && !defined(Py_GIL_DISABLED)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#pragma GCC diagnostic pop
+#else
+  (void)dict;
+  return 0;
+#endif
+}
+
+/// What Dynamo's tensor guards compare of a parameter or buffer, kept from one call to the
+/// next: a call whose fixed inputs all compare equal needs none of them in its fingerprint.
+struct TensorState {
+  const c10::TensorImpl* impl = nullptr;
+  PyTypeObject* type = nullptr;
+  uint64_t keys = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  bool requires_grad = false;
+  int64_t offset = 0;
+  c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> strides;
+
+  bool same(const at::Tensor& t, PyTypeObject* t_type) const {
+    return t.unsafeGetTensorImpl() == impl && t_type == type && t.key_set().raw_repr() == keys &&
+           t.scalar_type() == dtype && t.device() == device && t.requires_grad() == requires_grad &&
+           t.storage_offset() == offset && t.sizes().equals(sizes) && t.strides().equals(strides);
+  }
+  void take(const at::Tensor& t, PyTypeObject* t_type) {
+    impl = t.unsafeGetTensorImpl();
+    type = t_type;
+    keys = t.key_set().raw_repr();
+    dtype = t.scalar_type();
+    device = t.device();
+    requires_grad = t.requires_grad();
+    offset = t.storage_offset();
+    sizes.assign(t.sizes().begin(), t.sizes().end());
+    strides.assign(t.strides().begin(), t.strides().end());
+  }
+};
+
+/// The interned name "training" (module.training is read on every call).
+PyObject* training_name() {
+  static PyObject* name = PyUnicode_InternFromString("training");
+  return name;
+}
+
 /// Where one graph input comes from.
 struct Slot {
   enum Kind { kArg, kSize, kFixed } kind = kArg;
@@ -45,13 +116,12 @@ struct Slot {
   int64_t dim = 0;  ///< kSize: which size of that argument
   py::object dict;  ///< kFixed: the module's _parameters or _buffers dict
   py::object key;   ///< kFixed: the name in it
+  // kFixed, as of the last call: the object the dict held (borrowed: the dict keeps it alive
+  // while its version tag stays the same), the tag then, and the held tensor's layout.
+  PyObject* held = nullptr;
+  uint64_t version = 0;
+  TensorState state;
 };
-
-enum class Result { kTensor, kTuple, kList };
-
-/// Verified fingerprints kept per direct call (fast_dispatch_guards="arguments"); calls with
-/// later ones are checked by Dynamo's guards every time.
-constexpr size_t kMaxVerified = 256;
 
 /// Appends what Dynamo's tensor guards compare of `t` (its Python type `type`, when known).
 void append_tensor(const at::Tensor& t, PyTypeObject* type, std::vector<int64_t>* key) {
@@ -178,19 +248,22 @@ class DirectCall {
   /// The call's result, or None when this path does not apply to `args` (the caller then
   /// makes an ordinary call).
   py::object call(const py::tuple& args) {
-    const size_t n = args.size();
+    return call_argv(&PyTuple_GET_ITEM(args.ptr(), 0), args.size());
+  }
+
+  /// call() on the arguments `argv[0, n)`, borrowed.
+  py::object call_argv(PyObject* const* argv, size_t n) {
     if (n != frame_names_.size()) return py::none();
-    PyObject* const* argv = &PyTuple_GET_ITEM(args.ptr(), 0);
     const size_t first = method_ ? 1 : 0;
 
     // The compact signature: dtypes, devices, ranks, static sizes, layouts, scalar values;
     // grad mode, autocast, module.training.
-    std::vector<runtime::GuardInput> values;
-    values.reserve(n - first);
+    std::vector<runtime::GuardInput>& values = values_;
+    values.clear();
     for (size_t i = first; i < n; ++i) values.push_back(guard_input(argv[i]));
     bool training = false;
     if (method_) {
-      PyObject* flag = PyObject_GetAttrString(argv[0], "training");
+      PyObject* flag = PyObject_GetAttr(argv[0], training_name());
       if (flag == nullptr) {
         PyErr_Clear();  // the Python path's getattr(owner, "training", False)
       } else {
@@ -200,23 +273,18 @@ class DirectCall {
         training = truth == 1;
       }
     }
-    if (!signature_->matches(values, training)) return py::none();
+    const bool match = signature_->matches(values, training);
+    values.clear();  // it holds references to the arguments
+    if (!match) return py::none();
 
     // The inputs, gathered before the guards run as the Python path does. Parameters and
     // buffers are what their dicts hold now: a write to module._parameters bypasses the
     // registration hooks.
     std::vector<c10::IValue> inputs;
     inputs.reserve(slots_.size());
-    std::vector<PyObject*> fixed;  // borrowed from their dicts, for the fingerprint
-    for (const Slot& slot : slots_) {
-      PyObject* obj = slot.kind == Slot::kFixed
-                          ? PyDict_GetItemWithError(slot.dict.ptr(), slot.key.ptr())
-                          : argv[slot.arg];
-      if (slot.kind == Slot::kFixed) {
-        if (obj == nullptr && PyErr_Occurred()) throw py::error_already_set();
-        if (obj == nullptr || !THPVariable_Check(obj)) return py::none();
-        fixed.push_back(obj);
-      }
+    for (Slot& slot : slots_) {
+      PyObject* obj = slot.kind == Slot::kFixed ? fixed_input(slot) : argv[slot.arg];
+      if (obj == nullptr) return py::none();
       if (slot.kind == Slot::kSize) {
         if (!THPVariable_Check(obj)) return py::none();
         const at::Tensor& t = THPVariable_Unpack(obj);
@@ -237,8 +305,9 @@ class DirectCall {
     key.clear();
     bool have_key = false;
     if (memoize_) {
+      // The fixed inputs enter as their generation: it changes whenever one of them does.
       have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
-      for (PyObject* obj : fixed) append_tensor(THPVariable_Unpack(obj), Py_TYPE(obj), &key);
+      key.push_back(static_cast<int64_t>(fixed_generation_));
     }
     if (!have_key || (key != last_verified_ && verified_.count(key) == 0)) {
       if (!guards_pass(argv, n)) return py::none();
@@ -264,6 +333,30 @@ class DirectCall {
   }
 
  private:
+  /// The tensor `slot`'s dict holds now (borrowed), or nullptr when it holds none. The dict is
+  /// read again only when its version tag moved; a tensor other than last call's, or the
+  /// same one with another layout, starts a new generation of the fixed inputs.
+  PyObject* fixed_input(Slot& slot) {
+    PyObject* obj = slot.held;
+    const uint64_t version = dict_version(slot.dict.ptr());
+    if (version == 0 || version != slot.version || obj == nullptr) {
+      obj = PyDict_GetItemWithError(slot.dict.ptr(), slot.key.ptr());
+      if (obj == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (obj == nullptr || !THPVariable_Check(obj)) {
+        slot.held = nullptr;
+        return nullptr;
+      }
+      slot.held = obj;
+      slot.version = version;
+    }
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!slot.state.same(t, Py_TYPE(obj))) {
+      slot.state.take(t, Py_TYPE(obj));
+      ++fixed_generation_;
+    }
+    return obj;
+  }
+
   bool guards_pass(PyObject* const* argv, size_t n) {
     ++guard_checks_;
     py::dict frame;
@@ -302,7 +395,68 @@ class DirectCall {
   std::set<std::vector<int64_t>> verified_;  // fingerprints Dynamo's guards passed
   std::vector<int64_t> last_verified_;       // the last call's, when it passed
   std::vector<int64_t> key_buffer_;
+  std::vector<runtime::GuardInput> values_;  // the signature's inputs, empty between calls
+  uint64_t fixed_generation_ = 0;            // bumped when a fixed input changes
   size_t guard_checks_ = 0;
+};
+
+/// The direct calls learned for one module instance's compiled method (or one function), as
+/// its Python wrapper calls them: `entry(args)` tries each in C++ and returns the first
+/// result, or None (the wrapper then makes the ordinary call). The owner is held weakly.
+class DirectEntry {
+ public:
+  explicit DirectEntry(py::object owner_ref) : owner_ref_(std::move(owner_ref)) {
+    MAGI_ASSERT(owner_ref_.is_none() || PyWeakref_CheckRef(owner_ref_.ptr()),
+                "DirectEntry: the owner must be a weak reference or None");
+  }
+
+  /// Forgets every direct call; later ones are learned in the current epoch.
+  void reset() {
+    natives_.clear();
+    objects_.clear();
+    epoch_ = g_registration_epoch;
+  }
+
+  void add(const py::object& native) {
+    natives_.push_back(native.cast<DirectCall*>());
+    objects_.push_back(native);
+  }
+
+  size_t size() const { return natives_.size(); }
+
+  DirectEntry empty_copy() const {
+    DirectEntry copy(owner_ref_);
+    copy.epoch_ = g_registration_epoch;
+    return copy;
+  }
+
+  py::object call(const py::args& args) {
+    if (natives_.empty() || epoch_ != g_registration_epoch) return py::none();
+    const size_t n = args.size();
+    PyObject* const* given = n > 0 ? &PyTuple_GET_ITEM(args.ptr(), 0) : nullptr;
+    c10::SmallVector<PyObject*, 8> argv;
+    if (!owner_ref_.is_none()) {
+      PyObject* owner = PyWeakref_GetObject(owner_ref_.ptr());  // borrowed
+      if (owner == nullptr || owner == Py_None) return py::none();
+      argv.push_back(owner);
+    }
+    argv.append(given, given + n);
+    // The owner stays alive through the call: the caller's wrapper holds it.
+    for (DirectCall* native : natives_) {
+      py::object result = native->call_argv(argv.data(), argv.size());
+      if (!result.is_none()) {
+        ++g_direct_calls;
+        return result;
+      }
+    }
+    return py::none();
+  }
+
+ private:
+  py::object owner_ref_;
+  std::vector<DirectCall*> natives_;
+  std::vector<py::object> objects_;  // keeps natives_ alive
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace
@@ -330,6 +484,38 @@ void bind_dispatch(py::module_& m) {
       .def("__call__", &DirectCall::call, py::arg("args"),
            "The result of the call with these positional arguments (self first for a method), "
            "or None when the path does not apply and an ordinary call must be made.");
+
+  py::class_<DirectEntry>(m, "DirectEntry",
+                          "The direct calls of one module instance's compiled method (or one "
+                          "function), tried from C++ by its wrapper (_fast_dispatch.py).")
+      .def(py::init<py::object>(), py::arg("owner_ref"),
+           "owner_ref: a weak reference to the module, or None for a function.")
+      .def("reset", &DirectEntry::reset,
+           "Forgets every direct call; later ones belong to the current registration epoch.")
+      .def("add", &DirectEntry::add, py::arg("native"), "Adds a DirectCall.")
+      .def("__len__", &DirectEntry::size)
+      // A copy (copy.deepcopy of a compiled module copies its compiled entry) has the same
+      // owner and no direct calls: the copy learns its own.
+      .def("__copy__", [](const DirectEntry& e) { return e.empty_copy(); })
+      .def(
+          "__deepcopy__", [](const DirectEntry& e, const py::dict&) { return e.empty_copy(); },
+          py::arg("memo"))
+      .def("__call__", &DirectEntry::call,
+           "The result of the first direct call that applies to these positional arguments "
+           "(the owner is put first), or None.");
+  m.def(
+      "bump_registration_epoch", []() { ++g_registration_epoch; },
+      "Marks every direct call learned so far stale (a parameter, buffer or submodule was "
+      "registered somewhere).");
+  m.def(
+      "registration_epoch", []() { return g_registration_epoch; },
+      "The number of registrations seen so far.");
+  m.def(
+      "direct_entry_calls", []() { return g_direct_calls; },
+      "Calls DirectEntry objects ran directly since the last reset.");
+  m.def(
+      "reset_direct_entry_calls", []() { g_direct_calls = 0; },
+      "Sets direct_entry_calls() back to zero.");
 }
 
 }  // namespace magi::bindings

@@ -38,12 +38,20 @@ def count_direct_call() -> None:
 
 def get_counters() -> Counters:
     """A snapshot of the counters (a copy: later compiles do not change it)."""
+    from magi_compiler import _C
+
     with _lock:
-        return Counters(**asdict(_counters))
+        snapshot = Counters(**asdict(_counters))
+    # Direct calls made from C++ (_C.DirectEntry) are counted there.
+    snapshot.direct_calls += _C.direct_entry_calls()
+    return snapshot
 
 
 def reset_counters() -> None:
     """Sets every counter back to zero."""
     global _counters
+    from magi_compiler import _C
+
     with _lock:
         _counters = Counters()
+        _C.reset_direct_entry_calls()

@@ -37,13 +37,13 @@ import torch
 
 from magi_compiler._logging import logger
 
-# Bumped whenever a module anywhere registers a parameter, buffer or submodule.
-_epoch = 0
-
 
 def _bump(*_: Any) -> None:
-    global _epoch
-    _epoch += 1
+    """Marks every direct path stale: a module somewhere registered a parameter, buffer or
+    submodule. The epoch lives in C++, where DirectEntry objects compare it on every call."""
+    from magi_compiler import _C
+
+    _C.bump_registration_epoch()
 
 
 torch.nn.modules.module.register_module_parameter_registration_hook(_bump)
@@ -331,12 +331,16 @@ class OwnerPaths:
     a freed module takes its paths (and the parameter dicts they reach) with it."""
 
     def __init__(self) -> None:
-        self.epoch = _epoch
+        from magi_compiler import _C
+
+        self.epoch = _C.registration_epoch()
         self.paths: list[DirectPath] = []
         self.refused: set[int] = set()  # ids of signatures that cannot get one
 
     def valid(self) -> bool:
-        return self.epoch == _epoch
+        from magi_compiler import _C
+
+        return self.epoch == _C.registration_epoch()
 
 
 class PathTable:
@@ -350,6 +354,10 @@ class PathTable:
         # without the dictionary's lookup. The weak reference's callback drops the pair when
         # the owner dies, so it keeps nothing of a freed module alive.
         self._last: tuple[weakref.ref, OwnerPaths] | None = None
+        # Per owner, the C++ side of its paths (_C.DirectEntry): the natives of its current
+        # OwnerPaths, which the compiled method's wrapper tries before any Python runs.
+        self._entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._unowned_entry: Any = None
 
     def get(self, owner: Any) -> OwnerPaths | None:
         if owner is None:
@@ -374,9 +382,81 @@ class PathTable:
         paths = OwnerPaths()
         if owner is None:
             self._unowned = paths
-            return paths
+        else:
+            try:
+                self._by_owner[owner] = paths
+            except TypeError:
+                return None
+        entry = self.native_entry(owner, create=False)
+        if entry is not None:
+            entry.reset()
+        return paths
+
+    def native_entry(self, owner: Any, create: bool = True) -> Any:
+        """The _C.DirectEntry of ``owner`` (None for an owner without weak references, or
+        when it has none yet and ``create`` is False)."""
+        from magi_compiler import _C
+
+        if owner is None:
+            if self._unowned_entry is None and create:
+                self._unowned_entry = _C.DirectEntry(None)
+            return self._unowned_entry
         try:
-            self._by_owner[owner] = paths
+            entry = self._entries.get(owner)
+            if entry is None and create:
+                entry = self._entries[owner] = _C.DirectEntry(weakref.ref(owner))
+            return entry
         except TypeError:
             return None
-        return paths
+
+    def learned(self, owner: Any, path: DirectPath) -> None:
+        """Makes ``path``'s native form, when it has one, callable from ``owner``'s entry."""
+        if path.native is not None:
+            entry = self.native_entry(owner)
+            if entry is not None:
+                entry.add(path.native)
+
+    def forget_all(self) -> None:
+        """Drops every owner's paths (the compiled function fell back to eager)."""
+        self._last = None
+        self._by_owner = weakref.WeakKeyDictionary()
+        self._unowned = None
+        for entry in [self._unowned_entry, *self._entries.values()]:
+            if entry is not None:
+                entry.reset()
+
+
+def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
+    """The callable that replaces a compiled method (``owner`` given) or function: calls with
+    positional arguments try the owner's direct calls in C++ first (_C.DirectEntry), then go
+    through ``entry`` (the _CompiledCallable). While Dynamo traces (a nested compiled module),
+    the call goes straight to ``entry``, which Dynamo can inline."""
+    native = table.native_entry(owner)
+    is_compiling = torch.compiler.is_compiling
+    if native is None:  # an owner without weak references: no direct paths at all
+
+        def plain(*args: Any, **kwargs: Any) -> Any:
+            return entry(*args, **kwargs) if owner is None else entry(owner, *args, **kwargs)
+
+        return plain
+    if owner is None:
+
+        def function(*args: Any, **kwargs: Any) -> Any:
+            if not kwargs and not is_compiling():
+                result = native(*args)
+                if result is not None:
+                    return result
+                return entry.call(args, kwargs, natives_tried=True)
+            return entry(*args, **kwargs)
+
+        return function
+
+    def method(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not is_compiling():
+            result = native(*args)
+            if result is not None:
+                return result
+            return entry.call((owner, *args), kwargs, natives_tried=True)
+        return entry(owner, *args, **kwargs)
+
+    return method

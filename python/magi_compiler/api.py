@@ -8,6 +8,7 @@ factory (``c = magi_compile(model_tag="x"); c(Model); c(model)``). See docs/api.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import threading
@@ -162,6 +163,11 @@ class _CompiledCallable:
 
     # --- call ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(args, kwargs)
+
+    def call(self, args: tuple, kwargs: dict, natives_tried: bool = False) -> Any:
+        """The call with these arguments (the owner first for a method). ``natives_tried``:
+        the wrapper's _C.DirectEntry already tried the C++ direct calls of the owner."""
         if torch.compiler.is_compiling():
             if _capture_depth() > 0:
                 return self.fn(*args, **kwargs)  # nested magi module: part of the outer graph
@@ -175,6 +181,8 @@ class _CompiledCallable:
             for path in paths.paths:
                 native = path.native
                 if native is not None and not kwargs and len(args) == native.arity:
+                    if natives_tried:
+                        continue
                     result = native(args)
                     if result is not None:
                         _counters.count_direct_call()
@@ -225,6 +233,7 @@ class _CompiledCallable:
             _fast_dispatch.log_refusal(self.model_tag, why)
         else:
             paths.paths.append(path)
+            self._direct.learned(owner, path)
             logger.debug("%s: direct dispatch for %s", self.model_tag, sig)
         return result
 
@@ -324,6 +333,7 @@ class _CompiledCallable:
                     raise ours.with_traceback(None) from e
                 raise
             self.fallback_reason = reason
+            self._direct.forget_all()
             warnings.warn(
                 f"magi_compiler: {self.model_tag} cannot be compiled and will run eagerly: "
                 f"{reason} (set strict=True in its config to raise instead)",
@@ -388,17 +398,43 @@ def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, 
 def _install(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
     if entry.config.offload_config.model_cpu_offload:
         _offload.offload_module(module)
+    _attach(module, entry, method_name)
 
-    @functools.wraps(entry.fn)
-    def compiled_method(*args: Any, **kwargs: Any) -> Any:
-        return entry(module, *args, **kwargs)
 
+# What _attach sets on a module instance, besides the compiled methods themselves.
+_ATTACHED = ("_magi_compiled_methods", "_magi_compiled", "__deepcopy__")
+
+
+def _attach(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
+    """Makes ``module.<method_name>`` call ``entry`` with ``module`` as its owner."""
+    compiled_method = functools.wraps(entry.fn)(
+        _fast_dispatch.wrapper(entry, module, entry._direct)
+    )
     object.__setattr__(module, method_name, compiled_method)
     compiled = dict(getattr(module, "_magi_compiled_methods", {}))
     compiled[method_name] = entry
     object.__setattr__(module, "_magi_compiled_methods", compiled)
     if method_name == "forward":
         object.__setattr__(module, "_magi_compiled", entry)
+    # copy.deepcopy would copy the compiled method as it is (functions are not copied), and
+    # the copy's calls would run this module's weights.
+    object.__setattr__(module, "__deepcopy__", functools.partial(_deepcopy_compiled, module))
+
+
+def _deepcopy_compiled(module: nn.Module, memo: dict) -> nn.Module:
+    """copy.deepcopy of a compiled module: a copy of the plain module whose compiled methods
+    call the same compiled entries (as a second instance of a decorated class does), each with
+    the copy as its owner, so the copy computes with its own weights."""
+    state = vars(module)
+    compiled = state["_magi_compiled_methods"]
+    saved = {k: state.pop(k) for k in (*compiled, *_ATTACHED) if k in state}
+    try:
+        twin = copy.deepcopy(module, memo)
+    finally:
+        state.update(saved)
+    for name, entry in compiled.items():
+        _attach(twin, entry, name)
+    return twin
 
 
 def _method_of(cls: type, method_name: str) -> Callable:
@@ -514,10 +550,7 @@ def magi_compile(
             return bound
         entry = _CompiledCallable(obj, cfg, dynamic_arg_dims, model_tag, False)
 
-        @functools.wraps(obj)
-        def function(*args: Any, **kwargs: Any) -> Any:
-            return entry(*args, **kwargs)
-
+        function = functools.wraps(obj)(_fast_dispatch.wrapper(entry, None, entry._direct))
         function._magi_compiled = entry  # type: ignore[attr-defined]
         return function
 

@@ -657,3 +657,105 @@ def test_keyword_only_parameters_keep_direct_calls_in_python(assert_close_rel):
         x = assert_direct_path_stays_in_python(model, eager, assert_close_rel)
         with pytest.raises(TypeError):
             model(x, 3.0)  # scale is keyword-only, as in eager
+
+
+# --------------------------------------------------------------------------------------------
+# The C++ entry: a compiled method's wrapper tries the direct calls before any Python runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_direct_calls_of_a_module_run_without_the_python_entry(assert_close_rel, monkeypatch):
+    """Once learned, a positional call goes from the wrapper to the C++ direct call: the
+    compiled entry's Python method is not reached (it would raise here)."""
+    with torch.no_grad():
+        model, eager, _ = llama_with_native(assert_close_rel, seed=7)
+        entry = model._magi_compiled
+        assert len(entry._direct.native_entry(model)) == 1
+
+        def not_reached(*args, **kwargs):
+            raise AssertionError("the Python entry ran")
+
+        monkeypatch.setattr(entry, "call", not_reached)
+        for n, b in enumerate((3, 6), start=2):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert direct_calls() == n
+        monkeypatch.undo()
+        # A keyword call, and a call of another signature, go through the Python entry.
+        x = llama_inputs(5)
+        assert_close_rel(model(x=x), eager(x), RTOL)
+        assert direct_calls() == 4
+        x = torch.randn(2, 6, LLAMA["hidden"])  # another static size: a capture of its own
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 4
+
+
+def test_compiled_function_goes_direct_from_cpp(assert_close_rel):
+    weight = torch.randn(H, H)
+
+    def gate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.silu(x @ w) * x
+
+    compiled = magi_compile(gate, dynamic_arg_dims={"x": 0})
+    with torch.no_grad():
+        for i, b in enumerate((2, 3, 4, 7)):
+            x = inputs(b)
+            assert_close_rel(compiled(x, weight), gate(x, weight), RTOL)
+            assert direct_calls() == max(0, i - 1)
+    assert len(compiled._magi_compiled._direct.native_entry(None)) == 1
+
+
+def test_parameters_dict_write_in_arguments_mode_checks_the_guards_again(assert_close_rel):
+    """The C++ call re-reads a parameter dict only when the dict changed: a write of a tensor
+    of another shape is seen (Dynamo's guards run again and refuse, so the call captures
+    anew), and so is a write of one with the same layout (guards run again and pass)."""
+    with torch.no_grad():
+        model, eager, native = llama_with_native(
+            assert_close_rel, seed=8, fast_dispatch_guards="arguments"
+        )
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 1
+        for m in (model, eager):
+            m.layers[1].down_proj._parameters["weight"] = nn.Parameter(
+                m.layers[1].down_proj.weight.detach() * 2.0
+            )
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 2
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 2
+
+        captures = get_counters().captures
+        wider = torch.randn(LLAMA["hidden"], LLAMA["intermediate"] // 2)
+        for m in (model, eager):
+            m.layers[1].down_proj._parameters["weight"] = nn.Parameter(wider.clone())
+            m.layers[1].up_proj._parameters["weight"] = nn.Parameter(
+                m.layers[1].up_proj.weight[: LLAMA["intermediate"] // 2].clone()
+            )
+            m.layers[1].gate_proj._parameters["weight"] = nn.Parameter(
+                m.layers[1].gate_proj.weight[: LLAMA["intermediate"] // 2].clone()
+            )
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 3  # the remembered verdict was not reused
+        assert get_counters().captures == captures + 1
+
+
+def test_deep_copy_of_a_module_with_direct_calls(assert_close_rel):
+    """copy.deepcopy of a compiled module that already makes direct calls: the copy is
+    compiled too (the same captures serve it) and computes with its own weights, and the
+    original keeps its own."""
+    with torch.no_grad():
+        model, eager, _ = llama_with_native(assert_close_rel, seed=9)
+        twin = copy.deepcopy(model)
+        halved = copy.deepcopy(eager)
+        for p in (*twin.parameters(), *halved.parameters()):
+            p.mul_(0.5)
+        captures = get_counters().captures
+        for b in (4, 3, 4, 4):
+            x = llama_inputs(b)
+            assert_close_rel(twin(x), halved(x), RTOL)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert get_counters().captures == captures
+        assert direct_calls() >= 5  # the original's, and the copy's once it learned them
+        assert twin._magi_compiled is model._magi_compiled
+        assert len(model._magi_compiled._direct.native_entry(twin)) == 1
