@@ -203,6 +203,9 @@ struct CudaGraphRunner::Impl {
     std::vector<at::Tensor> warmup_outputs;
     std::vector<bool> in_place;              // input used at its own address
     std::vector<c10::IValue> static_inputs;  // what the graph reads
+    // Per input used in place, the address the graph reads: the parameter's own TensorImpl
+    // (static_inputs[i]) follows a `.data` assignment, the captured address does not.
+    std::vector<const void*> captured_ptrs;
     // The graph's own outputs: None where the graph copies the output into a slot's buffer
     // (the memory is then free in the pool, for other captures to use).
     std::vector<c10::IValue> static_outputs;
@@ -465,10 +468,12 @@ struct CudaGraphRunner::Impl {
     const size_t n = graph_inputs.size();
     e.in_place.assign(n, false);
     e.static_inputs.clear();
+    e.captured_ptrs.assign(n, nullptr);
     for (size_t i = 0; i < n; ++i) {
       const c10::IValue& v = graph_inputs[i];
       if (v.isTensor() && !batched(i) && same_tensor(e.warmup_tensors[i], v)) {
         e.in_place[i] = true;  // a parameter or buffer: the graph reads it where it is
+        e.captured_ptrs[i] = ptr_of(v);
         e.static_inputs.push_back(v);
       } else if (v.isTensor()) {
         e.static_inputs.push_back(v.toTensor().clone());
@@ -834,7 +839,7 @@ struct CudaGraphRunner::Impl {
         }
         if (e.in_place[i] &&
             (t.unsafeGetTensorImpl() != e.static_inputs[i].toTensor().unsafeGetTensorImpl() ||
-             t.data_ptr() != ptr_of(e.static_inputs[i]))) {
+             t.data_ptr() != e.captured_ptrs[i])) {
           return false;
         }
       } else if (v.isInt()) {
@@ -896,9 +901,9 @@ struct CudaGraphRunner::Impl {
       if (e.in_place[i] && (!inputs[i].isTensor() ||
                             inputs[i].toTensor().unsafeGetTensorImpl() !=
                                 e.static_inputs[i].toTensor().unsafeGetTensorImpl() ||
-                            ptr_of(inputs[i]) != ptr_of(e.static_inputs[i]))) {
-        // A parameter or buffer was replaced (another tensor, or new storage): this graph
-        // reads stale memory. Capture again.
+                            ptr_of(inputs[i]) != e.captured_ptrs[i])) {
+        // A parameter or buffer was replaced (another tensor, or new storage through
+        // `.data = ...`): this graph reads stale memory. Capture again.
         MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
         e.drop_graph();
         return warm_up(e, std::move(inputs), pad);

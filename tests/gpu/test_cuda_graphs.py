@@ -206,6 +206,30 @@ def test_replaced_parameter_recaptures(counters, lowered, assert_close_rel):
     assert lowered[-1].magi_cuda_graphs.num_captures > captures or len(lowered) > 1
 
 
+def test_parameter_data_assignment_recaptures(counters, lowered, assert_close_rel):
+    """`param.data = other` keeps the Parameter (the same TensorImpl) but moves its storage:
+    the graph, which reads the captured address, is captured again. The old storage is freed
+    and filled by another tensor, so a replay that still read it would be far off."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    x = torch.randn(2, 16, 256, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, capture, replay
+            assert_close_rel(compiled(x), eager(x), 1e-4)
+        runner = lowered[0].magi_cuda_graphs
+        captures = runner.num_captures
+        name, _ = next(iter(eager.named_parameters()))
+        new = torch.randn_like(eager.get_parameter(name)) * 0.05
+        eager.get_parameter(name).data = new.clone()
+        target = compiled.get_parameter(name)
+        target.data = new.clone()  # the old storage goes back to the caching allocator
+        junk = [torch.full_like(new, 1e3) for _ in range(4)]  # and is written over
+        for _ in range(3):
+            assert_close_rel(compiled(x), eager(x), 1e-4)
+        del junk
+    assert runner.num_captures == captures + 1
+
+
 def test_cpu_inputs_degrade_to_no_graphs(counters, lowered, caplog):
     m = torch.nn.Linear(8, 8)
     compiled = magi_compile(copy.deepcopy(m), config_patch={"cudagraph_mode": "FULL"})
