@@ -2,7 +2,11 @@
 // ops (softmax, layer norm, mean) are expanded into reductions and pointwise math here.
 #include "magi/codegen/lower_group.h"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -211,11 +215,58 @@ class Lowering {
   int round_as(int x, const ir::Value& v) {
     c10::ScalarType t = v.tensor_type()->dtype;
     if (!is_reduced_precision(t) && !(spec_.use_double && t == c10::ScalarType::Float)) return x;
+    if (exact_in(x, t)) return x;  // rounding would give the same value: no instructions
     KOp op;
     op.kind = KOpKind::kRound;
     op.round_to = t;
     op.args = {x};
     return add(std::move(op));
+  }
+
+  // Whether op `x` already holds a value of dtype `t` exactly: a load of an input stored in
+  // `t`, a rounding to `t`, a constant `t` represents, and negation, absolute value, ReLU and
+  // selections (cat, where) of such values. Eager's result of such an op in `t` is that value,
+  // so it needs no rounding (rotary's neg and cat each cost two instructions per element).
+  bool exact_in(int x, c10::ScalarType t) const {
+    const KOp& op = spec_.ops[x];
+    auto all_exact = [&](size_t from) {
+      for (size_t k = from; k < op.args.size(); ++k) {
+        if (!exact_in(op.args[k], t)) return false;
+      }
+      return true;
+    };
+    switch (op.kind) {
+      case KOpKind::kLoad:
+        return spec_.inputs[op.input].dtype == t;
+      case KOpKind::kRound:
+        return op.round_to == t;
+      case KOpKind::kConst:
+        return op.fn.empty() && representable(op.value, t);
+      case KOpKind::kUnary:
+        return (op.fn == "neg" || op.fn == "abs" || op.fn == "relu") && all_exact(0);
+      case KOpKind::kSelect:
+        return all_exact(0);
+      case KOpKind::kWhere:
+        return all_exact(1);  // args[0] is the condition
+      default:
+        return false;
+    }
+  }
+
+  static bool representable(double value, c10::ScalarType t) {
+    if (std::isnan(value)) return true;
+    switch (t) {
+      case c10::ScalarType::BFloat16:
+        return static_cast<double>(static_cast<float>(c10::BFloat16(static_cast<float>(value)))) ==
+               value;
+      case c10::ScalarType::Half:
+        return static_cast<double>(static_cast<float>(c10::Half(static_cast<float>(value)))) ==
+               value;
+      case c10::ScalarType::Float:
+        return static_cast<double>(static_cast<float>(value)) == value;
+      default:
+        return false;
+    }
   }
 
   double scalar_of(const c10::IValue& v) {

@@ -314,6 +314,38 @@ TEST(FuseGroups, RotateHalfSlicesAndCatAreOneGroup) {
             "aten::slice.Tensor aten::slice.Tensor aten::neg aten::cat aten::mul.Tensor aten::exp");
 }
 
+// In bfloat16, eager rounds every op's result; an op whose result is already a bfloat16 value
+// (negation and cat of loaded values) is not rounded again: rotate_half's kernel rounds after
+// the two products and the sum only. The float32 group rounds nothing.
+TEST(LowerGroup, ExactOpsOfBf16ValuesAreNotRoundedAgain) {
+  for (c10::ScalarType dtype : {kBF16, kF32}) {
+    Graph g;
+    Builder b(g);
+    Value* x = b.input("x", {sym("s0"), 16}, dtype);
+    Value* cos = b.input("cos", {16}, dtype);
+    Value* sin = b.input("sin", {16}, dtype);
+    Value* lo = b.slice(x, 0, 8, "slice");
+    Value* hi = b.slice(x, 8, INT64_MAX, "slice_1");
+    Value* rot = b.cat_last({b.unary("aten::neg", hi, "neg"), lo}, "cat");
+    g.set_outputs({b.add(b.mul(x, cos, "mul"), b.mul(rot, sin, "mul_1"), "add")});
+    ASSERT_TRUE(fuse_groups(g));
+    auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+    ASSERT_EQ(fusions.size(), 1u);
+    codegen::KernelSpec spec = codegen::lower_group(*fusions[0]->piece(), "k");
+    std::vector<std::string> rounded;  // what each rounding rounds
+    for (const codegen::KOp& op : spec.ops) {
+      if (op.kind != codegen::KOpKind::kRound) continue;
+      const codegen::KOp& arg = spec.ops[op.args[0]];
+      rounded.push_back(arg.kind == codegen::KOpKind::kBinary ? arg.fn : "other");
+    }
+    if (dtype == kBF16) {
+      EXPECT_EQ(rounded, (std::vector<std::string>{"mul", "mul", "add"}));
+    } else {
+      EXPECT_TRUE(rounded.empty());
+    }
+  }
+}
+
 // The gradient of rotate_half, as the capture decomposes slice_backward: each half of the
 // incoming gradient padded back to the full width with zeros. The pads, their slices and the
 // sums are one kernel that selects per column; a pad of another dim or a crop stays in ATen.
