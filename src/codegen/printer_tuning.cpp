@@ -37,7 +37,7 @@ int row_chunks_per_thread() {
 }
 
 int pointwise_unroll() {
-  static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 1, 1, 8);
+  static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 0, 1, 8);
   return unroll;
 }
 

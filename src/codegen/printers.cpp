@@ -53,7 +53,7 @@ std::string print_cuda(const KernelVariant& v) {
   }
   if (s.schedule == Schedule::kPointwise) {
     os << "  const long long vectors = a.numel / V;\n";
-    const int unroll = pointwise_unroll();
+    const int unroll = v.unroll;
     if (unroll == 1 && kernel_grid_mode() == 'a') {  // the grid covers every vector
       os << "  const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
       os << "  if (vi < vectors) {\n";

@@ -277,6 +277,29 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
 }
 
+// A pointwise kernel that reads an input through general strides is predicted (and run) with
+// four vectors per thread, a contiguous one with one: the name says so, and the source has
+// the grid-stride loop over U = 4 vectors only in the first.
+TEST(FusedKernel, StridedPointwiseKernelsTakeFourVectorsPerThread) {
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  auto contiguous = silu_mul_group();
+  place_on(*contiguous, cuda);
+  auto plain = runtime::FusedKernel(*contiguous, "fused_silu_mul_c").expected_cuda_source();
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_EQ(plain->name.find("_u"), std::string::npos) << plain->name;
+  EXPECT_EQ(plain->source.find("constexpr int U ="), std::string::npos);
+
+  auto transposed = silu_mul_group();
+  place_on(*transposed, cuda, {SymExpr(1), sym("s0")});
+  auto strided = runtime::FusedKernel(*transposed, "fused_silu_mul_t").expected_cuda_source();
+  ASSERT_TRUE(strided.has_value());
+  EXPECT_EQ(strided->name.substr(strided->name.size() - 3), "_u4") << strided->name;
+  EXPECT_NE(strided->source.find("constexpr int U = 4;"), std::string::npos);
+  if (codegen::nvrtc_available()) {
+    EXPECT_FALSE(codegen::compile_cuda_batch({*strided}, 90).front().empty());
+  }
+}
+
 // A pointwise call writes its output over an input whose only reference was moved in (the
 // executor's last use), with the values it would have written elsewhere; an input the caller
 // still holds keeps its values and the output gets its own buffer.

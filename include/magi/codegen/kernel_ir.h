@@ -134,6 +134,9 @@ struct KernelVariant {
   /// With index_rank: every row index and every strided input's offsets fit in 31 bits, so
   /// the coordinate arithmetic is 32-bit.
   bool narrow_index = false;
+  /// GPU pointwise kernels: 16-byte vectors each thread handles per step of its grid-stride
+  /// loop (1: one vector per thread, no loop).
+  int unroll = 1;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

@@ -23,8 +23,8 @@ char kernel_grid_mode();
 /// Chunks of vector_width columns each thread of a row kernel holds in registers when its row
 /// fits: 4 by default, MAGI_ROW_CHUNKS (1-16).
 int row_chunks_per_thread();
-/// Vectors each thread of a pointwise kernel handles per step of its grid-stride loop: 1 by
-/// default, MAGI_POINTWISE_UNROLL (1-8).
+/// MAGI_POINTWISE_UNROLL (1-8): vectors each thread of every GPU pointwise kernel handles per
+/// step of its grid-stride loop; 0 when unset (each kernel's own choice, KernelVariant::unroll).
 int pointwise_unroll();
 /// When a row kernel whose rows fit in registers reads its per-column inputs (a norm's weight):
 /// 'a' (default) 'r' for a kernel with one such input and 'l' for more; 'l' in the output pass
