@@ -151,19 +151,29 @@ int vector_width_for(const codegen::KernelSpec& spec, const std::vector<AccessCl
   return width;
 }
 
-// Vectors per thread of a GPU pointwise variant: MAGI_POINTWISE_UNROLL when set; else 4 for a
-// kernel that reads an input shifted along the row or through general strides (rotary
-// embedding: each thread's loads wait on index arithmetic, and four vectors in flight per
-// thread took it from 70% to 87% of copy bandwidth on an H100), 1 for the rest (contiguous
-// pointwise kernels are at copy bandwidth with one vector per thread and no loop).
-int pointwise_unroll_for(const codegen::KernelVariant& kv) {
+// Vectors per thread of a GPU pointwise variant over `numel` elements on a device of
+// `sm_count` SMs: MAGI_POINTWISE_UNROLL when set; else 4 for a kernel that reads an input
+// shifted along the row or through general strides and whose one-vector grid is at least 16
+// waves of the device's threads, 1 for the rest. Measured on an H100 (bf16 rotary embedding):
+// 16384 x 8192 (62 waves) went from 70% to 87% of copy bandwidth with 4; the prefill's q and k
+// (4096 tokens x 16 and 8 heads, 4 and 2 waves) took 108 us per step with 1, 117 with 2 and
+// 120 with 4. Contiguous pointwise kernels are at copy bandwidth with one vector per thread.
+int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count) {
   if (kv.spec->schedule != codegen::Schedule::kPointwise) return 1;
   if (const int forced = codegen::pointwise_unroll(); forced > 0) return forced;
   const bool strided = std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
   const bool shifted = std::any_of(kv.spec->ops.begin(), kv.spec->ops.end(), [](const auto& op) {
     return op.kind == codegen::KOpKind::kLoad && op.shift != 0;
   });
-  return strided || shifted ? 4 : 1;
+  constexpr int64_t kThreadsPerSm = 2048, kWaves = 16;
+  const int64_t vectors = numel / std::max(kv.vector_width, 1);
+  return (strided || shifted) && vectors >= kWaves * kThreadsPerSm * sm_count ? 4 : 1;
+}
+
+// The SM count of CUDA device `index`, or an H100's (132) where no driver answers (a CPU-only
+// process predicting the variants a GPU run will need).
+int sm_count_of(int index) {
+  return codegen::cuda_driver_available() ? codegen::device_info(index).sm_count : 132;
 }
 
 int64_t pow2_ceil(int64_t x) {
@@ -416,7 +426,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
   choose_row_layout(kv, kernel_cols(spec_, space));
-  kv.unroll = pointwise_unroll_for(kv);
+  kv.unroll = pointwise_unroll_for(kv, numel, sm_count_of(std::max<int>(device_.index(), 0)));
   set_index_rank(kv, space, args);
   return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
 }
@@ -778,7 +788,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   kv.vector_width = width;
   if (device.is_cuda()) {
     choose_row_layout(kv, cols);
-    kv.unroll = pointwise_unroll_for(kv);
+    kv.unroll = pointwise_unroll_for(kv, numel, codegen::device_info(device.index()).sm_count);
   }
   set_index_rank(kv, space, args);
 

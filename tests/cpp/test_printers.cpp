@@ -278,19 +278,38 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
 }
 
 // A pointwise kernel that reads an input through general strides is predicted (and run) with
-// four vectors per thread, a contiguous one with one: the name says so, and the source has
-// the grid-stride loop over U = 4 vectors only in the first.
-TEST(FusedKernel, StridedPointwiseKernelsTakeFourVectorsPerThread) {
+// four vectors per thread when its one-vector grid is at least 16 waves of the device (of an
+// H100 here: 132 SMs), else with one, as are contiguous ones: the name says so, and the source
+// has the grid-stride loop over U = 4 vectors only in the first.
+TEST(FusedKernel, LargeStridedPointwiseKernelsTakeFourVectorsPerThread) {
   const c10::Device cuda(c10::DeviceType::CUDA, 0);
-  auto contiguous = silu_mul_group();
-  place_on(*contiguous, cuda);
+  const int64_t rows = codegen::cuda_driver_available()
+                           ? codegen::device_info(0).sm_count * int64_t{2048} * 16 * 8 / 2048
+                           : 132 * 16 * 8;
+  auto sized = [&](std::vector<SymExpr> strides) {
+    auto g = silu_mul_group();
+    ir::SymbolBindings at{{"s0", rows}, {"s1", 2048}};
+    for (Value* v : g->inputs()) {
+      TensorType t = *v->tensor_type();
+      for (SymExpr& e : t.sizes) e = SymExpr(e.evaluate(at));
+      v->set_tensor_type(std::move(t));
+    }
+    place_on(*g, cuda, std::move(strides));
+    return g;
+  };
+  auto contiguous = sized({});
   auto plain = runtime::FusedKernel(*contiguous, "fused_silu_mul_c").expected_cuda_source();
   ASSERT_TRUE(plain.has_value());
   EXPECT_EQ(plain->name.find("_u"), std::string::npos) << plain->name;
   EXPECT_EQ(plain->source.find("constexpr int U ="), std::string::npos);
 
-  auto transposed = silu_mul_group();
-  place_on(*transposed, cuda, {SymExpr(1), sym("s0")});
+  auto small = silu_mul_group();  // sizes bound to 64 for the prediction: one wave at most
+  place_on(*small, cuda, {SymExpr(1), sym("s0")});
+  auto few = runtime::FusedKernel(*small, "fused_silu_mul_small").expected_cuda_source();
+  ASSERT_TRUE(few.has_value());
+  EXPECT_EQ(few->name.find("_u"), std::string::npos) << few->name;
+
+  auto transposed = sized({SymExpr(1), SymExpr(rows)});
   auto strided = runtime::FusedKernel(*transposed, "fused_silu_mul_t").expected_cuda_source();
   ASSERT_TRUE(strided.has_value());
   EXPECT_EQ(strided->name.substr(strided->name.size() - 3), "_u4") << strided->name;
