@@ -256,9 +256,17 @@ class DirectCall {
     if (n != frame_names_.size()) return py::none();
     const size_t first = method_ ? 1 : 0;
 
+    // The buffers kept across calls, unless another call holds them (another thread, entered
+    // while this one's guards ran Python or its run had the GIL released): then buffers of
+    // its own. Released (and the signature's references dropped) on every way out.
+    std::vector<runtime::GuardInput> own_values;
+    std::vector<int64_t> own_key;
+    const Lease lease(this);
+    std::vector<runtime::GuardInput>& values = lease.owns ? values_ : own_values;
+    std::vector<int64_t>& key = lease.owns ? key_buffer_ : own_key;
+
     // The compact signature: dtypes, devices, ranks, static sizes, layouts, scalar values;
     // grad mode, autocast, module.training.
-    std::vector<runtime::GuardInput>& values = values_;
     values.clear();
     for (size_t i = first; i < n; ++i) values.push_back(guard_input(argv[i]));
     bool training = false;
@@ -301,7 +309,6 @@ class DirectCall {
     // memoize, once per fingerprint of the arguments, the parameters and the process state.
     // The fingerprint is built in a buffer kept across calls, and compared with the last
     // verified one before the set (a loop calls with one layout).
-    std::vector<int64_t>& key = key_buffer_;
     key.clear();
     bool have_key = false;
     if (memoize_) {
@@ -333,6 +340,30 @@ class DirectCall {
   }
 
  private:
+  /// Holds the call buffers for one call when no other call does.
+  struct Lease {
+    explicit Lease(DirectCall* call) : self(call), owns(!call->buffers_busy_) {
+      if (owns) self->buffers_busy_ = true;
+    }
+    ~Lease() {
+      if (!owns) return;
+      self->values_.clear();  // references to the arguments
+      self->buffers_busy_ = false;
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    DirectCall* self;
+    bool owns;
+  };
+
+  /// A fixed input changed: a new generation, and the verdicts of earlier ones can never be
+  /// reused (their fingerprints carry an older generation), so they are dropped.
+  void next_generation() {
+    ++fixed_generation_;
+    verified_.clear();
+    last_verified_.clear();
+  }
+
   /// The tensor `slot`'s dict holds now (borrowed), or nullptr when it holds none. The dict is
   /// read again only when its version tag moved; a tensor other than last call's, or the
   /// same one with another layout, starts a new generation of the fixed inputs.
@@ -350,9 +381,13 @@ class DirectCall {
       slot.version = version;
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (!slot.state.same(t, Py_TYPE(obj))) {
+    if (t.layout() != c10::kStrided || t.is_nested()) {
+      // No strides to compare: each call is a generation of its own (Dynamo's guards decide).
+      slot.state = TensorState();
+      next_generation();
+    } else if (!slot.state.same(t, Py_TYPE(obj))) {
       slot.state.take(t, Py_TYPE(obj));
-      ++fixed_generation_;
+      next_generation();
     }
     return obj;
   }
@@ -396,6 +431,7 @@ class DirectCall {
   std::vector<int64_t> last_verified_;       // the last call's, when it passed
   std::vector<int64_t> key_buffer_;
   std::vector<runtime::GuardInput> values_;  // the signature's inputs, empty between calls
+  bool buffers_busy_ = false;                // values_ and key_buffer_ are held by a call
   uint64_t fixed_generation_ = 0;            // bumped when a fixed input changes
   size_t guard_checks_ = 0;
 };
@@ -405,7 +441,8 @@ class DirectCall {
 /// result, or None (the wrapper then makes the ordinary call). The owner is held weakly.
 class DirectEntry {
  public:
-  explicit DirectEntry(py::object owner_ref) : owner_ref_(std::move(owner_ref)) {
+  explicit DirectEntry(py::object owner_ref)
+      : owner_ref_(std::move(owner_ref)), epoch_(g_registration_epoch) {
     MAGI_ASSERT(owner_ref_.is_none() || PyWeakref_CheckRef(owner_ref_.ptr()),
                 "DirectEntry: the owner must be a weak reference or None");
   }
@@ -413,14 +450,10 @@ class DirectEntry {
   /// Forgets every direct call; later ones are learned in the current epoch.
   void reset() {
     natives_.clear();
-    objects_.clear();
     epoch_ = g_registration_epoch;
   }
 
-  void add(const py::object& native) {
-    natives_.push_back(native.cast<DirectCall*>());
-    objects_.push_back(native);
-  }
+  void add(const py::object& native) { natives_.emplace_back(native, native.cast<DirectCall*>()); }
 
   size_t size() const { return natives_.size(); }
 
@@ -435,15 +468,19 @@ class DirectEntry {
     const size_t n = args.size();
     PyObject* const* given = n > 0 ? &PyTuple_GET_ITEM(args.ptr(), 0) : nullptr;
     c10::SmallVector<PyObject*, 8> argv;
+    py::object owner;  // held through the call
     if (!owner_ref_.is_none()) {
-      PyObject* owner = PyWeakref_GetObject(owner_ref_.ptr());  // borrowed
-      if (owner == nullptr || owner == Py_None) return py::none();
-      argv.push_back(owner);
+      PyObject* alive = PyWeakref_GetObject(owner_ref_.ptr());  // borrowed
+      if (alive == nullptr || alive == Py_None) return py::none();
+      owner = py::reinterpret_borrow<py::object>(alive);
+      argv.push_back(alive);
     }
     argv.append(given, given + n);
-    // The owner stays alive through the call: the caller's wrapper holds it.
-    for (DirectCall* native : natives_) {
-      py::object result = native->call_argv(argv.data(), argv.size());
+    // The direct calls as of now, held: another thread may reset or extend this entry while
+    // one of them runs (its guards run Python; its run releases the GIL).
+    const c10::SmallVector<Native, 2> held(natives_.begin(), natives_.end());
+    for (const Native& native : held) {
+      py::object result = native.second->call_argv(argv.data(), argv.size());
       if (!result.is_none()) {
         ++g_direct_calls;
         return result;
@@ -453,9 +490,9 @@ class DirectEntry {
   }
 
  private:
+  using Native = std::pair<py::object, DirectCall*>;  // the object keeps the pointer valid
   py::object owner_ref_;
-  std::vector<DirectCall*> natives_;
-  std::vector<py::object> objects_;  // keeps natives_ alive
+  std::vector<Native> natives_;
   uint64_t epoch_ = 0;
 };
 

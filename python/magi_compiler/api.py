@@ -433,7 +433,7 @@ def _deepcopy_compiled(module: nn.Module, memo: dict) -> nn.Module:
     finally:
         state.update(saved)
     for name, entry in compiled.items():
-        _attach(twin, entry, name)
+        _install(twin, entry, name)  # with model_cpu_offload, the copy's weights go to the host
     return twin
 
 

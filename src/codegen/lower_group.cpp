@@ -228,6 +228,14 @@ class Lowering {
   // selections (cat, where) of such values. Eager's result of such an op in `t` is that value,
   // so it needs no rounding (rotary's neg and cat each cost two instructions per element).
   bool exact_in(int x, c10::ScalarType t) const {
+    // Memoised per op (a chain of selections would otherwise be walked once per path).
+    std::vector<int8_t>& memo = exact_memo_[t];
+    if (memo.size() < spec_.ops.size()) memo.resize(spec_.ops.size(), -1);
+    if (memo[x] < 0) memo[x] = exact_uncached(x, t) ? 1 : 0;
+    return memo[x] == 1;
+  }
+
+  bool exact_uncached(int x, c10::ScalarType t) const {
     const KOp& op = spec_.ops[x];
     auto all_exact = [&](size_t from) {
       for (size_t k = from; k < op.args.size(); ++k) {
@@ -536,6 +544,7 @@ class Lowering {
   std::unordered_map<const ir::Value*, int> input_index_;
   int64_t shift_ = 0;  ///< the column offset of the node being lowered
   std::string comment_;
+  mutable std::map<c10::ScalarType, std::vector<int8_t>> exact_memo_;  // exact_in, per dtype
 };
 
 // The views after `node`'s values up to the index space (see input_view_chains).

@@ -759,3 +759,45 @@ def test_deep_copy_of_a_module_with_direct_calls(assert_close_rel):
         assert direct_calls() >= 5  # the original's, and the copy's once it learned them
         assert twin._magi_compiled is model._magi_compiled
         assert len(model._magi_compiled._direct.native_entry(twin)) == 1
+
+
+def test_concurrent_calls_while_paths_are_dropped_and_learned(assert_close_rel):
+    """Two threads call one compiled module while a third keeps registering parameters
+    elsewhere (each registration drops every direct path; the next call learns it again).
+    The C++ entry holds the direct calls it is running, and a call made while another holds
+    the shared buffers uses buffers of its own: every result matches eager."""
+    import threading
+
+    with torch.no_grad():
+        model, eager, _ = llama_with_native(
+            assert_close_rel, seed=10, fast_dispatch_guards="arguments"
+        )
+        xs = [llama_inputs(b) for b in (2, 3, 4)]
+        expected = [eager(x) for x in xs]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def call(offset: int) -> None:
+        try:
+            with torch.no_grad():
+                for i in range(40):
+                    k = (i + offset) % len(xs)
+                    assert_close_rel(model(xs[k]), expected[k], RTOL)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    def register() -> None:
+        while not stop.is_set():
+            nn.Linear(2, 2)  # its parameters' registration bumps the epoch
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+    bumper = threading.Thread(target=register)
+    bumper.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    bumper.join()
+    assert not errors, errors[0]
+    assert direct_calls() > 3  # some calls were direct between the drops
