@@ -152,7 +152,19 @@ def _memory(doc: dict) -> str:
         magi = (_ok(w, "magi") or {}).get("peak_mem_bytes")
         rows.append(row + [_ratio(magi, eager)])
     header = ["workload"] + [f"{LABELS[v]} MiB" for v in vs] + ["magi / eager"]
-    return _table(header, rows) if rows else ""
+    table = _table(header, rows) if rows else ""
+    reserved = [
+        [w["title"]] + [_cell(w, v, "peak_reserved_bytes", ",.0f", 2**-20) for v in vs]
+        for w in doc["workloads"]
+        if any((_ok(w, v) or {}).get("peak_reserved_bytes") for v in vs)
+    ]
+    if table and reserved:
+        table += (
+            "\n\nDevice memory held over the same step (`max_memory_reserved`, cached free blocks "
+            "released first), which counts the private pools where CUDA-graph replays keep their "
+            "intermediates:\n\n" + _table(["workload"] + [f"{LABELS[v]} MiB" for v in vs], reserved)
+        )
+    return table
 
 
 def _compile_times(doc: dict) -> str:
@@ -344,7 +356,9 @@ How to read the tables:
   kernels in its caches. It is not a fresh process with a warm disk cache.
 - **Peak memory**: `torch.cuda.max_memory_allocated` over one step, less what the variants
   compiled before it still hold; the weights and the rotating inputs are in every number.
-  GPU only.
+  GPU only. A CUDA-graph replay (`reduce-overhead`) keeps its intermediates in a private pool
+  this figure does not see, so runs since 2026-11-26 also record the device memory held over
+  the step (`max_memory_reserved`, cached free blocks released first), shown below it.
 - **Error**: normwise relative error `||out - eager|| / ||eager||` of the outputs (training:
   loss and every gradient; decode: first-step logits), worst tensor; ⚠ marks one over the
   tolerance. Eager's column compares two eager runs: the noise floor.

@@ -81,3 +81,35 @@ def test_recompute_benchmark_times_every_variant(rounds, tmp_path):
         assert r["correct"], f"{name}: {r}"
         assert r["steps"] == 3 and 0 < r["min_ms"] <= r["median_ms"], r
     assert model["variants"]["magi_heuristic"]["plan"]["policy"] == "HEURISTIC"
+
+
+def test_report_shows_device_memory_held_beside_the_allocated_peak():
+    """GPU results with peak_reserved_bytes render a second table under the peak memory one
+    (CUDA-graph replays keep intermediates in pools max_memory_allocated does not see)."""
+    from benchmarks import report
+
+    mib = 2**20
+
+    def variant(peak: int, reserved: int | None) -> dict:
+        r = {"status": "ok", "peak_mem_bytes": peak * mib}
+        if reserved is not None:
+            r["peak_reserved_bytes"] = reserved * mib
+        return r
+
+    doc = {
+        "suite": {"variants": ["eager", "inductor_ro"]},
+        "workloads": [
+            {
+                "name": "w",
+                "title": "Workload W",
+                "variants": {"eager": variant(800, 820), "inductor_ro": variant(496, 900)},
+            }
+        ]
+    }
+    text = report._memory(doc)
+    allocated, _, held = text.partition("Device memory held")
+    assert "496" in allocated and "900" not in allocated
+    assert "900" in held and "820" in held
+    for r in doc["workloads"][0]["variants"].values():
+        del r["peak_reserved_bytes"]
+    assert "Device memory held" not in report._memory(doc)
