@@ -291,22 +291,22 @@ def prepare_variant(
             case.step(fn, case.inputs[1], before)  # past any recording call (CUDA graphs)
             case.drop_grads()
             torch.cuda.synchronize(settings.device)
-            torch.cuda.reset_peak_memory_stats(settings.device)
-            out = case.step(fn, case.inputs[0], before)
-            torch.cuda.synchronize(settings.device)
-            del out
-            case.drop_grads()
+
+            def measured_step() -> None:
+                torch.cuda.reset_peak_memory_stats(settings.device)
+                out = case.step(fn, case.inputs[0], before)
+                torch.cuda.synchronize(settings.device)
+                del out
+                case.drop_grads()
+
+            measured_step()
             result["peak_mem_bytes"] = torch.cuda.max_memory_allocated() - held_by_others
             result["static_mem_bytes"] = static_bytes
             # What the step holds from the device, CUDA graphs' private pools included: a
             # replay's intermediates live in its pool, where max_memory_allocated does not see
             # them. Cached free blocks are released first, so they do not count.
             torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(settings.device)
-            out = case.step(fn, case.inputs[0], before)
-            torch.cuda.synchronize(settings.device)
-            del out
-            case.drop_grads()
+            measured_step()
             result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved() - reserved_by_others
     return Live(variant, fn, before, result), host
 
