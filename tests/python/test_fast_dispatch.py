@@ -787,7 +787,7 @@ def test_concurrent_calls_while_paths_are_dropped_and_learned(assert_close_rel):
             errors.append(e)
 
     def register() -> None:
-        while not stop.is_set():
+        while not stop.wait(0.005):  # a few drops per call, leaving room for direct calls
             nn.Linear(2, 2)  # its parameters' registration bumps the epoch
 
     threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
@@ -800,4 +800,6 @@ def test_concurrent_calls_while_paths_are_dropped_and_learned(assert_close_rel):
     stop.set()
     bumper.join()
     assert not errors, errors[0]
-    assert direct_calls() > 3  # some calls were direct between the drops
+    # Beyond the warm-up's one, some of the 80 calls went direct between drops, and some were
+    # ordinary (they learned the path again after a drop).
+    assert 1 < direct_calls() < 81
