@@ -104,7 +104,7 @@ def test_report_shows_device_memory_held_beside_the_allocated_peak():
                 "title": "Workload W",
                 "variants": {"eager": variant(800, 820), "inductor_ro": variant(496, 900)},
             }
-        ]
+        ],
     }
     text = report._memory(doc)
     allocated, _, held = text.partition("Device memory held")
