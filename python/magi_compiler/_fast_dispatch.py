@@ -436,7 +436,7 @@ def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
     if native is None:  # an owner without weak references: no direct paths at all
 
         def plain(*args: Any, **kwargs: Any) -> Any:
-            return entry(*args, **kwargs) if owner is None else entry(owner, *args, **kwargs)
+            return entry(owner, *args, **kwargs)
 
         return plain
     if owner is None:

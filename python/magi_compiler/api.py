@@ -395,18 +395,15 @@ def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, 
     return cfg
 
 
+# What _install sets on a module instance, besides the compiled methods themselves.
+_INSTALLED = ("_magi_compiled_methods", "_magi_compiled", "__deepcopy__")
+
+
 def _install(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
+    """Makes ``module.<method_name>`` call ``entry`` with ``module`` as its owner (its weights
+    moved to pinned host memory first when the config offloads them)."""
     if entry.config.offload_config.model_cpu_offload:
         _offload.offload_module(module)
-    _attach(module, entry, method_name)
-
-
-# What _attach sets on a module instance, besides the compiled methods themselves.
-_ATTACHED = ("_magi_compiled_methods", "_magi_compiled", "__deepcopy__")
-
-
-def _attach(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
-    """Makes ``module.<method_name>`` call ``entry`` with ``module`` as its owner."""
     compiled_method = functools.wraps(entry.fn)(
         _fast_dispatch.wrapper(entry, module, entry._direct)
     )
@@ -427,7 +424,7 @@ def _deepcopy_compiled(module: nn.Module, memo: dict) -> nn.Module:
     the copy as its owner, so the copy computes with its own weights."""
     state = vars(module)
     compiled = state["_magi_compiled_methods"]
-    saved = {k: state.pop(k) for k in (*compiled, *_ATTACHED) if k in state}
+    saved = {k: state.pop(k) for k in (*compiled, *_INSTALLED) if k in state}
     try:
         twin = copy.deepcopy(module, memo)
     finally:

@@ -1,22 +1,9 @@
 #!/usr/bin/env bash
 # Direct calls from C++ (issue 6, host time): a compiled method's wrapper tries its
 # DirectEntry before any Python, and parameter dicts are re-read only when their version tag
-# moved. Build; the CUDA-graph, padding, API and runtime-choice tests; the busy-GPU host breakdown (scripts/gpu/host_floor.py) with 4 rotating inputs and with one;
-# benchmarks/host_overhead.py beside eager and reduce-overhead, both ways.
+# moved. input_nodes_session.sh with the CUDA-graph, padding, API and runtime-choice tests:
+# build; those tests; the busy-GPU host breakdown (scripts/gpu/host_floor.py) with 4 rotating
+# inputs and with one; benchmarks/host_overhead.py beside eager and reduce-overhead, both ways.
 # Logs and JSON in $OUT.   (carry .deps)
-set -uo pipefail
-source "$(dirname "$0")/env.sh"
-bash scripts/gpu/run_gpu.sh build || exit 1
-echo "== pytest"
-gpu_pytest pytest_graphs.log 300 tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_graph_padding.py \
-  tests/gpu/test_api_cuda.py tests/gpu/test_runtime_choices_cuda.py -rf
-for n in 4 1; do
-  echo "== host floor, $n inputs"
-  timeout 150 python scripts/gpu/host_floor.py --inputs $n --json "$OUT/host_floor_$n.json" 2>&1 |
-    grep -v "^\[magi" | tail -60
-done
-for n in 4 1; do
-  echo "== host overhead, $n inputs"
-  timeout 150 python benchmarks/host_overhead.py --variants eager,magi_cg,magi_cg_args,inductor_ro \
-    --inputs $n --out "$OUT/host_overhead_$n.json" 2>&1 | grep -v "^\[magi" | tail -9
-done
+TESTS="tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_graph_padding.py tests/gpu/test_api_cuda.py
+  tests/gpu/test_runtime_choices_cuda.py" TESTS_S=300 exec bash "$(dirname "$0")/input_nodes_session.sh"

@@ -8,9 +8,10 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
 echo "== pytest"
-gpu_pytest pytest_graphs.log 240 tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_graph_padding.py \
-  tests/gpu/test_memory_arena_cuda.py tests/gpu/test_api_cuda.py \
-  "tests/gpu/test_fusion_cuda.py::test_swiglu_product_takes_the_gate_buffer" -rf
+# TESTS and TESTS_S: another set of test files and its time limit (direct_entry_session.sh).
+gpu_pytest pytest_graphs.log "${TESTS_S:-240}" ${TESTS:-tests/gpu/test_cuda_graphs.py \
+  tests/gpu/test_cuda_graph_padding.py tests/gpu/test_memory_arena_cuda.py \
+  tests/gpu/test_api_cuda.py tests/gpu/test_fusion_cuda.py::test_swiglu_product_takes_the_gate_buffer} -rf
 for n in 4 1; do
   echo "== host floor, $n inputs"
   timeout 150 python scripts/gpu/host_floor.py --inputs $n --json "$OUT/host_floor_$n.json" 2>&1 |

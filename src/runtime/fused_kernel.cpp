@@ -773,7 +773,9 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
 
   // Vector width: 16-byte accesses when every vectorised pointer and the row length allow it.
   int width = 1;
+  codegen::DeviceInfo info;
   if (device.is_cuda()) {
+    info = codegen::device_info(device.index());
     width = vector_width_for(spec_, kv.access, cols, numel, [&](int w) {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if ((kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kColumn) &&
@@ -788,7 +790,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   kv.vector_width = width;
   if (device.is_cuda()) {
     choose_row_layout(kv, cols);
-    kv.unroll = pointwise_unroll_for(kv, numel, codegen::device_info(device.index()).sm_count);
+    kv.unroll = pointwise_unroll_for(kv, numel, info.sm_count);
   }
   set_index_rank(kv, space, args);
 
@@ -809,7 +811,6 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);
 
   if (device.is_cuda()) {
-    const auto info = codegen::device_info(device.index());
     unsigned threads, blocks, rows_per_block = 1;
     if (spec_.schedule == codegen::Schedule::kColumn) {
       launch_columns(spec_, *v.cuda, args, width, device);
