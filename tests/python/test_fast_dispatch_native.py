@@ -1,0 +1,330 @@
+"""Direct calls made from C++ (``_C.DirectCall``, ``_C.DirectEntry``) on CPU, and
+``fast_dispatch_guards``: positional calls go from the compiled method's wrapper to the graph
+without Python of ours, checking Dynamo's guards on every call or once per argument layout;
+parameter dicts are re-read when they change; a deep copy and concurrent calls stay correct.
+
+Every numeric check compares against eager PyTorch on the same weights on fresh random float32
+inputs (relative error <= 1e-5).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _api_helpers import RTOL, H, Tiny, inputs
+from _fast_dispatch_helpers import (
+    LLAMA,
+    compiled_with_eager,
+    direct_calls,
+    llama_inputs,
+    warm_up,
+)
+from blocks import LlamaStack, init_weights_
+from magi_compiler import get_counters, magi_compile
+from magi_compiler.errors import UserError
+from torch import nn
+
+pytestmark = pytest.mark.usefixtures("counters")  # fresh Dynamo caches, zeroed counters
+
+
+# --------------------------------------------------------------------------------------------
+# Direct calls from C++ (_C.DirectCall) and fast_dispatch_guards
+# --------------------------------------------------------------------------------------------
+
+
+def native_of(model: nn.Module):
+    """The C++ direct call learned for ``model``'s one signature."""
+    (path,) = model._magi_compiled._direct.get(model).paths
+    assert path.native is not None
+    return path.native
+
+
+def llama_with_native(assert_close_rel, seed: int, **config):
+    """(compiled Llama stack, eager copy, its C++ direct call) after the three calls that
+    capture (batch 2), learn (3) and make the first direct call (4), each matching eager."""
+    model, eager = compiled_with_eager(
+        init_weights_(LlamaStack(2, **LLAMA), seed=seed), config_patch=config or None
+    )
+    for b in (2, 3, 4):
+        x = llama_inputs(b)
+        assert_close_rel(model(x), eager(x), RTOL)
+    return model, eager, native_of(model)
+
+
+def test_positional_calls_run_from_cpp_and_check_dynamos_guards_each_time(assert_close_rel):
+    with torch.no_grad():
+        model, eager, native = llama_with_native(assert_close_rel, seed=4)
+        assert (native.arity, native.num_guard_checks) == (2, 1)  # (self, x); call 3
+        for n, b in enumerate((5, 2, 5, 9), start=2):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert native.num_guard_checks == n
+            assert direct_calls() == n
+        # A keyword call takes the Python direct path: counted, but no C++ guard check.
+        x = llama_inputs(3)
+        assert_close_rel(model(x=x), eager(x), RTOL)
+        assert (direct_calls(), native.num_guard_checks) == (6, 5)
+
+
+def test_arguments_mode_checks_dynamos_guards_once_per_argument_layout(assert_close_rel):
+    with torch.no_grad():
+        model, eager, native = llama_with_native(
+            assert_close_rel, seed=5, fast_dispatch_guards="arguments"
+        )
+        # Batch 4 was checked by the first direct call; 3 was seen only by the ordinary call.
+        for b, checks in zip((4, 4, 6, 6, 3, 4), (1, 1, 2, 2, 3, 3), strict=True):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert native.num_guard_checks == checks, (b, native.num_guard_checks)
+        # Process state Dynamo guards is part of the layout: a new thread count checks again.
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(max(1, threads - 1) if threads > 1 else 2)
+            x = llama_inputs(4)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert native.num_guard_checks == 4
+        finally:
+            torch.set_num_threads(threads)
+        # Parameters are still read from their dicts on every call.
+        weight = torch.randn_like(model.layers[0].q_proj.weight)
+        model.layers[0].q_proj._parameters["weight"] = nn.Parameter(weight.clone())
+        eager.layers[0].q_proj._parameters["weight"] = nn.Parameter(weight.clone())
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+
+
+def test_dynamo_mode_sees_a_module_attribute_the_forward_reads(assert_close_rel):
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    model, eager = compiled_with_eager(Scaled())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        model.scale = eager.scale = 3.0  # a plain attribute: no registration hook fires
+        for b in (3, 3, 3):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+
+
+def test_fast_dispatch_guards_must_be_a_known_mode():
+    with pytest.raises(UserError) as info:
+        magi_compile(Tiny(), config_patch={"fast_dispatch_guards": "none"})
+    assert str(info.value) == (
+        "fast_dispatch_guards='none' is not one of dynamo, arguments (docs/config.md)"
+    )
+
+
+def assert_direct_path_stays_in_python(model, eager, assert_close_rel) -> torch.Tensor:
+    """After the warm-up, the learned direct path has no C++ call, and the next call still
+    goes direct (through Python), matching eager. Returns that call's input."""
+    warm_up(model, eager, assert_close_rel)
+    (path,) = model._magi_compiled._direct.get(model).paths
+    assert path.native is None
+    x = inputs(3)
+    assert_close_rel(model(x), eager(x), RTOL)
+    assert direct_calls() == 2
+    return x
+
+
+def test_dumps_keep_direct_calls_in_python(assert_close_rel, tmp_path, monkeypatch):
+    """Dumps wrap a graph's run to count its first calls (reports rewritten until the fourth):
+    a C++ direct call would bypass that, so with dumps on direct calls stay in Python."""
+    from magi_compiler import _dump
+
+    monkeypatch.setenv(_dump.ENABLE_ENV, "1")
+    monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
+    model, eager = compiled_with_eager(Tiny())
+    with torch.no_grad():
+        assert_direct_path_stays_in_python(model, eager, assert_close_rel)
+
+
+def test_arguments_mode_fingerprints_the_parameters_too(assert_close_rel):
+    """A parameter changed in place (no registration hook, the argument unchanged) gives a new
+    fingerprint, so Dynamo's guards run again instead of a remembered verdict."""
+    with torch.no_grad():
+        model, eager, native = llama_with_native(
+            assert_close_rel, seed=6, fast_dispatch_guards="arguments"
+        )
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 1
+        model.layers[1].up_proj.weight.requires_grad_(False)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 2
+        weight = model.layers[0].o_proj.weight
+        weight.data = weight.data.t().contiguous().t()  # same values, column-major strides
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 3
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 3
+
+
+def test_keyword_only_parameters_keep_direct_calls_in_python(assert_close_rel):
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x, *, scale=2.0):
+            return self.fc(x) * scale
+
+    model, eager = compiled_with_eager(Scaled())
+    with torch.no_grad():
+        x = assert_direct_path_stays_in_python(model, eager, assert_close_rel)
+        with pytest.raises(TypeError):
+            model(x, 3.0)  # scale is keyword-only, as in eager
+
+
+# --------------------------------------------------------------------------------------------
+# The C++ entry: a compiled method's wrapper tries the direct calls before any Python runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_direct_calls_of_a_module_run_without_the_python_entry(assert_close_rel, monkeypatch):
+    """Once learned, a positional call goes from the wrapper to the C++ direct call: the
+    compiled entry's Python method is not reached (it would raise here)."""
+    with torch.no_grad():
+        model, eager, _ = llama_with_native(assert_close_rel, seed=7)
+        entry = model._magi_compiled
+        assert len(entry._direct.native_entry(model)) == 1
+
+        def not_reached(*args, **kwargs):
+            raise AssertionError("the Python entry ran")
+
+        monkeypatch.setattr(entry, "call", not_reached)
+        for n, b in enumerate((3, 6), start=2):
+            x = llama_inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert direct_calls() == n
+        monkeypatch.undo()
+        # A keyword call, and a call of another signature, go through the Python entry.
+        x = llama_inputs(5)
+        assert_close_rel(model(x=x), eager(x), RTOL)
+        assert direct_calls() == 4
+        x = torch.randn(2, 6, LLAMA["hidden"])  # another static size: a capture of its own
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert direct_calls() == 4
+
+
+def test_compiled_function_goes_direct_from_cpp(assert_close_rel):
+    weight = torch.randn(H, H)
+
+    def gate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.silu(x @ w) * x
+
+    compiled = magi_compile(gate, dynamic_arg_dims={"x": 0})
+    with torch.no_grad():
+        for i, b in enumerate((2, 3, 4, 7)):
+            x = inputs(b)
+            assert_close_rel(compiled(x, weight), gate(x, weight), RTOL)
+            assert direct_calls() == max(0, i - 1)
+    assert len(compiled._magi_compiled._direct.native_entry(None)) == 1
+
+
+def test_parameters_dict_write_in_arguments_mode_checks_the_guards_again(assert_close_rel):
+    """The C++ call re-reads a parameter dict only when the dict changed: a write of a tensor
+    of another shape is seen (Dynamo's guards run again and refuse, so the call captures
+    anew), and so is a write of one with the same layout (guards run again and pass)."""
+    with torch.no_grad():
+        model, eager, native = llama_with_native(
+            assert_close_rel, seed=8, fast_dispatch_guards="arguments"
+        )
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 1
+        for m in (model, eager):
+            m.layers[1].down_proj._parameters["weight"] = nn.Parameter(
+                m.layers[1].down_proj.weight.detach() * 2.0
+            )
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 2
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 2
+
+        captures = get_counters().captures
+        wider = torch.randn(LLAMA["hidden"], LLAMA["intermediate"] // 2)
+        for m in (model, eager):
+            m.layers[1].down_proj._parameters["weight"] = nn.Parameter(wider.clone())
+            m.layers[1].up_proj._parameters["weight"] = nn.Parameter(
+                m.layers[1].up_proj.weight[: LLAMA["intermediate"] // 2].clone()
+            )
+            m.layers[1].gate_proj._parameters["weight"] = nn.Parameter(
+                m.layers[1].gate_proj.weight[: LLAMA["intermediate"] // 2].clone()
+            )
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert native.num_guard_checks == 3  # the remembered verdict was not reused
+        assert get_counters().captures == captures + 1
+
+
+def test_deep_copy_of_a_module_with_direct_calls(assert_close_rel):
+    """copy.deepcopy of a compiled module that already makes direct calls: the copy is
+    compiled too (the same captures serve it) and computes with its own weights, and the
+    original keeps its own."""
+    with torch.no_grad():
+        model, eager, _ = llama_with_native(assert_close_rel, seed=9)
+        twin = copy.deepcopy(model)
+        halved = copy.deepcopy(eager)
+        for p in (*twin.parameters(), *halved.parameters()):
+            p.mul_(0.5)
+        captures = get_counters().captures
+        for b in (4, 3, 4, 4):
+            x = llama_inputs(b)
+            assert_close_rel(twin(x), halved(x), RTOL)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert get_counters().captures == captures
+        assert direct_calls() >= 5  # the original's, and the copy's once it learned them
+        assert twin._magi_compiled is model._magi_compiled
+        assert len(model._magi_compiled._direct.native_entry(twin)) == 1
+
+
+def test_concurrent_calls_while_paths_are_dropped_and_learned(assert_close_rel):
+    """Two threads call one compiled module while a third keeps registering parameters
+    elsewhere (each registration drops every direct path; the next call learns it again).
+    The C++ entry holds the direct calls it is running, and a call made while another holds
+    the shared buffers uses buffers of its own: every result matches eager."""
+    import threading
+
+    with torch.no_grad():
+        model, eager, _ = llama_with_native(
+            assert_close_rel, seed=10, fast_dispatch_guards="arguments"
+        )
+        xs = [llama_inputs(b) for b in (2, 3, 4)]
+        expected = [eager(x) for x in xs]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def call(offset: int) -> None:
+        try:
+            with torch.no_grad():
+                for i in range(40):
+                    k = (i + offset) % len(xs)
+                    assert_close_rel(model(xs[k]), expected[k], RTOL)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    def register() -> None:
+        while not stop.wait(0.005):  # a few drops per call, leaving room for direct calls
+            nn.Linear(2, 2)  # its parameters' registration bumps the epoch
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+    bumper = threading.Thread(target=register)
+    bumper.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    bumper.join()
+    assert not errors, errors[0]
+    # Beyond the warm-up's one, some of the 80 calls went direct between drops, and some were
+    # ordinary (they learned the path again after a drop).
+    assert 1 < direct_calls() < 81
