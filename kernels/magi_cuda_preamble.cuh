@@ -201,6 +201,28 @@ __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, un
 #endif
 }
 
+// Two 16-bit values packed in a word, `lo` in its low half: one conversion instruction for both
+// on sm_80+ (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, rounding as the single conversions do).
+template <typename T>
+__device__ __forceinline__ unsigned magi_pack2(float lo, float hi) {
+  return static_cast<unsigned>(MagiStore<T>::from(lo).x) |
+         (static_cast<unsigned>(MagiStore<T>::from(hi).x) << 16);
+}
+#if __CUDA_ARCH__ >= 800
+template <>
+__device__ __forceinline__ unsigned magi_pack2<magi_bf16>(float lo, float hi) {
+  unsigned w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+}
+template <>
+__device__ __forceinline__ unsigned magi_pack2<magi_f16>(float lo, float hi) {
+  unsigned w;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+}
+#endif
+
 template <typename A, typename T, int V>
 __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
@@ -210,8 +232,8 @@ __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
       unsigned w[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        w[q] = static_cast<unsigned>(MagiStore<T>::from(in[c * 8 + 2 * q]).x) |
-               (static_cast<unsigned>(MagiStore<T>::from(in[c * 8 + 2 * q + 1]).x) << 16);
+        w[q] = magi_pack2<T>(static_cast<float>(in[c * 8 + 2 * q]),
+                             static_cast<float>(in[c * 8 + 2 * q + 1]));
       }
       magi_store16(p + c * 8, w[0], w[1], w[2], w[3]);
     }
@@ -389,18 +411,36 @@ __device__ __forceinline__ A magi_gelu_tanh(A x) {
   return A(0.5) * x * (A(1) + tanh(k * (x + A(0.044715) * x * x * x)));
 }
 // Fast forms, used when every output of a kernel is bf16/fp16: their error (a few float ulps)
-// is far below the output's rounding step. __fdividef is wrong outside normal divisors below
-// 2^126 (0 for larger ones, inf for subnormal ones), so those take the IEEE division.
-__device__ __forceinline__ float magi_fexp(float x) { return __expf(x); }
+// is far below the output's rounding step. Without --use_fast_math, __expf and __fdividef
+// compile to their subnormal-safe sequences (about five instructions each around the one that
+// computes); these take one. exp flushes results below 2^-126 to zero (ex2.approx.ftz; a bf16
+// output would have kept a subnormal there, an f16 one has none so small). The reciprocal keeps
+// subnormal results (rcp.approx.f32), so x * (1 / y) is right for every divisor (__fdividef gave
+// 0 above 2^126), and a divisor shared by a row's elements is inverted once: the asm statements
+// are pure, so the compiler computes one of them once per distinct operand.
+constexpr float kMagiLog2e = 1.44269504088896340736f;
+__device__ __forceinline__ float magi_ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float magi_frcp(float x) {
+  float y;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float magi_fexp(float x) { return magi_ex2_ftz(x * kMagiLog2e); }
+// exp(x - y) with the subtraction folded into the scaling (one FFMA; y * log2e is computed once
+// when y is a row's value, as softmax's maximum is).
+__device__ __forceinline__ float magi_fexp_sub(float x, float y) {
+  return magi_ex2_ftz(fmaf(x, kMagiLog2e, -(y * kMagiLog2e)));
+}
 __device__ __forceinline__ float magi_flog(float x) { return __logf(x); }
-__device__ __forceinline__ float magi_fdiv(float x, float y) {
-  const float ay = fabsf(y);
-  return (ay > 0x1p126f || ay < 0x1p-126f) ? x / y : __fdividef(x, y);
-}
+__device__ __forceinline__ float magi_fdiv(float x, float y) { return x * magi_frcp(y); }
 __device__ __forceinline__ float magi_fsigmoid(float x) {
-  return magi_fdiv(1.0f, 1.0f + __expf(-x));
+  return magi_frcp(1.0f + magi_fexp(-x));
 }
-__device__ __forceinline__ float magi_fsilu(float x) { return magi_fdiv(x, 1.0f + __expf(-x)); }
+__device__ __forceinline__ float magi_fsilu(float x) { return magi_fdiv(x, 1.0f + magi_fexp(-x)); }
 template <typename A>
 __device__ __forceinline__ A magi_max(A a, A b) {
   return (a != a || a > b) ? a : b;
@@ -409,6 +449,21 @@ template <typename A>
 __device__ __forceinline__ A magi_min(A a, A b) {
   return (a != a || a < b) ? a : b;
 }
+#if __CUDA_ARCH__ >= 800
+// One instruction that propagates NaN (max.NaN) instead of two comparisons and a select.
+template <>
+__device__ __forceinline__ float magi_max<float>(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+template <>
+__device__ __forceinline__ float magi_min<float>(float a, float b) {
+  float d;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+#endif
 
 // Block-wide reductions; every thread gets the result. `scratch` holds 32 values.
 template <typename A, typename F>

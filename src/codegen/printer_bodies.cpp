@@ -156,7 +156,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
       for (size_t k = 0; k < s.outputs.size(); ++k) {
         if (!s.outputs[k].per_row)
-          o << in2 << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+          o << in2 << "  o" << k << "[j] = " << name(s, stored_op(s, s.outputs[k])) << ";\n";
       }
       o << in2 << "}\n";
       for (size_t k = 0; k < s.outputs.size(); ++k) {
@@ -351,7 +351,7 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
       },
       ind + "  ", gpu && s.fast_math);
   for (size_t k = 0; k < s.outputs.size(); ++k) {
-    os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+    os << ind << "  o" << k << "[j] = " << name(s, stored_op(s, s.outputs[k])) << ";\n";
   }
   os << ind << "}\n";
   for (size_t k = 0; k < s.outputs.size(); ++k) {

@@ -80,7 +80,7 @@ void emit_column_step(std::ostream& os, const KernelVariant& v, const ColumnPlan
   }
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     if (!s.outputs[k].per_row) {
-      os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";
+      os << ind << "  o" << k << "[j] = " << name(s, stored_op(s, s.outputs[k])) << ";\n";
     }
   }
   os << ind << "}\n";

@@ -84,6 +84,11 @@ std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast) {
       if (f == "neg") return "(-" + a(0) + ")";
       if (f == "reciprocal") return "(A(1) / " + a(0) + ")";
       if (f == "abs") return "fabs(" + a(0) + ")";
+      if (fast && f == "exp" && s.ops[op.args[0]].kind == KOpKind::kBinary &&
+          s.ops[op.args[0]].fn == "sub") {  // exp(x - m), as softmax computes it
+        const KOp& d = s.ops[op.args[0]];
+        return "magi_fexp_sub(" + name(s, d.args[0]) + ", " + name(s, d.args[1]) + ")";
+      }
       if (fast && (f == "exp" || f == "log" || f == "sigmoid" || f == "silu")) {
         return "magi_f" + f + "(" + a(0) + ")";
       }
@@ -185,10 +190,16 @@ void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops
   }
 }
 
+int stored_op(const KernelSpec& s, const KOutput& o) {
+  const KOp& op = s.ops[o.op];
+  const bool half = o.dtype == c10::ScalarType::BFloat16 || o.dtype == c10::ScalarType::Half;
+  return half && op.kind == KOpKind::kRound && op.round_to == o.dtype ? op.args[0] : o.op;
+}
+
 std::vector<int> full_output_roots(const KernelSpec& s) {
   std::vector<int> roots;
   for (const auto& o : s.outputs) {
-    if (!o.per_row) roots.push_back(o.op);
+    if (!o.per_row) roots.push_back(stored_op(s, o));
   }
   return roots;
 }

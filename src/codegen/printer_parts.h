@@ -58,6 +58,9 @@ std::string comment(const KOp& op);
 // Statements computing `ops` for lane j, loads reading `load(input)`.
 void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
               const LoadFn& load, const std::string& indent, bool fast);
+/// The op whose value output `o` stores: a rounding to the output's own 16-bit dtype is left to
+/// the store, whose conversion rounds the same way (the stored bits are the same).
+int stored_op(const KernelSpec& s, const KOutput& o);
 std::vector<int> full_output_roots(const KernelSpec& s);
 void emit_header_comment(std::ostream& os, const KernelVariant& v);
 void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& args);

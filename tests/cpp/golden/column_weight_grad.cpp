@@ -43,7 +43,7 @@ extern "C" void fused_column_weight_grad_ccl_v1(const MagiArgs* a) {
           const A e3 = (e0 * e1);  // aten::mul.Tensor @ model.py:40 in forward
           const A e4 = magi_round_bf16(e3);  // aten::mul.Tensor @ model.py:40 in forward
           acc8[col0 - c_begin + j] = acc8[col0 - c_begin + j] + e4;
-          o1[j] = e4;
+          o1[j] = e3;
         }
         for (int j = 0; j < V; ++j) out1[row * cols + col0 + j] = MagiStore<magi_bf16>::from(o1[j]);
       }

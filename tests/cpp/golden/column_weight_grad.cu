@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_column_weight_grad_ccl_v
           const A e3 = (e0 * e1);  // aten::mul.Tensor @ model.py:40 in forward
           const A e4 = magi_round_bf16(e3);  // aten::mul.Tensor @ model.py:40 in forward
           acc8[j] = acc8[j] + e4;
-          o1[j] = e4;
+          o1[j] = e3;
         }
         magi_store<A, magi_bf16, V>(out1 + row * cols + col0, o1);
       }

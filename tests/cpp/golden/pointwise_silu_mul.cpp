@@ -39,8 +39,7 @@ extern "C" void fused_pointwise_silu_mul_clg_v1_r2n(const MagiArgs* a) {
         const A e6 = magi_silu(e5);  // aten::silu @ model.py:20 in forward
         const A e7 = magi_round_bf16(e6);  // aten::silu @ model.py:20 in forward
         const A e8 = (e7 * e2);  // aten::mul.Tensor @ model.py:21 in forward
-        const A e9 = magi_round_bf16(e8);  // aten::mul.Tensor @ model.py:21 in forward
-        o0[j] = e9;
+        o0[j] = e8;
       }
       for (int j = 0; j < V; ++j) out0[base + j] = MagiStore<magi_bf16>::from(o0[j]);
     }

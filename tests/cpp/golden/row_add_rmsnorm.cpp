@@ -55,9 +55,8 @@ extern "C" void fused_row_add_rmsnorm_ccl_v1(const MagiArgs* a) {
         const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
         const A e19 = (e5 * r18);  // aten::mul.Tensor @ model.py:33 in forward
         const A e20 = (e19 * e2);  // aten::mul.Tensor @ model.py:34 in forward
-        const A e23 = magi_round_bf16(e20);  // aten::_to_copy @ model.py:34 in forward
-        o0[j] = e23;
-        o1[j] = e5;
+        o0[j] = e20;
+        o1[j] = e4;
       }
       for (int j = 0; j < V; ++j) out0[row * cols + col0 + j] = MagiStore<magi_bf16>::from(o0[j]);
       for (int j = 0; j < V; ++j) out1[row * cols + col0 + j] = MagiStore<magi_bf16>::from(o1[j]);
