@@ -415,9 +415,11 @@ __device__ __forceinline__ A magi_gelu_tanh(A x) {
 // compile to their subnormal-safe sequences (about five instructions each around the one that
 // computes); these take one. exp flushes results below 2^-126 to zero (ex2.approx.ftz; a bf16
 // output would have kept a subnormal there, an f16 one has none so small). The reciprocal keeps
-// subnormal results (rcp.approx.f32), so x * (1 / y) is right for every divisor (__fdividef gave
-// 0 above 2^126), and a divisor shared by a row's elements is inverted once: the asm statements
-// are pure, so the compiler computes one of them once per distinct operand.
+// subnormal results (rcp.approx.f32), so x * (1 / y) is right for divisors up to the largest
+// float (__fdividef gave 0 above 2^126); a subnormal divisor, whose reciprocal overflows, is
+// scaled by 2^64 first and the quotient by 2^64 after. A divisor shared by a row's elements is
+// inverted once: the asm statements are pure, so the compiler computes one of them once per
+// distinct operand.
 constexpr float kMagiLog2e = 1.44269504088896340736f;
 __device__ __forceinline__ float magi_ex2_ftz(float x) {
   float y;
@@ -436,11 +438,15 @@ __device__ __forceinline__ float magi_fexp_sub(float x, float y) {
   return magi_ex2_ftz(fmaf(x, kMagiLog2e, -(y * kMagiLog2e)));
 }
 __device__ __forceinline__ float magi_flog(float x) { return __logf(x); }
-__device__ __forceinline__ float magi_fdiv(float x, float y) { return x * magi_frcp(y); }
+__device__ __forceinline__ float magi_fdiv(float x, float y) {
+  const float s = fabsf(y) < 0x1p-126f ? 0x1p64f : 1.0f;
+  return x * magi_frcp(y * s) * s;
+}
+// Their divisor, 1 + exp(-x), is at least 1: its reciprocal needs no scaling.
 __device__ __forceinline__ float magi_fsigmoid(float x) {
   return magi_frcp(1.0f + magi_fexp(-x));
 }
-__device__ __forceinline__ float magi_fsilu(float x) { return magi_fdiv(x, 1.0f + magi_fexp(-x)); }
+__device__ __forceinline__ float magi_fsilu(float x) { return x * magi_frcp(1.0f + magi_fexp(-x)); }
 template <typename A>
 __device__ __forceinline__ A magi_max(A a, A b) {
   return (a != a || a > b) ? a : b;
