@@ -1,6 +1,5 @@
 // The tuning variables of the printed kernels (MAGI_ROW_CHUNKS and friends, docs/config.md):
 // each read once per process; part of the printed source, hence of the kernel cache key.
-#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -35,26 +34,6 @@ char kernel_grid_mode() {
 int row_chunks_per_thread() {
   static const int chunks = env_int("MAGI_ROW_CHUNKS", 4, 1, 16);
   return chunks;
-}
-
-bool deep_rows_allowed() {
-  static const bool allowed = [] {
-    const char* text = std::getenv("MAGI_DEEP_ROWS");
-    std::string m = text == nullptr || *text == '\0' ? "auto" : text;
-    MAGI_CHECK(m == "auto" || m == "0", "MAGI_DEEP_ROWS=", m, " is not one of auto, 0");
-    return m == "auto";
-  }();
-  return allowed;
-}
-
-int row_chunks(const KernelVariant& v) {
-  if (v.streamed_rows) return stream_chunks_per_thread();
-  return v.deep_rows ? 2 * row_chunks_per_thread() : row_chunks_per_thread();
-}
-
-int row_block_threads(const KernelVariant& v) {
-  if (v.streamed_rows) return stream_threads_per_block();
-  return v.deep_rows ? std::max(32, max_threads_per_block() / 2) : max_threads_per_block();
 }
 
 int pointwise_unroll() {

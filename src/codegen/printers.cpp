@@ -39,8 +39,7 @@ std::string print_cuda(const KernelVariant& v) {
   const KernelSpec& s = *v.spec;
   std::ostringstream os;
   emit_header_comment(os, v);
-  const int block_threads =
-      s.schedule == Schedule::kRow ? row_block_threads(v) : max_threads_per_block();
+  const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
   os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads << ") " << v.symbol()
      << "(const MagiArgs a) {\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
@@ -82,7 +81,8 @@ std::string print_cuda(const KernelVariant& v) {
     os << "      }\n    }\n  }\n}\n";
     return unroll_lane_loops(os.str());
   }
-  os << "  constexpr int K = " << row_chunks(v) << ";\n";
+  os << "  constexpr int K = "
+     << (v.streamed_rows ? stream_chunks_per_thread() : row_chunks_per_thread()) << ";\n";
   os << "  __shared__ A scratch[32];\n";
   // When a row fits (cols <= threads * V * K), each thread owns the same K chunks of V columns
   // in every row: inputs with one value per element are read once per row into registers, in

@@ -187,38 +187,20 @@ int64_t pow2_ceil(int64_t x) {
 // several to a block (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values
 // takes 4 lanes with 4 loads in flight each (with a block of 32 threads per row, three
 // quarters of them idle, the video-DiT block's q/k norm took 432 us per call on an H100).
-int64_t threads_per_row(int64_t cols, const codegen::KernelVariant& kv) {
-  const int64_t per_thread = int64_t(kv.vector_width) * codegen::row_chunks(kv);
+int64_t threads_per_row(int64_t cols, int width) {
+  const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
   const int64_t fit = pow2_ceil((cols + per_thread - 1) / per_thread);
-  return std::min<int64_t>(fit, codegen::row_block_threads(kv));
-}
-
-// Whether a row kernel reduces its row more than once (mean then variance, max then sum).
-bool reduces_twice(const codegen::KernelSpec& spec) {
-  return std::count_if(spec.ops.begin(), spec.ops.end(), [](const codegen::KOp& op) {
-           return op.kind == codegen::KOpKind::kReduce;
-         }) >= 2;
+  return std::min<int64_t>(fit, codegen::max_threads_per_block());
 }
 
 // The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules): rows
 // of at most 32 threads run several to a block; rows longer than a block holds in registers
 // are streamed, once per pass over them.
-//
-// A register-held row that takes a whole block and is reduced twice (LayerNorm, softmax over
-// 4097-8192 bf16 values) becomes a deep row: its block waits at two barriers per row while
-// its loads are done, so twice as many resident rows of half the threads keep more loads in
-// flight. On an H200 (16384 x 8192 bf16) that took LayerNorm from 86% to 93% of copy bandwidth
-// and softmax from 71% to 76%, while RMSNorm (one reduction) lost 1.6 points (98.9 to 97.3)
-// and keeps the block row.
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
   if (kv.spec->schedule != codegen::Schedule::kRow) return;
-  kv.deep_rows = false;
-  const int64_t threads = threads_per_row(cols, kv);
+  const int64_t threads = threads_per_row(cols, kv.vector_width);
   kv.rows_in_warps = threads <= 32;
-  kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks(kv);
-  kv.deep_rows = codegen::deep_rows_allowed() && !kv.streamed_rows &&
-                 threads == codegen::max_threads_per_block() && threads >= 64 &&
-                 reduces_twice(*kv.spec);
+  kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
 }
 
 // A column kernel: blocks of 32 x 8 threads over tiles of 32 column vectors, and enough row
@@ -474,14 +456,12 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
         codegen::KernelVariant gpu = v->variant;
         const int widest = vector_width_for(spec_, gpu.access, 0, 0, [](int) { return true; });
         std::string cuda;
-        // Row kernels in each layout: rows in registers one per block, rows in warps,
-        // streamed rows, and deep rows for rows reduced twice.
-        for (int layout = 0; layout < 4; ++layout) {
+        // Row kernels in each layout: rows in registers one per block, rows in warps, and
+        // streamed rows.
+        for (int layout = 0; layout < 3; ++layout) {
           if (layout > 0 && spec_.schedule != codegen::Schedule::kRow) break;
-          if (layout == 3 && !reduces_twice(spec_)) break;
           gpu.rows_in_warps = layout == 1;
           gpu.streamed_rows = layout == 2;
-          gpu.deep_rows = layout == 3;
           for (int width : {1, widest}) {
             gpu.vector_width = width;
             cuda += codegen::print_cuda(gpu) + "\n";
@@ -822,8 +802,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
   key[kv.access.size() + 2] = device.is_cuda() ? 'g' : 'c';
   key[kv.access.size() + 3] = static_cast<char>('0' + (device.is_cuda() ? device.index() : 0));
-  key[kv.access.size() + 4] =
-      kv.rows_in_warps ? 'w' : (kv.streamed_rows ? 's' : (kv.deep_rows ? 'd' : 'b'));
+  key[kv.access.size() + 4] = kv.rows_in_warps ? 'w' : (kv.streamed_rows ? 's' : 'b');
   key[kv.access.size() + 5] = static_cast<char>('0' + kv.index_rank);
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);
@@ -848,7 +827,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
                   blocks, " blocks misses vectors of ", vectors);
     } else {
       const int64_t row_threads =
-          kv.streamed_rows ? codegen::stream_threads_per_block() : threads_per_row(cols, kv);
+          kv.streamed_rows ? codegen::stream_threads_per_block() : threads_per_row(cols, width);
       if (kv.rows_in_warps) {
         rows_per_block = static_cast<unsigned>(codegen::max_threads_per_block() / row_threads);
       }

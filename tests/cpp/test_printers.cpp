@@ -319,62 +319,6 @@ TEST(FusedKernel, LargeStridedPointwiseKernelsTakeFourVectorsPerThread) {
   }
 }
 
-// Rows of `cols` bfloat16 values (static sizes), centred and their variance taken: two
-// chained reductions (mean, then the mean of the squared differences), as LayerNorm and softmax
-// reduce a row.
-std::unique_ptr<Graph> row_variance_group(int64_t cols) {
-  auto g = std::make_unique<Graph>();
-  Builder b(*g);
-  Value* x = b.input("x", {SymExpr(64), SymExpr(cols)}, kBF16);
-  Value* xf = b.cast(x, kF32, "float", 50);
-  Value* mean = b.row_reduce("aten::mean", "dim", xf, true, "mean", 51);
-  Value* d = b.binary("aten::sub", xf, mean, *xf->tensor_type(), "sub", 51);
-  Value* var = b.row_reduce("aten::mean", "dim", b.mul(d, d, "square", 52), true, "var", 52);
-  g->set_outputs({b.cast(b.mul(d, var, "mul", 53), kBF16, "out", 53)});
-  return g;
-}
-
-// The same rows scaled by their reciprocal root mean square: one reduction.
-std::unique_ptr<Graph> row_rms_group(int64_t cols) {
-  auto g = std::make_unique<Graph>();
-  Builder b(*g);
-  Value* x = b.input("x", {SymExpr(64), SymExpr(cols)}, kBF16);
-  Value* xf = b.cast(x, kF32, "float", 60);
-  Value* ms = b.row_reduce("aten::mean", "dim", b.mul(xf, xf, "square", 61), true, "ms", 61);
-  Value* r = b.unary("aten::rsqrt", ms, "rsqrt", 62);
-  g->set_outputs({b.cast(b.mul(xf, r, "mul", 62), kBF16, "out", 62)});
-  return g;
-}
-
-// A register-held row that takes a whole block and is reduced twice is a deep row: twice the
-// chunks per thread on half the threads (symbol suffix _d, K = 8, 128-thread launch bounds).
-// A row reduced once, or one that takes less than a block, keeps its layout.
-TEST(FusedKernel, RowsReducedTwiceThatFillABlockAreDeep) {
-  const c10::Device cuda(c10::DeviceType::CUDA, 0);
-  auto predicted = [&](std::unique_ptr<Graph> g, const std::string& name) {
-    place_on(*g, cuda);
-    runtime::FusedKernel kernel(*g, name);
-    auto source = kernel.expected_cuda_source();
-    EXPECT_TRUE(source.has_value()) << name;
-    return source.value_or(codegen::CudaSource{});
-  };
-  auto deep = predicted(row_variance_group(8192), "fused_variance_8192");
-  EXPECT_EQ(deep.name.substr(deep.name.size() - 2), "_d") << deep.name;
-  EXPECT_NE(deep.source.find("__launch_bounds__(128)"), std::string::npos);
-  EXPECT_NE(deep.source.find("constexpr int K = 8;"), std::string::npos);
-  if (codegen::nvrtc_available()) {
-    EXPECT_FALSE(codegen::compile_cuda_batch({deep}, 90).front().empty());
-  }
-  for (int64_t cols : {2048, 4096}) {  // 64 and 128 threads of 4 chunks: less than a block
-    auto shallow = predicted(row_variance_group(cols), "fused_variance_" + std::to_string(cols));
-    EXPECT_NE(shallow.name.substr(shallow.name.size() - 2), "_d") << shallow.name;
-    EXPECT_NE(shallow.source.find("constexpr int K = 4;"), std::string::npos) << shallow.name;
-  }
-  auto norm = predicted(row_rms_group(8192), "fused_rms_8192");  // one reduction
-  EXPECT_NE(norm.name.substr(norm.name.size() - 2), "_d") << norm.name;
-  EXPECT_NE(norm.source.find("__launch_bounds__(256)"), std::string::npos);
-}
-
 // A pointwise call writes its output over an input whose only reference was moved in (the
 // executor's last use), with the values it would have written elsewhere; an input the caller
 // still holds keeps its values and the output gets its own buffer.

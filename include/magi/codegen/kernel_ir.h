@@ -128,11 +128,6 @@ struct KernelVariant {
   /// GPU row kernels: rows longer than a block holds in registers, read once per pass over
   /// them (each step of a pass loads K vectors ahead); else held in registers, read once.
   bool streamed_rows = false;
-  /// GPU row kernels held in registers whose row takes a whole block and that reduce it more
-  /// than once (LayerNorm, softmax): twice the chunks per thread on half the threads
-  /// (row_chunks, row_block_threads), so that twice the rows are resident per SM and loads of
-  /// some rows overlap the reductions of others.
-  bool deep_rows = false;
   /// Row and pointwise kernels with strided inputs: the rank of the index space, which the
   /// printed kernel takes as a constant (its row-coordinate loops unroll to it); 0 otherwise.
   int index_rank = 0;

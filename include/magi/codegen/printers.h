@@ -23,14 +23,6 @@ char kernel_grid_mode();
 /// Chunks of vector_width columns each thread of a row kernel holds in registers when its row
 /// fits: 4 by default, MAGI_ROW_CHUNKS (1-16).
 int row_chunks_per_thread();
-/// Whether GPU row kernels may hold deep rows (KernelVariant::deep_rows): MAGI_DEEP_ROWS=auto
-/// (default: rows that take a whole block and are reduced more than once), 0 (never).
-bool deep_rows_allowed();
-/// Chunks of vector_width columns per thread (K) and threads per block, at most, of a GPU row
-/// kernel variant: the streamed-row settings, twice / half the register-held ones for deep
-/// rows, else those.
-int row_chunks(const KernelVariant& v);
-int row_block_threads(const KernelVariant& v);
 /// MAGI_POINTWISE_UNROLL (1-8): vectors each thread of every GPU pointwise kernel handles per
 /// step of its grid-stride loop; 0 when unset (each kernel's own choice, KernelVariant::unroll).
 int pointwise_unroll();
