@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
+import re
 import threading
 import types
 import warnings
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
 from magi_compiler import _C, _counters, _dump, _dynamic_dims, _fast_dispatch, _offload
 from magi_compiler import config as _config
@@ -68,6 +71,10 @@ class _CompiledCallable:
         params = list(self.signature.parameters)
         self.param_names = params[1:] if is_method else params
 
+        # Dims named by the user are an error when the code fixes them; inferred ones (from
+        # annotations, or dim 0 of every tensor) are then left static (_release_fixed).
+        self.dims_explicit = dynamic_arg_dims is not None
+        self.static_dims: set[tuple[str, int]] = set()
         if dynamic_arg_dims is None and config.dynamic_dim_default is not None:
             dims = _dynamic_dims.infer_from_annotations(fn, is_method, config.dynamic_dim_default)
             self.dims_inferred = dims is not None
@@ -125,6 +132,11 @@ class _CompiledCallable:
                 dims.append([] if default is None or value.dim() == 0 else [default])
             else:
                 dims.append(list(self.dynamic_arg_dims.get(name, [])))
+            if self.static_dims and dims[-1]:
+                rank = value.dim()
+                dims[-1] = [
+                    d for d in dims[-1] if (name, d + rank if d < 0 else d) not in self.static_dims
+                ]
         for path in self.paths:
             value = _dynamic_dims.resolve_path(arguments, path)
             values.append(value)
@@ -317,35 +329,87 @@ class _CompiledCallable:
         marked = self._mark_dynamic(values, dims, first)
         captures_before = _counters.get_counters().captures
         try:
-            # Our guard decided that this call needs a capture; Dynamo's per-function limit
-            # (8 by default) must not refuse it and turn the whole entry eager.
-            dynamo = torch._dynamo.config
-            limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
-            with dynamo.patch(recompile_limit=limit), _dump.capture(self.model_tag):
-                result = self._run(args, kwargs)
-        except Exception as e:  # noqa: BLE001 - filtered just below
-            reason = _unsupported_reason(e)
-            if reason is None or self.config.strict:
-                ours = _magi_error(e)
-                if ours is not None and ours is not e:
-                    # Dynamo wraps backend errors in BackendCompilerFailed; surface ours with
-                    # their own type (UserError is a ValueError, etc.) and message.
-                    raise ours.with_traceback(None) from e
-                raise
-            self.fallback_reason = reason
-            self._direct.forget_all()
-            warnings.warn(
-                f"magi_compiler: {self.model_tag} cannot be compiled and will run eagerly: "
-                f"{reason} (set strict=True in its config to raise instead)",
-                stacklevel=3,
-            )
-            return self.fn(*args, **kwargs)
+            result = self._capture(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - filtered in _release_fixed / _capture_failed
+            if not self._release_fixed(_specialised_dims(e), values, dims, e):
+                return self._capture_failed(e, args, kwargs)
+            # Inferred dynamic dims the code fixes (a weight's rows) are static from now on.
+            marked = self._mark_dynamic(values, dims, first)
+            try:
+                result = self._capture(args, kwargs)
+            except Exception as e2:  # noqa: BLE001
+                return self._capture_failed(e2, args, kwargs)
         self.signatures.append(_C.GuardSignature(values, marked, training))
         if owner is not None:
             self._seen_owners.add(id(owner))
         if _counters.get_counters().captures == captures_before and owner is not None and not first:
             _counters.bump("cache_hits")
         return result
+
+    def _capture(self, args: tuple, kwargs: dict) -> Any:
+        # Our guard decided that this call needs a capture; Dynamo's per-function limit
+        # (8 by default) must not refuse it and turn the whole entry eager.
+        # torch._guards logs a failing guard's traceback before raising it; the exception
+        # reaches the caller (or _release_fixed, for dims the code fixes) on its own.
+        dynamo = torch._dynamo.config
+        limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
+        guards_log = logging.getLogger("torch._guards")
+        level = guards_log.level
+        guards_log.setLevel(logging.CRITICAL)
+        try:
+            with dynamo.patch(recompile_limit=limit), _dump.capture(self.model_tag):
+                return self._run(args, kwargs)
+        finally:
+            guards_log.setLevel(level)
+
+    def _capture_failed(self, e: BaseException, args: tuple, kwargs: dict) -> Any:
+        """Raises `e` (ours with their own type), or falls back to eager when it says the code
+        cannot be compiled and the config allows it."""
+        reason = _unsupported_reason(e)
+        if reason is None or self.config.strict:
+            ours = _magi_error(e)
+            if ours is not None and ours is not e:
+                # Dynamo wraps backend errors in BackendCompilerFailed; surface ours with
+                # their own type (UserError is a ValueError, etc.) and message.
+                raise ours.with_traceback(None) from e
+            raise e
+        self.fallback_reason = reason
+        self._direct.forget_all()
+        warnings.warn(
+            f"magi_compiler: {self.model_tag} cannot be compiled and will run eagerly: "
+            f"{reason} (set strict=True in its config to raise instead)",
+            stacklevel=4,
+        )
+        return self.fn(*args, **kwargs)
+
+    def _release_fixed(
+        self, fixed: list[tuple[str, int]], values: list[Any], dims: list[list[int]], e: Exception
+    ) -> bool:
+        """Dims marked dynamic that the traced code fixed (Dynamo's ConstraintViolationError):
+        when they were inferred (no dynamic_arg_dims), they become static for this entry, are
+        unmarked on the call's tensors and True is returned (capture again); named in
+        dynamic_arg_dims, a ValueError says which and what to do."""
+        if not fixed:
+            return False
+        names = self.param_names + self.paths
+        if self.dims_explicit:
+            listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed)
+            raise ValueError(
+                f"{self.model_tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes "
+                "its size (e.g. a weight whose rows must match another tensor); leave it out of "
+                "dynamic_arg_dims"
+            ) from e
+        for name, dim in fixed:
+            if name not in names:
+                return False
+            i = names.index(name)
+            value = values[i]
+            dims[i] = [d for d in dims[i] if (d + value.dim() if d < 0 else d) != dim]
+            self.static_dims.add((name, dim))
+            _unmark_dynamic(value, dim)
+            logger.debug("%s: dim %d of %r stays static: the code fixes its size", self.model_tag,
+                         dim, name)  # fmt: skip
+        return True
 
 
 _backends: dict[str, Callable] = {}
@@ -383,6 +447,32 @@ def _unsupported_reason(e: BaseException) -> str | None:
             return "Dynamo cannot capture it as one graph: " + str(e).strip().splitlines()[0]
         e = getattr(e, "inner_exception", None) or e.__cause__
     return None
+
+
+_SPECIALISED = re.compile(
+    r"You marked L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\] as dynamic"
+)
+
+
+def _specialised_dims(e: BaseException) -> list[tuple[str, int]]:
+    """(argument, dim) pairs that a ConstraintViolationError in `e`'s chain says were marked
+    dynamic but fixed by the traced code."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConstraintViolationError):
+            return [(name, int(dim)) for name, dim in _SPECIALISED.findall(str(e))]
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    return []
+
+
+def _unmark_dynamic(t: torch.Tensor, dim: int) -> None:
+    """Undoes torch._dynamo.mark_dynamic(t, dim) (the mark lives on the tensor object)."""
+    getattr(t, "_dynamo_dynamic_indices", set()).discard(dim)
+    ranges = getattr(t, "_dynamo_dynamic_range", None)
+    if ranges:
+        for r in [r for r in ranges if getattr(r, "dim", None) == dim]:
+            ranges.discard(r)
 
 
 def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, Any] | None):

@@ -228,25 +228,42 @@ def test_int_argument_values_are_guarded(assert_close_rel):
     assert get_counters().guard_misses == 11
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with no annotations, dim 0 of every tensor argument is marked dynamic; a "
-    "weight-like argument whose dim 0 the code fixes makes Dynamo raise ConstraintViolationError "
-    "(a RuntimeError saying 'You marked ... as dynamic') instead of compiling or raising a "
-    "ValueError that names dynamic_arg_dims",
-)
-def test_unannotated_weight_argument_compiles_or_says_what_to_do(assert_close_rel):
+def test_unannotated_weight_argument_compiles(assert_close_rel):
+    """Regression: with no annotations dim 0 of every tensor argument is dynamic by inference;
+    a weight whose dim 0 the code fixes (x @ weight) made Dynamo raise ConstraintViolationError.
+    Now that dim stays static (the first call traces again without it) and the batch dim stays
+    dynamic: no capture after the first for other batch sizes, and the tensors passed keep no
+    dynamic mark on the fixed dim."""
+
     def affine(x, weight, bias):
         return x @ weight + bias
 
     compiled = magi_compile(affine)
-    x, weight, bias = inputs(3), torch.randn(H, H), torch.randn(H)
-    try:
-        out = compiled(x, weight, bias)
-    except ValueError as e:
-        assert "dynamic_arg_dims" in str(e)
-    else:
-        assert_close_rel(out, affine(x, weight, bias), RTOL)
+    weight, bias = torch.randn(H, H), torch.randn(H)
+    first = None
+    for b in (3, 5, 7):
+        x = inputs(b)
+        assert_close_rel(compiled(x, weight, bias), affine(x, weight, bias), RTOL)
+        first = first or get_counters().captures  # the first call traces twice
+    assert get_counters().captures == first
+    assert 0 not in getattr(weight, "_dynamo_dynamic_indices", set())
+    # Another weight of the same shape reuses the capture; one of another shape recaptures.
+    x, other = inputs(4), torch.randn(H, H)
+    assert_close_rel(compiled(x, other, bias), affine(x, other, bias), RTOL)
+    assert get_counters().captures == first
+    wide, wide_bias = torch.randn(H, 2 * H), torch.randn(2 * H)
+    assert_close_rel(compiled(x, wide, wide_bias), affine(x, wide, wide_bias), RTOL)
+    assert get_counters().captures == first + 1
+    assert get_counters().guard_misses == 1
+
+
+def test_explicit_dynamic_dim_that_the_code_fixes_says_what_to_do():
+    def affine(x, weight, bias):
+        return x @ weight + bias
+
+    compiled = magi_compile(affine, dynamic_arg_dims={"x": 0, "weight": 0})
+    with pytest.raises(ValueError, match=r"dynamic_arg_dims marks dim 0 of 'weight' dynamic"):
+        compiled(inputs(3), torch.randn(H, H), torch.randn(H))
 
 
 # --------------------------------------------------------------------------------------------
