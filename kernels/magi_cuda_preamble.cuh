@@ -445,11 +445,6 @@ __device__ __forceinline__ float magi_frcp(float x) {
   return y;
 }
 __device__ __forceinline__ float magi_fexp(float x) { return magi_ex2_ftz(x * kMagiLog2e); }
-// exp(x - y) with the subtraction folded into the scaling (one FFMA; y * log2e is computed once
-// when y is a row's value, as softmax's maximum is).
-__device__ __forceinline__ float magi_fexp_sub(float x, float y) {
-  return magi_ex2_ftz(fmaf(x, kMagiLog2e, -(y * kMagiLog2e)));
-}
 __device__ __forceinline__ float magi_flog(float x) { return __logf(x); }
 __device__ __forceinline__ float magi_fdiv(float x, float y) {
   const float s = fabsf(y) < 0x1p-126f ? 0x1p64f : 1.0f;

@@ -84,11 +84,6 @@ std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast) {
       if (f == "neg") return "(-" + a(0) + ")";
       if (f == "reciprocal") return "(A(1) / " + a(0) + ")";
       if (f == "abs") return "fabs(" + a(0) + ")";
-      if (fast && f == "exp" && s.ops[op.args[0]].kind == KOpKind::kBinary &&
-          s.ops[op.args[0]].fn == "sub") {  // exp(x - m), as softmax computes it
-        const KOp& d = s.ops[op.args[0]];
-        return "magi_fexp_sub(" + name(s, d.args[0]) + ", " + name(s, d.args[1]) + ")";
-      }
       if (fast && (f == "exp" || f == "log" || f == "sigmoid" || f == "silu")) {
         return "magi_f" + f + "(" + a(0) + ")";
       }

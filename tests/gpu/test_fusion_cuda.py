@@ -210,9 +210,11 @@ def test_first_call_finds_its_kernels_precompiled(tmp_path, assert_close_rel, no
 
 
 def test_fast_division_keeps_huge_and_tiny_divisors_exact(assert_close_rel, no_fallback):
-    """Regression: kernels whose outputs are all bf16 use the GPU's fast division, which gives
-    0 for divisors above 2^126 (a user's x / y, and silu's 1 + exp(-x) for x near -88) and inf
-    for subnormal ones; those divisors take the IEEE division."""
+    """Regression: kernels whose outputs are all bf16 use the GPU's fast division, a multiply
+    by an approximate reciprocal. __fdividef gave 0 for divisors above 2^126 (a user's x / y,
+    and silu's 1 + exp(-x) for x near -88), and an unscaled reciprocal of a subnormal divisor
+    is inf (1e-3 / 1e-39 gave inf on an H200): the reciprocal keeps subnormal results and a
+    subnormal divisor is scaled first."""
 
     def fn(x, y, z, u, t):  # each a group of two ops, all outputs bf16
         return (x / y) * 0.5, F.silu(z) * 2.0, (u / t) * 0.5
@@ -231,6 +233,27 @@ def test_fast_division_keeps_huge_and_tiny_divisors_exact(assert_close_rel, no_f
     assert runs[0].magi_executable.num_fusions == 3
     for g, w in zip(got, want, strict=True):
         assert_close_rel(g, w, RTOL[BF16])
+
+
+def test_softmax_of_a_fully_masked_row_is_uniform(assert_close_rel, no_fallback):
+    """Regression (review of the fast forms): a row whose every value is bf16's lowest (an
+    attention mask filled with torch.finfo(bf16).min) has its maximum there; exp(x - m) must
+    be exp(0) = 1 for each element, not the inf (then NaN) of folding m * log2(e), which
+    overflows, into the exponent."""
+
+    def fn(x, mask):
+        return torch.softmax(x.masked_fill(mask, torch.finfo(x.dtype).min), dim=-1)
+
+    x = torch.randn(4, 6, 256, device="cuda", dtype=BF16)
+    mask = torch.zeros(4, 6, 256, device="cuda", dtype=torch.bool)
+    mask[:, 1] = True  # every value of row 1 masked
+    mask[:, 3, 17:] = True
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0, "mask": 0})
+    with torch.no_grad():
+        got = compiled(x, mask)
+    want = fn(x, mask)
+    assert torch.isfinite(got.float()).all()
+    assert_close_rel(got, want, RTOL[BF16])
 
 
 class _SwiGLU(torch.nn.Module):
