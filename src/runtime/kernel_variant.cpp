@@ -1,0 +1,163 @@
+// FusedKernel's choice of kernel variant per call (src/runtime/kernel_variant.h).
+#include "kernel_variant.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "magi/codegen/compiler.h"
+#include "magi/codegen/printers.h"
+
+namespace magi::runtime::detail {
+
+using codegen::AccessClass;
+
+namespace {
+
+int64_t pow2_ceil(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+// How an input of `sizes` and `strides` is addressed in the index space `space`; `expanded`
+// receives its strides in the space (0 where broadcast).
+AccessClass classify(c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                     const std::vector<int64_t>& space, std::vector<int64_t>& expanded) {
+  const int64_t rank = static_cast<int64_t>(space.size());
+  const int64_t dim = static_cast<int64_t>(sizes.size());
+  expanded.assign(rank, 0);
+  const int64_t offset = rank - dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    expanded[offset + d] = (sizes[d] == 1 && space[offset + d] != 1) ? 0 : strides[d];
+  }
+  // Contiguous strides of the space (size-1 dims may carry any stride).
+  std::vector<int64_t> contiguous(rank);
+  int64_t running = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    contiguous[d] = running;
+    running *= space[d];
+  }
+  auto matches = [&](int64_t from, int64_t to) {
+    for (int64_t d = from; d < to; ++d) {
+      if (space[d] != 1 && expanded[d] != contiguous[d]) return false;
+    }
+    return true;
+  };
+  auto all_zero = [&](int64_t from, int64_t to) {
+    for (int64_t d = from; d < to; ++d) {
+      if (space[d] != 1 && expanded[d] != 0) return false;
+    }
+    return true;
+  };
+  if (matches(0, rank)) return AccessClass::kContiguous;
+  if (all_zero(0, rank)) return AccessClass::kScalar;
+  if (rank >= 1 && all_zero(0, rank - 1) && (space[rank - 1] == 1 || expanded[rank - 1] == 1)) {
+    return AccessClass::kColumn;
+  }
+  if (rank >= 1 && all_zero(rank - 1, rank)) {
+    // Per-row: leading dims contiguous with the row index (stride of dim d = product of the
+    // leading sizes after it, i.e. contiguous[d] / cols).
+    const int64_t cols = space[rank - 1];
+    bool ok = cols > 0;
+    for (int64_t d = 0; d + 1 < rank && ok; ++d) {
+      if (space[d] != 1 && expanded[d] * cols != contiguous[d]) ok = false;
+    }
+    if (ok) return AccessClass::kRow;
+  }
+  return AccessClass::kStrided;
+}
+
+// A column kernel sees its index space as [rows, cols], cols the product of the kept dims.
+// Row and pointwise variants with strided inputs take the index space's rank as a constant,
+// and 32-bit coordinate arithmetic when every row index and every strided input's offsets
+// (args.strides, over `space`) stay under 2^31.
+void set_index_rank(codegen::KernelVariant& kv, const std::vector<int64_t>& space,
+                    const MagiArgs& args) {
+  const bool strided = std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
+  if (!strided || kv.spec->schedule == codegen::Schedule::kColumn) return;
+  kv.index_rank = static_cast<int>(space.size());
+  constexpr int64_t kLimit = 0x7fffffff;
+  int64_t numel = 1;
+  for (int64_t n : space) numel *= n;
+  bool narrow = numel <= kLimit;
+  for (size_t i = 0; i < kv.access.size() && narrow; ++i) {
+    if (kv.access[i] != AccessClass::kStrided) continue;
+    int64_t span = 0;
+    for (size_t d = 0; d < space.size(); ++d) span += (space[d] - 1) * args.strides[i][d];
+    narrow = span <= kLimit;
+  }
+  kv.narrow_index = narrow;
+}
+
+int64_t kernel_cols(const codegen::KernelSpec& spec, const std::vector<int64_t>& space) {
+  if (spec.schedule != codegen::Schedule::kColumn) return space.back();
+  int64_t cols = 1;
+  for (size_t d = spec.column_dims; d < space.size(); ++d) cols *= space[d];
+  return cols;
+}
+
+// Per-column and per-row access mean one value per column or row of the last dim. In a column
+// kernel that keeps more than the last dim, its columns and rows are other ones: such inputs
+// are read through their strides.
+void adapt_column_access(const codegen::KernelSpec& spec, size_t rank,
+                         std::vector<AccessClass>& access) {
+  if (spec.schedule != codegen::Schedule::kColumn || rank - spec.column_dims == 1) return;
+  for (AccessClass& a : access) {
+    if (a == AccessClass::kColumn || a == AccessClass::kRow) a = AccessClass::kStrided;
+  }
+}
+
+bool verify_cuda_codegen() {
+  const char* env = std::getenv("MAGI_VERIFY_CUDA_CODEGEN");
+  return env != nullptr && std::string(env) == "1";
+}
+
+// Vectors per thread of a GPU pointwise variant over `numel` elements on a device of
+// `sm_count` SMs: MAGI_POINTWISE_UNROLL when set; else 4 for a kernel that reads an input
+// shifted along the row or through general strides and whose one-vector grid is at least 16
+// waves of the device's threads, 1 for the rest. Measured on an H100 (bf16 rotary embedding):
+// 16384 x 8192 (62 waves) went from 70% to 87% of copy bandwidth with 4; the prefill's q and k
+// (4096 tokens x 16 and 8 heads, 4 and 2 waves) took 108 us per step with 1, 117 with 2 and
+// 120 with 4. Contiguous pointwise kernels are at copy bandwidth with one vector per thread.
+int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count) {
+  if (kv.spec->schedule != codegen::Schedule::kPointwise) return 1;
+  if (const int forced = codegen::pointwise_unroll(); forced > 0) return forced;
+  const bool strided = std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
+  const bool shifted = std::any_of(kv.spec->ops.begin(), kv.spec->ops.end(), [](const auto& op) {
+    return op.kind == codegen::KOpKind::kLoad && op.shift != 0;
+  });
+  constexpr int64_t kThreadsPerSm = 2048, kWaves = 16;
+  const int64_t vectors = numel / std::max(kv.vector_width, 1);
+  return (strided || shifted) && vectors >= kWaves * kThreadsPerSm * sm_count ? 4 : 1;
+}
+
+// The SM count of CUDA device `index`, or an H100's (132) where no driver answers (a CPU-only
+// process predicting the variants a GPU run will need).
+int sm_count_of(int index) {
+  return codegen::cuda_driver_available() ? codegen::device_info(index).sm_count : 132;
+}
+
+// Threads per row of a GPU row kernel: the fewest (a power of two) for the row to fit in
+// registers, K chunks of V elements each, at most a block. Rows of at most 32 threads run
+// several to a block (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values
+// takes 4 lanes with 4 loads in flight each (with a block of 32 threads per row, three
+// quarters of them idle, the video-DiT block's q/k norm took 432 us per call on an H100).
+int64_t threads_per_row(int64_t cols, int width) {
+  const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
+  const int64_t fit = pow2_ceil((cols + per_thread - 1) / per_thread);
+  return std::min<int64_t>(fit, codegen::max_threads_per_block());
+}
+
+// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules): rows
+// of at most 32 threads run several to a block; rows longer than a block holds in registers
+// are streamed, once per pass over them.
+void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
+  if (kv.spec->schedule != codegen::Schedule::kRow) return;
+  const int64_t threads = threads_per_row(cols, kv.vector_width);
+  kv.rows_in_warps = threads <= 32;
+  kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
+}
+
+}  // namespace magi::runtime::detail

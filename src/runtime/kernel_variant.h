@@ -1,0 +1,79 @@
+// How FusedKernel chooses the kernel variant of a call (each input's access class, the vector
+// width, the row layout, vectors per thread, the index rank) and MagiArgs, the one argument of
+// every generated kernel. Private to the runtime layer: FusedKernel is its only user.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "magi/codegen/kernel_ir.h"
+
+namespace magi::runtime::detail {
+
+// Must match MagiArgs in kernels/magi_cuda_preamble.cuh and kernels/magi_cpu_preamble.h.
+constexpr int kMaxIO = 16;
+struct MagiArgs {
+  void* ptr[kMaxIO];
+  long long numel, rows, cols;
+  long long rank;
+  long long sizes[codegen::kMaxRank];
+  long long strides[kMaxIO][codegen::kMaxRank];
+  void* workspace;
+  long long splits, phase;
+  unsigned div_magic[codegen::kMaxRank], div_shift[codegen::kMaxRank];
+  unsigned cols_magic, cols_shift;
+};
+
+/// How an input of `sizes` and `strides` is addressed in the index space `space`; `expanded`
+/// receives its strides in the space (0 where broadcast).
+codegen::AccessClass classify(c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              const std::vector<int64_t>& space, std::vector<int64_t>& expanded);
+/// The index rank (and 32-bit index arithmetic) of a row or pointwise variant with strided
+/// inputs, whose strides over `space` are in `args`.
+void set_index_rank(codegen::KernelVariant& kv, const std::vector<int64_t>& space,
+                    const MagiArgs& args);
+/// The row length a kernel sees: the last dim, or the product of a column kernel's kept dims.
+int64_t kernel_cols(const codegen::KernelSpec& spec, const std::vector<int64_t>& space);
+/// Per-column and per-row inputs of a column kernel that keeps more than the last dim are
+/// read through their strides.
+void adapt_column_access(const codegen::KernelSpec& spec, size_t rank,
+                         std::vector<codegen::AccessClass>& access);
+/// MAGI_VERIFY_CUDA_CODEGEN=1: CPU runs also NVRTC-compile the CUDA forms of their variants.
+bool verify_cuda_codegen();
+/// Vectors per thread of a GPU pointwise variant (KernelVariant::unroll).
+int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count);
+/// The SM count of CUDA device `index`, or an H100's (132) where no driver answers.
+int sm_count_of(int index);
+/// Threads per row of a GPU row kernel over rows of `cols` elements of vectors of `width`.
+int64_t threads_per_row(int64_t cols, int width);
+/// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules).
+void choose_row_layout(codegen::KernelVariant& kv, int64_t cols);
+
+/// The vector width of a GPU variant: elements per 16 bytes of the narrowest input or output
+/// that is read or written whole (contiguous or per column), halved until the row length, the
+/// element count and `aligned(width)` (the pointers) allow it. A template: it runs per call.
+template <typename Aligned>
+inline int vector_width_for(const codegen::KernelSpec& spec,
+                            const std::vector<codegen::AccessClass>& access, int64_t cols,
+                            int64_t numel, const Aligned& aligned) {
+  size_t narrowest = 16;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if ((access[i] == codegen::AccessClass::kContiguous ||
+         access[i] == codegen::AccessClass::kColumn) &&
+        !spec.inputs[i].per_row) {
+      narrowest = std::min(narrowest, c10::elementSize(spec.inputs[i].dtype));
+    }
+  }
+  for (const auto& out : spec.outputs) {
+    if (!out.per_row) narrowest = std::min(narrowest, c10::elementSize(out.dtype));
+  }
+  int width = static_cast<int>(16 / narrowest);
+  while (width > 1 && !(cols % width == 0 && numel % width == 0 && aligned(width))) width /= 2;
+  return width;
+}
+
+}  // namespace magi::runtime::detail
