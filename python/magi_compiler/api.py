@@ -331,7 +331,7 @@ class _CompiledCallable:
         try:
             result = self._capture(args, kwargs)
         except Exception as e:  # noqa: BLE001 - filtered in _release_fixed / _capture_failed
-            if not self._release_fixed(_specialised_dims(e), values, dims, e):
+            if not self._release_fixed(_constraint_violation(e), values, dims, e):
                 return self._capture_failed(e, args, kwargs)
             # Inferred dynamic dims the code fixes (a weight's rows) are static from now on.
             marked = self._mark_dynamic(values, dims, first)
@@ -383,22 +383,31 @@ class _CompiledCallable:
         return self.fn(*args, **kwargs)
 
     def _release_fixed(
-        self, fixed: list[tuple[str, int]], values: list[Any], dims: list[list[int]], e: Exception
+        self,
+        violation: ConstraintViolationError | None,
+        values: list[Any],
+        dims: list[list[int]],
+        e: Exception,
     ) -> bool:
         """Dims marked dynamic that the traced code fixed (Dynamo's ConstraintViolationError):
         when they were inferred (no dynamic_arg_dims), they become static for this entry, are
         unmarked on the call's tensors and True is returned (capture again); named in
         dynamic_arg_dims, a ValueError says which and what to do."""
-        if not fixed:
+        if violation is None:
             return False
+        fixed = [(name, int(dim)) for name, dim in _SPECIALISED.findall(str(violation))]
         names = self.param_names + self.paths
         if self.dims_explicit:
-            listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed)
+            # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
+            listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
+            first = str(violation).strip().splitlines()[0]
             raise ValueError(
                 f"{self.model_tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes "
                 "its size (e.g. a weight whose rows must match another tensor); leave it out of "
-                "dynamic_arg_dims"
+                f"dynamic_arg_dims (Dynamo: {first})"
             ) from e
+        if not fixed:
+            return False
         for name, dim in fixed:
             if name not in names:
                 return False
@@ -454,16 +463,16 @@ _SPECIALISED = re.compile(
 )
 
 
-def _specialised_dims(e: BaseException) -> list[tuple[str, int]]:
-    """(argument, dim) pairs that a ConstraintViolationError in `e`'s chain says were marked
-    dynamic but fixed by the traced code."""
+def _constraint_violation(e: BaseException) -> ConstraintViolationError | None:
+    """The ConstraintViolationError in `e`'s chain of causes, if any: dims marked dynamic that
+    the traced code fixed."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, ConstraintViolationError):
-            return [(name, int(dim)) for name, dim in _SPECIALISED.findall(str(e))]
+            return e
         e = getattr(e, "inner_exception", None) or e.__cause__
-    return []
+    return None
 
 
 def _unmark_dynamic(t: torch.Tensor, dim: int) -> None:

@@ -266,6 +266,18 @@ def test_explicit_dynamic_dim_that_the_code_fixes_says_what_to_do():
         compiled(inputs(3), torch.randn(H, H), torch.randn(H))
 
 
+def test_explicit_dynamic_path_that_the_code_fixes_says_what_to_do():
+    """A dotted path ("p.w", a dict argument's key) is named by Dynamo in its own words; the
+    ValueError still points at dynamic_arg_dims and quotes them."""
+
+    def project(x, p):
+        return x @ p["w"]
+
+    compiled = magi_compile(project, dynamic_arg_dims={"x": 0, "p.w": 0})
+    with pytest.raises(ValueError, match=r"dynamic_arg_dims marks .* dynamic.*\(Dynamo: "):
+        compiled(inputs(3), {"w": torch.randn(H, H)})
+
+
 # --------------------------------------------------------------------------------------------
 # Eager fallback and strict
 # --------------------------------------------------------------------------------------------
