@@ -115,7 +115,8 @@ struct MagiStore<magi_f16> {
 // v rounded to bf16, as a float. With v in the upper half of cvt.rn.bf16x2.f32 (and 0 in the
 // lower), the word is exactly the rounded float's bits: one ALU instruction (F2FP), where the
 // single conversion runs on the quarter-rate conversion pipe (F2F) and needs a shift after.
-// Rotary embedding rounds three times per element; with F2F it was issue-bound.
+// Rotary embedding rounds three times per element: on the H100 it went from 89.2% to 91.1% of
+// copy bandwidth with this form (benchmarks/RESULTS.md, 2026-11-27).
 __device__ __forceinline__ float magi_round_bf16_float(float v) {
 #if __CUDA_ARCH__ >= 800
   unsigned w;
@@ -451,9 +452,7 @@ __device__ __forceinline__ float magi_fdiv(float x, float y) {
   return x * magi_frcp(y * s) * s;
 }
 // Their divisor, 1 + exp(-x), is at least 1: its reciprocal needs no scaling.
-__device__ __forceinline__ float magi_fsigmoid(float x) {
-  return magi_frcp(1.0f + magi_fexp(-x));
-}
+__device__ __forceinline__ float magi_fsigmoid(float x) { return magi_frcp(1.0f + magi_fexp(-x)); }
 __device__ __forceinline__ float magi_fsilu(float x) { return x * magi_frcp(1.0f + magi_fexp(-x)); }
 template <typename A>
 __device__ __forceinline__ A magi_max(A a, A b) {

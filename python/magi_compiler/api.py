@@ -348,9 +348,9 @@ class _CompiledCallable:
 
     def _capture(self, args: tuple, kwargs: dict) -> Any:
         # Our guard decided that this call needs a capture; Dynamo's per-function limit
-        # (8 by default) must not refuse it and turn the whole entry eager.
-        # torch._guards logs a failing guard's traceback before raising it; the exception
-        # reaches the caller (or _release_fixed, for dims the code fixes) on its own.
+        # (8 by default) must not refuse it and turn the whole entry eager. torch._guards logs
+        # a failing guard's traceback before raising it; it is silenced here because the
+        # exception reaches the caller (or _release_fixed, for dims the code fixes) on its own.
         dynamo = torch._dynamo.config
         limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
         guards_log = logging.getLogger("torch._guards")
