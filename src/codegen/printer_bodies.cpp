@@ -17,8 +17,14 @@ std::string last_stride(const KernelVariant& v, int i, const std::string& args) 
 // offset (ro<i>, from emit_row_offsets) plus the column times the last dim's stride.
 std::string strided_offset(const KernelVariant& v, int i, const std::string& args,
                            const std::string& col) {
-  return "ro" + std::to_string(i) + " + (" + col + ") * " + last_stride(v, i, args);
+  const std::string stride = last_stride(v, i, args);
+  return "ro" + std::to_string(i) + " + (" + col + ") * " +
+         (v.narrow_index ? "static_cast<int>(" + stride + ")" : stride);
 }
+
+// The type of row indices, columns and row offsets: 32-bit where the variant's offsets fit
+// (narrow_index), which halves the integer instructions of a strided or shifted kernel.
+std::string index_type(const KernelVariant& v) { return v.narrow_index ? "int" : "long long"; }
 
 // Fills `dest`[V] (default t<i>) from strided input i at element offset `off`: the V elements
 // lie in one row (the vector width divides the row length), so the lanes step by the last dim's
@@ -52,7 +58,8 @@ void emit_row_offsets(std::ostream& os, const KernelVariant& v, const std::vecto
   MAGI_ASSERT(v.index_rank > 0, v.symbol(), ": strided inputs without an index rank");
   os << ind << "const MagiRowAt<R, kNarrow> ri(" << args << ", " << row << ");\n";
   for (int i : strided) {
-    os << ind << "const long long ro" << i << " = ri.offset(" << args << ", " << i << ");\n"
+    os << ind << "const " << index_type(v) << " ro" << i << " = ri.offset(" << args << ", " << i
+       << ");\n"
        << ind << "(void)ro" << i << ";\n";
   }
 }
@@ -264,14 +271,16 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
     const KOp& op = s.ops[n];
     if (!vector_shift(v, op)) continue;
     const std::string k = std::to_string(op.input), T = ctype(s.inputs[op.input].dtype);
-    const std::string shifted = "col_base + " + std::to_string(op.shift) + "LL";
+    const std::string shifted =
+        "col_base + " + std::to_string(op.shift) + (v.narrow_index ? "" : "LL");
     const std::string first = "row_start + " + shifted;
     const std::string dest = "s" + std::to_string(n);
     // A vector whose shifted columns leave the row belongs to another piece of a cat or pad,
     // whose select discards it: it is not read at all (rotate_half reads one of its two
     // shifted vectors per lane, not both).
     os << ind << "A " << dest << "[V];\n";
-    os << ind << "if (" << shifted << " >= 0 && " << shifted << " <= cols - V) {\n";
+    os << ind << "if (" << shifted << " >= 0 && " << shifted
+       << " <= " << (v.narrow_index ? "static_cast<int>(cols)" : "cols") << " - V) {\n";
     if (v.access[op.input] == AccessClass::kStrided) {
       os << ind << "  "
          << strided_vector_load(v, op.input, gpu, args, strided_offset(v, op.input, args, shifted),
@@ -282,7 +291,7 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
       os << ind << "  magi_load<A, " << T << ", V, true>(in" << k << " + " << first << ", " << dest
          << ");\n";
     } else {
-      os << ind << "  const long long off = " << first << ";\n"
+      os << ind << "  const " << index_type(v) << " off = " << first << ";\n"
          << ind << "  for (int j = 0; j < V; ++j) " << dest << "[j] = magi_to_acc<A>(in" << k
          << "[off + j]);\n";
     }
@@ -308,6 +317,24 @@ std::vector<int> pointwise_reads(const KernelVariant& v) {
 
 }  // namespace
 
+namespace {
+
+bool lane_uniform_columns(const KernelVariant& v, const std::vector<int>& ops) {
+  const int64_t V = v.vector_width;
+  for (int n : ops) {
+    const KOp& op = v.spec->ops[n];
+    if (op.kind == KOpKind::kLoad && op.shift != 0 && !vector_shift(v, op)) return false;
+    if (op.kind != KOpKind::kSelect) continue;
+    if (op.shift % V != 0) return false;
+    for (int64_t b : op.bounds) {
+      if (b % V != 0) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool pointwise_needs_rows(const KernelVariant& v) {
   const std::vector<int> read = pointwise_reads(v);
   return uses_columns(*v.spec) || std::any_of(read.begin(), read.end(), [&](int i) {
@@ -318,10 +345,22 @@ bool pointwise_needs_rows(const KernelVariant& v) {
 void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
                          const std::string& args, const std::string& ind, bool row_given) {
   if (!row_given) {  // the V lanes lie in one row (the vector width divides the row length)
-    os << ind << "const long long row_index = "
-       << (gpu ? "magi_div_cols(" + args + ", base)" : std::string("base / cols")) << ";\n";
-    os << ind << "const long long col_base = base - row_index * cols;\n";
-    os << ind << "const long long row_start = base - col_base;\n";
+    const std::string I = index_type(v);
+    if (v.narrow_index) {  // the whole index space is under 2^31 elements
+      os << ind << "const int row_index = "
+         << (gpu ? "magi_udiv(static_cast<unsigned>(base), " + args + ".cols_magic, " + args +
+                       ".cols_shift)"
+                 : std::string("static_cast<int>(base / cols)"))
+         << ";\n";
+      os << ind
+         << "const int col_base = static_cast<int>(base) - row_index * static_cast<int>(cols);\n";
+      os << ind << "const int row_start = static_cast<int>(base) - col_base;\n";
+    } else {
+      os << ind << "const long long row_index = "
+         << (gpu ? "magi_div_cols(" + args + ", base)" : std::string("base / cols")) << ";\n";
+      os << ind << "const long long col_base = base - row_index * cols;\n";
+      os << ind << "const long long row_start = base - col_base;\n";
+    }
     os << ind << "(void)row_start;\n";
   }
   emit_row_offsets(os, v, pointwise_reads(v), args, "row_index", ind);
@@ -341,7 +380,13 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
   for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A o" << k << "[V];\n";
   if (columns) emit_shifted_vector_loads(os, v, ops, gpu, args, ind);
   os << ind << "for (int j = 0; j < V; ++j) {\n";
-  if (columns) os << ind << "  const long long col = col_base + j;\n";
+  // Where every select's bounds and column shift are multiples of V and every shifted load
+  // reads whole vectors, all V lanes take the same piece: the select tests the vector's first
+  // column, once per vector instead of once per lane.
+  if (columns) {
+    os << ind << "  const " << index_type(v) << " col = col_base"
+       << (lane_uniform_columns(v, ops) ? "" : " + j") << ";\n";
+  }
   emit_ops(
       os, s, ops,
       [&](const KOp& op) {

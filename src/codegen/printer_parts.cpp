@@ -74,8 +74,10 @@ std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast) {
       const std::string c = op.shift == 0 ? "col" : "(col + " + std::to_string(op.shift) + "LL)";
       std::string e = a(static_cast<int>(op.bounds.size()));
       for (size_t k = op.bounds.size(); k-- > 0;) {
-        e = "(" + c + " < " + std::to_string(op.bounds[k]) + "LL ? " + a(static_cast<int>(k)) +
-            " : " + e + ")";
+        // A bound that fits 32 bits is an int literal: a 32-bit column compares in 32 bits.
+        const bool wide = op.bounds[k] > 0x7fffffffLL;
+        e = "(" + c + " < " + std::to_string(op.bounds[k]) + (wide ? "LL ? " : " ? ") +
+            a(static_cast<int>(k)) + " : " + e + ")";
       }
       return e;
     }

@@ -19,7 +19,7 @@ extern "C" void fused_pointwise_silu_mul_clg_v1_r2n(const MagiArgs* a) {
   for (long long row_index = 0; row_index < rows; ++row_index) {
     const long long row_start = row_index * cols;
     const MagiRowAt<R, kNarrow> ri((*a), row_index);
-    const long long ro2 = ri.offset((*a), 2);
+    const int ro2 = ri.offset((*a), 2);
     (void)ro2;
     for (long long col_base = 0; col_base < cols; col_base += V) {
       const long long base = row_start + col_base;
@@ -28,7 +28,7 @@ extern "C" void fused_pointwise_silu_mul_clg_v1_r2n(const MagiArgs* a) {
       A t1[V];
       for (int j = 0; j < V; ++j) t1[j] = magi_to_acc<A>(in1[col_base + j]);
       A t2[V];
-      { const long long off = ro2 + (col_base) * (*a).strides[2][R - 1]; const long long step = (*a).strides[2][R - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
+      { const long long off = ro2 + (col_base) * static_cast<int>((*a).strides[2][R - 1]); const long long step = (*a).strides[2][R - 1]; for (int j = 0; j < V; ++j) t2[j] = magi_to_acc<A>(in2[off + j * step]); }
       A o0[V];
       for (int j = 0; j < V; ++j) {
         const A e0 = t0[j];

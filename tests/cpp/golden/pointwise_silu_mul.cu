@@ -19,19 +19,19 @@ extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v
   const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (vi < vectors) {
     const long long base = vi * V;
-    const long long row_index = magi_div_cols(a, base);
-    const long long col_base = base - row_index * cols;
-    const long long row_start = base - col_base;
+    const int row_index = magi_udiv(static_cast<unsigned>(base), a.cols_magic, a.cols_shift);
+    const int col_base = static_cast<int>(base) - row_index * static_cast<int>(cols);
+    const int row_start = static_cast<int>(base) - col_base;
     (void)row_start;
     const MagiRowAt<R, kNarrow> ri(a, row_index);
-    const long long ro2 = ri.offset(a, 2);
+    const int ro2 = ri.offset(a, 2);
     (void)ro2;
     A t0[V];
     magi_load<A, magi_bf16, 8, true>(in0 + base, t0);
     A t1[V];
     magi_load<A, magi_bf16, 8, true>(in1 + magi_mod_cols(a, base), t1);
     A t2[V];
-    magi_load_strided<A, magi_bf16, V, true>(in2, ro2 + (col_base) * a.strides[2][R - 1], a.strides[2][R - 1], t2);
+    magi_load_strided<A, magi_bf16, V, true>(in2, ro2 + (col_base) * static_cast<int>(a.strides[2][R - 1]), a.strides[2][R - 1], t2);
     A o0[V];
     _Pragma("unroll") for (int j = 0; j < V; ++j) {
       const A e0 = t0[j];
