@@ -320,6 +320,16 @@ __device__ __forceinline__ void magi_load_strided(const T* __restrict__ base, lo
   for (int j = 0; j < V; ++j) out[j] = magi_to_acc<A>(base[off + j * step]);
 }
 
+// First statement of every generated kernel. A kernel launched as a programmatic dependent of
+// the stream's previous kernel (MAGI_DEPENDENT_LAUNCH) may start while that kernel's last
+// blocks still run; this waits until it has finished and its writes are visible. Without
+// that launch attribute it returns at once.
+__device__ __forceinline__ void magi_wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // n / d for n < 2^31 by the host's multiply-and-shift constants of d (see MagiArgs).
 __device__ __forceinline__ unsigned magi_udiv(unsigned n, unsigned magic, unsigned shift) {
   return (__umulhi(n, magic) + n) >> shift;

@@ -16,6 +16,7 @@
 
 #include "compile_cache.h"
 #include "magi/codegen/compiler.h"
+#include "magi/codegen/printers.h"
 #include "magi/common/log.h"
 
 namespace magi::codegen {
@@ -43,6 +44,24 @@ constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 constexpr int kMaxDevices = 64;
 
+// cuLaunchKernelEx's configuration with the one attribute we set.
+constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
+struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int programmatic_stream_serialization_allowed;
+  } value;
+};
+struct CUlaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  CUstreamOpaque* stream;
+  CUlaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute as in cuda.h");
+
 struct Driver {
   CUresult (*init)(unsigned) = nullptr;
   CUresult (*device_get_count)(int*) = nullptr;
@@ -57,6 +76,7 @@ struct Driver {
   CUresult (*occupancy)(int*, CUfunction, int, size_t) = nullptr;
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*launch_kernel_ex)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
 
@@ -91,6 +111,9 @@ const Driver& driver() {
     resolve(d.func_set_attribute, "cuFuncSetAttribute");
     resolve(d.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     resolve(d.launch_kernel, "cuLaunchKernel");
+    // Optional (CUDA 12+ drivers): without it every launch is a plain cuLaunchKernel.
+    d.launch_kernel_ex =
+        reinterpret_cast<decltype(d.launch_kernel_ex)>(::dlsym(lib, "cuLaunchKernelEx"));
     resolve(d.get_error_name, "cuGetErrorName");
     resolve(d.get_error_string, "cuGetErrorString");
     if (!missing.empty()) {
@@ -260,6 +283,7 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
   kernel.function = function;
   kernel.device = device;
   kernel.name = kernel_name;
+  kernel.dependent_launch = dependent_launch() && info.major >= 9;
   for (int i = 0, threads = 32; threads <= 1024; ++i, threads *= 2) {
     int blocks = 0;
     if (d.occupancy(&blocks, function, threads, 0) != 0) blocks = 0;  // beyond launch bounds
@@ -270,7 +294,7 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
 
 void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                         unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
-                        void* stream, void** args) {
+                        void* stream, void** args, bool dependent) {
   const Driver& d = driver();
   MAGI_ASSERT(
       d.loaded && kernel.function != nullptr && kernel.device >= 0 && kernel.device < kMaxDevices,
@@ -283,6 +307,19 @@ void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid
                                       static_cast<int>(shared_bytes)),
                  "raising the dynamic shared memory of kernel `", kernel.name, "` to ",
                  shared_bytes, " bytes");
+  }
+  if (dependent && kernel.dependent_launch && d.launch_kernel_ex != nullptr) {
+    CUlaunchAttribute attr{};
+    attr.id = kLaunchAttrProgrammaticStreamSerialization;
+    attr.value.programmatic_stream_serialization_allowed = 1;
+    const CUlaunchConfig config{grid_x,  grid_y,  grid_z,       block_x,
+                                block_y, block_z, shared_bytes, static_cast<CUstream>(stream),
+                                &attr,   1};
+    MAGI_CU_CALL(d, d.launch_kernel_ex(&config, function, args, nullptr),
+                 "cuLaunchKernelEx (dependent launch) of `", kernel.name, "` with grid (", grid_x,
+                 ", ", grid_y, ", ", grid_z, "), block (", block_x, ", ", block_y, ", ", block_z,
+                 ") on device ", kernel.device);
+    return;
   }
   MAGI_CU_CALL(d,
                d.launch_kernel(function, grid_x, grid_y, grid_z, block_x, block_y, block_z,

@@ -36,6 +36,11 @@ int row_chunks_per_thread() {
   return chunks;
 }
 
+bool dependent_launch() {
+  static const bool on = env_int("MAGI_DEPENDENT_LAUNCH", 1, 0, 1) == 1;
+  return on;
+}
+
 int pointwise_unroll() {
   static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 0, 1, 8);
   return unroll;

@@ -42,6 +42,7 @@ std::string print_cuda(const KernelVariant& v) {
   const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
   os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads << ") " << v.symbol()
      << "(const MagiArgs a) {\n";
+  os << "  magi_wait_for_prior_grids();\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
   emit_index_constants(os, v);

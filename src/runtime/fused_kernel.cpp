@@ -52,10 +52,10 @@ void launch_columns(const codegen::KernelSpec& spec, const codegen::CudaKernel& 
   const auto grid_x = static_cast<unsigned>(tiles);
   args.phase = 0;
   codegen::launch_cuda_kernel(kernel, grid_x, static_cast<unsigned>(splits), 1, 32, 8, 1, 0, stream,
-                              kernel_args);
+                              kernel_args, true);
   if (splits > 1) {
     args.phase = 1;  // the launch copied the arguments: this is the second launch's
-    codegen::launch_cuda_kernel(kernel, grid_x, 1, 1, 32, 8, 1, 0, stream, kernel_args);
+    codegen::launch_cuda_kernel(kernel, grid_x, 1, 1, 32, 8, 1, 0, stream, kernel_args, true);
   }
   // `workspace` goes back to PyTorch's caching allocator on this stream: later work on the
   // stream runs after both launches.
@@ -670,7 +670,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
         c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
     void* kernel_args[] = {&args};
     codegen::launch_cuda_kernel(*v.cuda, blocks, 1, 1, threads, rows_per_block, 1, 0, stream,
-                                kernel_args);
+                                kernel_args, true);
   } else {
     v.cpu(&args);
   }

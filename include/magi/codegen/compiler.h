@@ -75,6 +75,8 @@ struct CudaKernel {
   /// Resident blocks per multiprocessor for 32, 64, ..., 1024 threads per block (0 where that
   /// block size exceeds the kernel's launch bounds); see resident_blocks().
   int blocks_per_sm[6] = {};
+  /// Launches that allow it run as programmatic dependents (sm_90+, MAGI_DEPENDENT_LAUNCH).
+  bool dependent_launch = false;
   /// Resident blocks per multiprocessor at `threads` (a power of two in [32, 1024]).
   int resident_blocks(int threads) const {
     int i = 0;
@@ -93,10 +95,12 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
 /// Launches on `stream` (a cudaStream_t / CUstream handle). `args` are pointers to argument
 /// values, as for cuLaunchKernel. Makes the device's primary context current if it is not;
 /// raises the function's dynamic shared memory limit when shared_bytes > 48 KiB. Throws
-/// InternalError with the driver's message on failure.
+/// InternalError with the driver's message on failure. `dependent`: the kernel calls
+/// magi_wait_for_prior_grids() before its first memory access, so it may launch as a
+/// programmatic dependent of the stream's previous kernel (where kernel.dependent_launch).
 void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                         unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
-                        void* stream, void** args);
+                        void* stream, void** args, bool dependent = false);
 
 /// Max dynamic shared memory per block (opt-in), number of SMs, compute capability of
 /// `device`. Queried once per device.

@@ -26,6 +26,10 @@ int row_chunks_per_thread();
 /// MAGI_POINTWISE_UNROLL (1-8): vectors each thread of every GPU pointwise kernel handles per
 /// step of its grid-stride loop; 0 when unset (each kernel's own choice, KernelVariant::unroll).
 int pointwise_unroll();
+/// MAGI_DEPENDENT_LAUNCH (default 1): generated kernels launch on sm_90+ as programmatic
+/// dependents of the stream's previous kernel (they wait for it before their first memory
+/// access), so that their launch overlaps that kernel's last blocks. 0: plain stream order.
+bool dependent_launch();
 /// When a row kernel whose rows fit in registers reads its per-column inputs (a norm's weight):
 /// 'a' (default) 'r' for a kernel with one such input and 'l' for more; 'l' in the output pass
 /// where used (no registers held across the reductions), 'r' with each row's loads, 'b' once

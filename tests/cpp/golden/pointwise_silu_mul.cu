@@ -3,6 +3,7 @@
 //   from model.py:21 in forward
 // input access: in0=c in1=l in2=g, vector width 8
 extern "C" __global__ void __launch_bounds__(256) fused_pointwise_silu_mul_clg_v8_r2n(const MagiArgs a) {
+  magi_wait_for_prior_grids();
   typedef float A;
   constexpr int V = 8;
   constexpr int R = 2;

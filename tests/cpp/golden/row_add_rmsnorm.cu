@@ -6,6 +6,7 @@
 //   from model.py:34 in forward
 // input access: in0=c in1=c in2=l, vector width 8
 extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(const MagiArgs a) {
+  magi_wait_for_prior_grids();
   typedef float A;
   constexpr int V = 8;
   const magi_bf16* __restrict__ in0 = static_cast<const magi_bf16*>(a.ptr[0]);
