@@ -196,7 +196,9 @@ __device__ __forceinline__ unsigned long long magi_l2_evict_first() {
 // given a uint4 filled element by element, the compiler sometimes split the store into four
 // 4-byte stores. Not written out in PTX by default: an asm volatile store orders a kernel's
 // stores among themselves, and add+RMSNorm (two outputs) lost 1.9% of copy bandwidth to it
-// (H100, MAGI_VECTOR_IO=asm against the default).
+// (H100, MAGI_VECTOR_IO=asm against the default). kKeep stores never take the streaming hint:
+// outputs that a matmul or attention kernel reads next, which then finds them in L2.
+template <bool kKeep = false>
 __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {
 #if defined(MAGI_VECTOR_IO_ASM)
@@ -208,7 +210,11 @@ __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, un
   v.z = c;
   v.w = d;
 #if defined(MAGI_VECTOR_IO_STCS) || defined(MAGI_VECTOR_IO_CS)
-  __stcs(reinterpret_cast<uint4*>(p), v);  // streaming: evict first
+  if constexpr (kKeep) {
+    *reinterpret_cast<uint4*>(p) = v;
+  } else {
+    __stcs(reinterpret_cast<uint4*>(p), v);  // streaming: evict first
+  }
 #else
   *reinterpret_cast<uint4*>(p) = v;
 #endif
@@ -237,7 +243,7 @@ __device__ __forceinline__ unsigned magi_pack2<magi_f16>(float lo, float hi) {
 }
 #endif
 
-template <typename A, typename T, int V>
+template <typename A, typename T, int V, bool kKeep = false>
 __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
   if constexpr (kBytes % 16 == 0 && sizeof(T) == 2) {  // 16-bit values, two to a word
@@ -249,7 +255,7 @@ __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
         w[q] = magi_pack2<T>(static_cast<float>(in[c * 8 + 2 * q]),
                              static_cast<float>(in[c * 8 + 2 * q + 1]));
       }
-      magi_store16(p + c * 8, w[0], w[1], w[2], w[3]);
+      magi_store16<kKeep>(p + c * 8, w[0], w[1], w[2], w[3]);
     }
   } else if constexpr (kBytes % 16 == 0) {
     constexpr int kPer = 16 / static_cast<int>(sizeof(T));
@@ -259,7 +265,7 @@ __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
       T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) e[j] = MagiStore<T>::from(in[c * kPer + j]);
-      magi_store16(p + c * kPer, raw.x, raw.y, raw.z, raw.w);
+      magi_store16<kKeep>(p + c * kPer, raw.x, raw.y, raw.z, raw.w);
     }
   } else {
 #pragma unroll

@@ -70,7 +70,8 @@ void print_body(std::ostream& os, const KernelSpec& s) {
   }
   for (size_t i = 0; i < s.outputs.size(); ++i) {
     os << "out" << i << ": " << c10::toString(s.outputs[i].dtype)
-       << (s.outputs[i].per_row ? " row" : "") << " = v" << s.outputs[i].op << "\n";
+       << (s.outputs[i].per_row ? " row" : "") << (s.outputs[i].keep ? " keep" : "") << " = v"
+       << s.outputs[i].op << "\n";
   }
 }
 

@@ -170,7 +170,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (s.outputs[k].per_row) continue;
         std::string T = ctype(s.outputs[k].dtype);
         if (t.gpu) {
-          o << in2 << t.store_guard << "magi_store<A, " << T << ", V>(out" << k
+          o << in2 << t.store_guard << store_call(s, static_cast<int>(k)) << "(out" << k
             << " + row * cols + col0, o" << k << ");\n";
         } else {
           o << in2 << "for (int j = 0; j < V; ++j) out" << k
@@ -402,7 +402,7 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     std::string T = ctype(s.outputs[k].dtype);
     if (gpu) {
-      os << ind << "magi_store<A, " << T << ", V>(out" << k << " + base, o" << k << ");\n";
+      os << ind << store_call(s, static_cast<int>(k)) << "(out" << k << " + base, o" << k << ");\n";
     } else {
       os << ind << "for (int j = 0; j < V; ++j) out" << k << "[base + j] = MagiStore<" << T
          << ">::from(o" << k << "[j]);\n";

@@ -88,8 +88,8 @@ void emit_column_step(std::ostream& os, const KernelVariant& v, const ColumnPlan
     if (s.outputs[k].per_row) continue;
     std::string T = ctype(s.outputs[k].dtype);
     if (gpu) {
-      os << ind << "magi_store<A, " << T << ", V>(out" << k << " + row * cols + col0, o" << k
-         << ");\n";
+      os << ind << store_call(s, static_cast<int>(k)) << "(out" << k << " + row * cols + col0, o"
+         << k << ");\n";
     } else {
       os << ind << "for (int j = 0; j < V; ++j) out" << k << "[row * cols + col0 + j] = MagiStore<"
          << T << ">::from(o" << k << "[j]);\n";
@@ -128,7 +128,7 @@ void emit_column_outputs(std::ostream& os, const KernelVariant& v, const ColumnP
     if (!s.outputs[k].per_row) continue;
     std::string T = ctype(s.outputs[k].dtype);
     if (gpu) {
-      os << ind << "magi_store<A, " << T << ", V>(out" << k << " + col0, o" << k << ");\n";
+      os << ind << store_call(s, static_cast<int>(k)) << "(out" << k << " + col0, o" << k << ");\n";
     } else {
       os << ind << "for (int j = 0; j < V; ++j) out" << k << "[col0 + j] = MagiStore<" << T
          << ">::from(o" << k << "[j]);\n";

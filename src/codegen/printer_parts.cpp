@@ -176,6 +176,11 @@ bool uses_columns(const KernelSpec& s) {
   return false;
 }
 
+std::string store_call(const KernelSpec& s, int k) {
+  const KOutput& o = s.outputs[static_cast<size_t>(k)];
+  return std::string("magi_store<A, ") + ctype(o.dtype) + ", V" + (o.keep ? ", true" : "") + ">";
+}
+
 std::string comment(const KOp& op) { return op.comment.empty() ? "" : "  // " + op.comment; }
 
 // Statements computing `ops` for lane j, loads reading `load(input)`.

@@ -55,6 +55,9 @@ std::vector<int> element_closure(const KernelSpec& s, const std::vector<int>& ro
 std::vector<int> element_inputs(const KernelSpec& s, const std::vector<int>& ops);
 bool uses_columns(const KernelSpec& s);
 std::string comment(const KOp& op);
+/// "magi_store<A, T, V>" for GPU output k: with kKeep (no streaming hint) where the output is
+/// read next by a library kernel (KOutput::keep).
+std::string store_call(const KernelSpec& s, int k);
 // Statements computing `ops` for lane j, loads reading `load(input)`.
 void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
               const LoadFn& load, const std::string& indent, bool fast);

@@ -272,7 +272,7 @@ std::vector<GeneratedKernel> Executable::generated_kernels() const {
   return out;
 }
 
-size_t Executable::precompile_kernels() const {
+std::map<int, std::vector<codegen::CudaSource>> Executable::expected_cuda_sources() const {
   std::map<int, std::vector<codegen::CudaSource>> by_device;
   std::vector<const Executable*> stack = {this};
   while (!stack.empty()) {
@@ -296,8 +296,12 @@ size_t Executable::precompile_kernels() const {
       if (piece) stack.push_back(piece.get());
     }
   }
+  return by_device;
+}
+
+size_t Executable::precompile_kernels() const {
   size_t count = 0;
-  for (auto& [device, sources] : by_device) {
+  for (auto& [device, sources] : expected_cuda_sources()) {
     if (sources.empty() || !codegen::cuda_driver_available()) continue;
     try {
       const codegen::DeviceInfo info = codegen::device_info(device < 0 ? 0 : device);

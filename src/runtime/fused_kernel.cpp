@@ -126,6 +126,12 @@ FusedKernel::FusedKernel(const ir::Graph& group, const std::string& name)
 
 FusedKernel::~FusedKernel() = default;
 
+void FusedKernel::keep_outputs_in_l2(const std::vector<bool>& keep) {
+  MAGI_ASSERT(keep.size() == spec_.outputs.size(), "keep_outputs_in_l2: ", keep.size(),
+              " flags for ", spec_.outputs.size(), " outputs of ", spec_.name);
+  for (size_t k = 0; k < keep.size(); ++k) spec_.outputs[k].keep = keep[k];
+}
+
 ir::SymbolBindings FusedKernel::bind_symbols(const std::vector<at::Tensor>& inputs) const {
   ir::SymbolBindings bindings;
   for (size_t i = 0; i < inputs.size() && i < input_types_.size(); ++i) {

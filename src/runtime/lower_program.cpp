@@ -55,6 +55,29 @@ std::string describe(const ir::Node* node) {
   return s;
 }
 
+// Whether `v` is read, directly or through views, by an operator that is not one of our
+// generated kernels (a matmul, attention, a custom op): a fused kernel then stores it without
+// the streaming hint, so that its reader finds it in L2. Values only our kernels or the
+// caller read keep the hint: in a model they are read much later, if at all (a residual).
+bool read_by_library_kernel(const ir::Value& v) {
+  for (const ir::Node* user : v.users()) {
+    switch (user->kind()) {
+      case ir::NodeKind::kFusion:
+      case ir::NodeKind::kOutput:
+        continue;
+      case ir::NodeKind::kAtenOp:
+        if (ir::op_info(*user).op_class == ir::OpClass::kView) {
+          if (read_by_library_kernel(*user->output())) return true;
+          continue;
+        }
+        return true;
+      default:
+        return true;
+    }
+  }
+  return false;
+}
+
 // "fused_pow_mean_add_rsqrt_mul_3f2a": the ops it fuses and a hash of what it computes, so
 // identical groups (one per layer) print identical sources and compile once.
 std::string kernel_name(const ir::Graph& group) {
@@ -226,6 +249,14 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     if (fusion_groups.count(piece)) {
       p.pieces.push_back(nullptr);
       p.fused.push_back(std::make_unique<FusedKernel>(*piece, kernel_name(*piece)));
+      std::vector<bool> keep(piece->outputs().size(), false);
+      for (const ir::Node* node : graph.nodes()) {
+        if (node->kind() != ir::NodeKind::kFusion || node->piece() != piece) continue;
+        for (size_t k = 0; k < keep.size(); ++k) {
+          if (read_by_library_kernel(*node->outputs()[k])) keep[k] = true;
+        }
+      }
+      p.fused.back()->keep_outputs_in_l2(keep);
     } else {
       p.pieces.push_back(std::make_unique<Executable>(*piece, piece_options));
       p.fused.push_back(nullptr);

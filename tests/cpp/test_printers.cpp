@@ -319,6 +319,41 @@ TEST(FusedKernel, LargeStridedPointwiseKernelsTakeFourVectorsPerThread) {
   }
 }
 
+// An output that a matmul reads next is stored without the streaming hint (the matmul finds it
+// in L2); one that only the caller reads keeps the hint. exp(x) -> neg feeds an mm and a mul
+// that also reads the mm's sin: two kernels, the first one's store a kept one.
+TEST(FusedKernel, OutputsReadByALibraryKernelAreStoredWithoutTheStreamingHint) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* e = b.unary("aten::neg", b.unary("aten::exp", x, "exp"), "neg");
+  Value* m = b.op("aten::mm", "", {e, b.input("w", {16, 16})}, tensor_type({sym("s0"), 16}), "mm");
+  g.set_outputs({b.mul(e, b.unary("aten::sin", m, "sin"), "mul")});
+  ASSERT_TRUE(passes::fuse_groups(g));
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  place_on(g, cuda);
+  for (Graph* piece : g.pieces()) place_on(*piece, cuda);
+  runtime::Executable exe(g);
+  const auto by_device = exe.expected_cuda_sources();
+  ASSERT_EQ(by_device.size(), 1u);
+  const std::vector<codegen::CudaSource>& sources = by_device.begin()->second;
+  ASSERT_EQ(sources.size(), 2u);
+  int kept = 0, streamed = 0;
+  for (const codegen::CudaSource& source : sources) {
+    const bool keeps =
+        source.source.find("magi_store<A, float, V, true>(out0") != std::string::npos;
+    const bool streams = source.source.find("magi_store<A, float, V>(out0") != std::string::npos;
+    EXPECT_NE(keeps, streams) << source.name;
+    if (keeps) {
+      ++kept;
+      EXPECT_NE(source.name.find("exp_neg"), std::string::npos) << source.name;
+    }
+    streamed += streams;
+  }
+  EXPECT_EQ(kept, 1);
+  EXPECT_EQ(streamed, 1);
+}
+
 // A pointwise call writes its output over an input whose only reference was moved in (the
 // executor's last use), with the values it would have written elsewhere; an input the caller
 // still holds keeps its values and the output gets its own buffer.

@@ -18,11 +18,13 @@
 #include <ATen/core/ivalue.h>
 
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "magi/codegen/compiler.h"
 #include "magi/ir/graph.h"
 #include "magi/runtime/attention_choice.h"
 #include "magi/runtime/offload.h"
@@ -110,6 +112,9 @@ class Executable {
   /// instead of compiling one after another. Returns how many sources were compiled or found
   /// cached; a failure is left for the first call to report (it compiles lazily then).
   size_t precompile_kernels() const;
+  /// The CUDA sources precompile_kernels compiles, by device index: one per distinct kernel
+  /// each fused group (pieces included) is expected to need.
+  std::map<int, std::vector<codegen::CudaSource>> expected_cuda_sources() const;
   /// For each piece call, in execution order, the index of the piece it runs.
   std::vector<size_t> piece_call_sequence() const;
   /// The weight offload plan and what was measured of it; nullopt without offload or before

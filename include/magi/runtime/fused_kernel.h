@@ -62,6 +62,9 @@ class FusedKernel {
   bool has_strided_outputs() const { return strided_outputs_; }
 
   const codegen::KernelSpec& spec() const { return spec_; }
+  /// Marks output k as read next by a library kernel where keep[k] (KOutput::keep): stored
+  /// without the streaming hint. Before the first call.
+  void keep_outputs_in_l2(const std::vector<bool>& keep);
   /// The device the captured graph ran this group on.
   const c10::Device& device() const { return device_; }
   std::vector<GeneratedKernel> generated() const;

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issues 5 and 6 (2026-11-27, evening): outputs that a matmul or attention reads are stored
+# without the streaming hint (KOutput::keep), the others keep it (MAGI_VECTOR_IO=cs, the
+# default). The CUDA tests, the Llama prefill beside torch.compile twice, the bandwidth table.
+# One summary file and the JSON in $OUT.   (carry .deps)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+S="$OUT/summary.txt"
+bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
+head -4 /tmp/build_summary.txt | tee -a "$S"
+echo "== tests/gpu" | tee -a "$S"
+timeout 300 python -m pytest tests/gpu/test_fusion_cuda.py tests/gpu/test_cuda_end_to_end.py \
+  tests/gpu/test_recompute_cuda.py tests/gpu/test_api_cuda.py tests/gpu/test_cuda_graphs.py \
+  -q -p no:cacheprovider --tb=short 2>&1 | grep -v "^DEBUG\|^\[magi" > /tmp/pytest_gpu.log
+grep -E "passed|failed|^E |^FAILED" /tmp/pytest_gpu.log | tail -12 | tee -a "$S"
+for round in 1 2; do
+  timeout 150 python benchmarks/run.py --device cuda --only llama_prefill \
+    --variants inductor,magi,magi_cg --out "$OUT/prefill_$round.json" > /tmp/prefill_$round.log 2>&1
+  python - "$OUT/prefill_$round.json" "prefill $round" <<'P' | tee -a "$S"
+import json, sys
+(w,) = [w for w in json.load(open(sys.argv[1]))["workloads"] if w["name"] == "llama_prefill"]
+r = {v: round(x.get("median_ms"), 4) for v, x in w["variants"].items()}
+peak = {v: x.get("peak_mem_bytes") for v, x in w["variants"].items()}
+print(sys.argv[2], r, "magi/inductor %.3f" % (r["magi"] / r["inductor"]),
+      "magi_cg/inductor %.3f" % (r["magi_cg"] / r["inductor"]), "peak", peak)
+P
+done
+echo "== bandwidth" | tee -a "$S"
+timeout 200 python benchmarks/bandwidth.py --device cuda --variants eager,torch.compile,magi_compile \
+  --out "$OUT/bandwidth.json" 2>&1 | grep -v "^\[magi" | tail -13 | tee -a "$S"
