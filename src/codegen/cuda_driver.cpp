@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -46,7 +47,7 @@ constexpr int kMaxDevices = 64;
 
 // cuLaunchKernelEx's configuration with the one attribute we set.
 constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
-struct CUlaunchAttribute {
+struct alignas(8) CUlaunchAttribute {
   int id;
   char pad[4];
   union {
@@ -60,7 +61,14 @@ struct CUlaunchConfig {
   CUlaunchAttribute* attrs;
   unsigned num_attrs;
 };
-static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute as in cuda.h");
+static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8,
+              "CUlaunchAttribute as in cuda.h");
+static_assert(sizeof(CUlaunchConfig) == 56 && offsetof(CUlaunchConfig, stream) == 32 &&
+                  offsetof(CUlaunchConfig, attrs) == 40 &&
+                  offsetof(CUlaunchConfig, num_attrs) == 48,
+              "CUlaunchConfig as in cuda.h");
+// Programmatic dependencies inside captured CUDA graphs need a CUDA 12.3 driver or later.
+constexpr int kDependentLaunchDriverVersion = 12030;
 
 struct Driver {
   CUresult (*init)(unsigned) = nullptr;
@@ -77,6 +85,7 @@ struct Driver {
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*launch_kernel_ex)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
+  int driver_version = 0;  ///< cuDriverGetVersion's answer, e.g. 13000
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
 
@@ -111,9 +120,13 @@ const Driver& driver() {
     resolve(d.func_set_attribute, "cuFuncSetAttribute");
     resolve(d.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     resolve(d.launch_kernel, "cuLaunchKernel");
-    // Optional (CUDA 12+ drivers): without it every launch is a plain cuLaunchKernel.
+    // Optional: without it (or a driver older than 12.3) every launch is a plain cuLaunchKernel.
     d.launch_kernel_ex =
         reinterpret_cast<decltype(d.launch_kernel_ex)>(::dlsym(lib, "cuLaunchKernelEx"));
+    if (auto get_version =
+            reinterpret_cast<CUresult (*)(int*)>(::dlsym(lib, "cuDriverGetVersion"))) {
+      if (get_version(&d.driver_version) != 0) d.driver_version = 0;
+    }
     resolve(d.get_error_name, "cuGetErrorName");
     resolve(d.get_error_string, "cuGetErrorString");
     if (!missing.empty()) {
@@ -283,7 +296,9 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
   kernel.function = function;
   kernel.device = device;
   kernel.name = kernel_name;
-  kernel.dependent_launch = dependent_launch() && info.major >= 9;
+  kernel.dependent_launch = dependent_launch() && info.major >= 9 &&
+                            d.launch_kernel_ex != nullptr &&
+                            d.driver_version >= kDependentLaunchDriverVersion;
   for (int i = 0, threads = 32; threads <= 1024; ++i, threads *= 2) {
     int blocks = 0;
     if (d.occupancy(&blocks, function, threads, 0) != 0) blocks = 0;  // beyond launch bounds

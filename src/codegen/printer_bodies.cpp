@@ -271,20 +271,22 @@ void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
     const KOp& op = s.ops[n];
     if (!vector_shift(v, op)) continue;
     const std::string k = std::to_string(op.input), T = ctype(s.inputs[op.input].dtype);
-    const std::string shifted =
+    // The guard adds in 64 bits (a shift of up to a row, on rows of up to 2^31 values); the
+    // offset it lets through fits the variant's index type.
+    const std::string shifted = "col_base + " + std::to_string(op.shift) + "LL";
+    const std::string offset_shift =
         "col_base + " + std::to_string(op.shift) + (v.narrow_index ? "" : "LL");
-    const std::string first = "row_start + " + shifted;
+    const std::string first = "row_start + " + offset_shift;
     const std::string dest = "s" + std::to_string(n);
     // A vector whose shifted columns leave the row belongs to another piece of a cat or pad,
     // whose select discards it: it is not read at all (rotate_half reads one of its two
     // shifted vectors per lane, not both).
     os << ind << "A " << dest << "[V];\n";
-    os << ind << "if (" << shifted << " >= 0 && " << shifted
-       << " <= " << (v.narrow_index ? "static_cast<int>(cols)" : "cols") << " - V) {\n";
+    os << ind << "if (" << shifted << " >= 0 && " << shifted << " <= cols - V) {\n";
     if (v.access[op.input] == AccessClass::kStrided) {
       os << ind << "  "
-         << strided_vector_load(v, op.input, gpu, args, strided_offset(v, op.input, args, shifted),
-                                dest, true)
+         << strided_vector_load(v, op.input, gpu, args,
+                                strided_offset(v, op.input, args, offset_shift), dest, true)
          << "\n";
     } else if (gpu) {
       // Kept in cache like the unshifted load: the same bytes are read at other shifts.
@@ -315,10 +317,10 @@ std::vector<int> pointwise_reads(const KernelVariant& v) {
   return read;
 }
 
-}  // namespace
-
-namespace {
-
+// Whether every lane of a vector takes the same piece of each select in `ops`: each select's
+// bounds and column shift are multiples of V (col_base is one, V dividing the row length) and
+// every shifted load reads whole vectors. Then `col_base + j + shift < bound` is the same for
+// all j in [0, V).
 bool lane_uniform_columns(const KernelVariant& v, const std::vector<int>& ops) {
   const int64_t V = v.vector_width;
   for (int n : ops) {
@@ -344,8 +346,7 @@ bool pointwise_needs_rows(const KernelVariant& v) {
 
 void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
                          const std::string& args, const std::string& ind, bool row_given) {
-  if (!row_given) {  // the V lanes lie in one row (the vector width divides the row length)
-    const std::string I = index_type(v);
+  if (!row_given) {        // the V lanes lie in one row (the vector width divides the row length)
     if (v.narrow_index) {  // the whole index space is under 2^31 elements
       os << ind << "const int row_index = "
          << (gpu ? "magi_udiv(static_cast<unsigned>(base), " + args + ".cols_magic, " + args +

@@ -129,6 +129,7 @@ FusedKernel::~FusedKernel() = default;
 void FusedKernel::keep_outputs_in_l2(const std::vector<bool>& keep) {
   MAGI_ASSERT(keep.size() == spec_.outputs.size(), "keep_outputs_in_l2: ", keep.size(),
               " flags for ", spec_.outputs.size(), " outputs of ", spec_.name);
+  MAGI_ASSERT(variants_.empty(), "keep_outputs_in_l2 after ", spec_.name, " printed a variant");
   for (size_t k = 0; k < keep.size(); ++k) spec_.outputs[k].keep = keep[k];
 }
 

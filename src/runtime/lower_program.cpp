@@ -59,15 +59,21 @@ std::string describe(const ir::Node* node) {
 // generated kernels (a matmul, attention, a custom op): a fused kernel then stores it without
 // the streaming hint, so that its reader finds it in L2. Values only our kernels or the
 // caller read keep the hint: in a model they are read much later, if at all (a residual).
-bool read_by_library_kernel(const ir::Value& v) {
+// `outer`: for a piece, which of its outputs such an operator reads where it is called.
+bool read_by_library_kernel(const ir::Value& v, const std::vector<bool>& outer) {
   for (const ir::Node* user : v.users()) {
     switch (user->kind()) {
       case ir::NodeKind::kFusion:
+      case ir::NodeKind::kSymArith:  // a size or a stride: no data read
+        continue;
       case ir::NodeKind::kOutput:
+        for (size_t k = 0; k < user->inputs().size() && k < outer.size(); ++k) {
+          if (user->inputs()[k] == &v && outer[k]) return true;
+        }
         continue;
       case ir::NodeKind::kAtenOp:
         if (ir::op_info(*user).op_class == ir::OpClass::kView) {
-          if (read_by_library_kernel(*user->output())) return true;
+          if (read_by_library_kernel(*user->output(), outer)) return true;
           continue;
         }
         return true;
@@ -76,6 +82,22 @@ bool read_by_library_kernel(const ir::Value& v) {
     }
   }
   return false;
+}
+
+// For each output of `piece`, whether some node of `graph` that runs it (a fusion or a piece
+// call) has that output read by a library kernel.
+std::vector<bool> outputs_read_by_library(const ir::Graph& graph, const ir::Graph& piece,
+                                          const std::vector<bool>& outer) {
+  std::vector<bool> read(piece.outputs().size(), false);
+  for (const ir::Node* node : graph.nodes()) {
+    const bool runs =
+        node->kind() == ir::NodeKind::kFusion || node->kind() == ir::NodeKind::kCallPiece;
+    if (!runs || node->piece() != &piece) continue;
+    for (size_t k = 0; k < read.size() && k < node->outputs().size(); ++k) {
+      if (read_by_library_kernel(*node->outputs()[k], outer)) read[k] = true;
+    }
+  }
+  return read;
 }
 
 // "fused_pow_mean_add_rsqrt_mul_3f2a": the ops it fuses and a hash of what it computes, so
@@ -249,15 +271,11 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     if (fusion_groups.count(piece)) {
       p.pieces.push_back(nullptr);
       p.fused.push_back(std::make_unique<FusedKernel>(*piece, kernel_name(*piece)));
-      std::vector<bool> keep(piece->outputs().size(), false);
-      for (const ir::Node* node : graph.nodes()) {
-        if (node->kind() != ir::NodeKind::kFusion || node->piece() != piece) continue;
-        for (size_t k = 0; k < keep.size(); ++k) {
-          if (read_by_library_kernel(*node->outputs()[k])) keep[k] = true;
-        }
-      }
-      p.fused.back()->keep_outputs_in_l2(keep);
+      p.fused.back()->keep_outputs_in_l2(
+          outputs_read_by_library(graph, *piece, options.outputs_read_by_library));
     } else {
+      piece_options.outputs_read_by_library =
+          outputs_read_by_library(graph, *piece, options.outputs_read_by_library);
       p.pieces.push_back(std::make_unique<Executable>(*piece, piece_options));
       p.fused.push_back(nullptr);
     }

@@ -319,6 +319,51 @@ TEST(FusedKernel, LargeStridedPointwiseKernelsTakeFourVectorsPerThread) {
   }
 }
 
+// rotate_half over rows of `width` (x * cos + cat(-x[..., h:], x[..., :h]) * sin, h = width / 2),
+// fused: the graph whose one fusion node runs it.
+std::unique_ptr<Graph> rotate_half_graph(int64_t width) {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  Value* x = b.input("x", {sym("s0"), width});
+  Value* cos = b.input("cos", {width});
+  Value* sin = b.input("sin", {width});
+  Value* lo = b.slice(x, 0, width / 2, "slice");
+  Value* hi = b.slice(x, width / 2, INT64_MAX, "slice_1");
+  Value* rot = b.cat_last({b.unary("aten::neg", hi, "neg"), lo}, "cat");
+  g->set_outputs({b.add(b.mul(x, cos, "mul"), b.mul(rot, sin, "mul_1"), "add")});
+  EXPECT_TRUE(passes::fuse_groups(*g));
+  EXPECT_EQ(nodes_of_kind(*g, NodeKind::kFusion).size(), 1u);
+  return g;
+}
+
+// A cat whose bound and shifts are multiples of the vector width picks one piece per vector: the
+// select tests the vector's first column (col = col_base) once. With halves of 6 and vectors of
+// 4, a vector straddles the bound, and each lane tests its own column (col_base + j).
+TEST(PrintedKernel, CatSelectsTestEachVectorOnceWhenItsBoundIsAMultipleOfTheWidth) {
+  const std::vector<AccessClass> access = {AccessClass::kContiguous, AccessClass::kColumn,
+                                           AccessClass::kColumn};
+  auto aligned = rotate_half_graph(16);
+  const codegen::KernelSpec spec = codegen::lower_group(
+      *nodes_of_kind(*aligned, NodeKind::kFusion).at(0)->piece(), "fused_rotate_half");
+  const std::string uniform = codegen::print_cuda(variant(spec, access, 8, 0));
+  EXPECT_NE(uniform.find("const long long col = col_base;"), std::string::npos) << uniform;
+  EXPECT_EQ(uniform.find("col_base + j"), std::string::npos) << uniform;
+  EXPECT_NE(uniform.find("(col < 8 ?"), std::string::npos) << uniform;
+
+  auto straddling = rotate_half_graph(12);
+  const codegen::KernelSpec spec12 = codegen::lower_group(
+      *nodes_of_kind(*straddling, NodeKind::kFusion).at(0)->piece(), "fused_rotate_half_12");
+  const std::string per_lane = codegen::print_cuda(variant(spec12, access, 4, 0));
+  EXPECT_NE(per_lane.find("const long long col = col_base + j;"), std::string::npos) << per_lane;
+  if (codegen::nvrtc_available()) {
+    for (const auto& [source, v] : {std::pair{uniform, variant(spec, access, 8, 0)},
+                                    std::pair{per_lane, variant(spec12, access, 4, 0)}}) {
+      EXPECT_FALSE(codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + source, v.symbol(), 90)
+                       .empty());
+    }
+  }
+}
+
 // An output that a matmul reads next is stored without the streaming hint (the matmul finds it
 // in L2); one that only the caller reads keeps the hint. exp(x) -> neg feeds an mm and a mul
 // that also reads the mm's sin: two kernels, the first one's store a kept one.
@@ -352,6 +397,36 @@ TEST(FusedKernel, OutputsReadByALibraryKernelAreStoredWithoutTheStreamingHint) {
   }
   EXPECT_EQ(kept, 1);
   EXPECT_EQ(streamed, 1);
+}
+
+// The same graph split at the mm: the kernel that feeds it sits in the piece before, and its
+// output leaves the piece for the mm outside: still stored without the hint.
+TEST(FusedKernel, AnOutputLeavingAPieceForALibraryKernelIsKeptToo) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* e = b.unary("aten::neg", b.unary("aten::exp", x, "exp"), "neg");
+  Value* m = b.op("aten::mm", "", {e, b.input("w", {16, 16})}, tensor_type({sym("s0"), 16}), "mm");
+  g.set_outputs({b.unary("aten::sin", b.unary("aten::cos", m, "cos"), "sin")});
+  ASSERT_TRUE(passes::split_at_boundaries(g, {"aten::mm"}));
+  ASSERT_TRUE(passes::fuse_groups(g));
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  std::vector<Graph*> graphs = {&g};
+  for (size_t i = 0; i < graphs.size(); ++i) {
+    place_on(*graphs[i], cuda);
+    for (Graph* piece : graphs[i]->pieces()) graphs.push_back(piece);
+  }
+  runtime::Executable exe(g);
+  const auto by_device = exe.expected_cuda_sources();
+  ASSERT_EQ(by_device.size(), 1u);
+  int kept = 0;
+  for (const codegen::CudaSource& source : by_device.begin()->second) {
+    const bool keeps =
+        source.source.find("magi_store<A, float, V, true>(out0") != std::string::npos;
+    EXPECT_EQ(keeps, source.name.find("exp_neg") != std::string::npos) << source.name;
+    kept += keeps;
+  }
+  EXPECT_EQ(kept, 1);
 }
 
 // A pointwise call writes its output over an input whose only reference was moved in (the

@@ -50,10 +50,11 @@ int stream_chunks_per_thread();
 /// MAGI_ROW_STREAM_HINTS=0 turns it off.
 bool row_stream_hints();
 /// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "cs" (default) streaming
-/// (evict-first) loads and stores, except loads of per-column inputs every row reads again;
-/// "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc / st.global.v4);
-/// "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming stores or
-/// loads only. Kept for measuring one against another.
+/// (evict-first) loads and stores, except loads of per-column inputs every row reads again,
+/// all loads of pointwise kernels (__ldg) and stores of outputs a library kernel reads next
+/// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX
+/// (ld.global.nc / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" /
+/// "ldcs" streaming stores or loads only. Kept for measuring one against another.
 const std::string& vector_io_mode();
 /// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
 /// the tuning variables above ask of it.

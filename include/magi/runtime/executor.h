@@ -49,6 +49,10 @@ struct ExecutorOptions {
   /// inputs as it reads them, which the arena's peak estimate does not see, and arena blocks
   /// then raised the measured activation peak (by 184 MiB on the 4-layer Llama stack).
   bool memory_arena = true;
+  /// Pieces: which of the piece's outputs an operator other than our generated kernels reads
+  /// where the piece is called (empty: none). A fused kernel that writes such an output stores
+  /// it without the streaming hint (KOutput::keep).
+  std::vector<bool> outputs_read_by_library;
 };
 
 /// While one lives, runs on this thread use no memory arena (CUDA graph captures: a replay
