@@ -10,12 +10,7 @@ bash scripts/gpu/run_gpu.sh build || exit 1
 prefill() {  # prefill LABEL: the Llama prefill beside torch.compile, one process
   timeout 150 python benchmarks/run.py --device cuda --only llama_prefill \
     --variants inductor,magi --out "$OUT/prefill_$1.json" 2>&1 | grep -v "^\[magi" | tail -1
-  python - "$OUT/prefill_$1.json" "$1" <<'P'
-import json, sys
-(w,) = [w for w in json.load(open(sys.argv[1]))["workloads"] if w["name"] == "llama_prefill"]
-r = {v: x.get("median_ms") for v, x in w["variants"].items()}
-print(sys.argv[2], r, "magi/inductor %.3f" % (r["magi"] / r["inductor"]))
-P
+  python scripts/gpu/prefill_ratio.py "$OUT/prefill_$1.json" "$1"
 }
 for io in cs ldg stcs ldcs; do
   echo "== prefill, MAGI_VECTOR_IO=$io"

@@ -16,14 +16,7 @@ grep -E "passed|failed|^E |^FAILED" /tmp/pytest_gpu.log | tail -12 | tee -a "$S"
 for round in 1 2; do
   timeout 150 python benchmarks/run.py --device cuda --only llama_prefill \
     --variants inductor,magi,magi_cg --out "$OUT/prefill_$round.json" > /tmp/prefill_$round.log 2>&1
-  python - "$OUT/prefill_$round.json" "prefill $round" <<'P' | tee -a "$S"
-import json, sys
-(w,) = [w for w in json.load(open(sys.argv[1]))["workloads"] if w["name"] == "llama_prefill"]
-r = {v: round(x.get("median_ms"), 4) for v, x in w["variants"].items()}
-peak = {v: x.get("peak_mem_bytes") for v, x in w["variants"].items()}
-print(sys.argv[2], r, "magi/inductor %.3f" % (r["magi"] / r["inductor"]),
-      "magi_cg/inductor %.3f" % (r["magi_cg"] / r["inductor"]), "peak", peak)
-P
+  python scripts/gpu/prefill_ratio.py "$OUT/prefill_$round.json" "prefill $round" | tee -a "$S"
 done
 echo "== bandwidth" | tee -a "$S"
 timeout 200 python benchmarks/bandwidth.py --device cuda --variants eager,torch.compile,magi_compile \

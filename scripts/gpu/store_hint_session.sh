@@ -10,14 +10,7 @@ mkdir -p /tmp/runs
 prefill() {  # prefill LABEL: the Llama prefill beside torch.compile, one process
   timeout 150 python benchmarks/run.py --device cuda --only llama_prefill \
     --variants inductor,magi,magi_cg --out "/tmp/runs/prefill_$1.json" > /tmp/runs/prefill_$1.log 2>&1
-  python - "/tmp/runs/prefill_$1.json" "$1" <<'P' | tee -a "$S"
-import json, sys
-(w,) = [w for w in json.load(open(sys.argv[1]))["workloads"] if w["name"] == "llama_prefill"]
-r = {v: round(x.get("median_ms"), 4) for v, x in w["variants"].items()}
-peak = {v: x.get("peak_mem_bytes") for v, x in w["variants"].items()}
-print(sys.argv[2], r, "magi/inductor %.3f" % (r["magi"] / r["inductor"]),
-      "magi_cg/inductor %.3f" % (r["magi_cg"] / r["inductor"]), "peak", peak)
-P
+  python scripts/gpu/prefill_ratio.py "/tmp/runs/prefill_$1.json" "$1" | tee -a "$S"
 }
 for round in 1 2; do
   MAGI_VECTOR_IO=ldcs prefill "ldcs_$round"
