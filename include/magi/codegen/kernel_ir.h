@@ -82,8 +82,8 @@ struct KOutput {
   int op;
   c10::ScalarType dtype;
   bool per_row = false;
-  /// Read next by a kernel that is not one of ours (a matmul, attention): stored without the
-  /// streaming hint of MAGI_VECTOR_IO=cs, so that the reader finds it in L2.
+  /// Read by an operator that is not one of our kernels (a matmul, attention, a custom op):
+  /// stored without the streaming hint of MAGI_VECTOR_IO=cs, so that the reader finds it in L2.
   bool keep = false;
 };
 

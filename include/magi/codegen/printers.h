@@ -26,9 +26,10 @@ int row_chunks_per_thread();
 /// MAGI_POINTWISE_UNROLL (1-8): vectors each thread of every GPU pointwise kernel handles per
 /// step of its grid-stride loop; 0 when unset (each kernel's own choice, KernelVariant::unroll).
 int pointwise_unroll();
-/// MAGI_DEPENDENT_LAUNCH (default 1): generated kernels launch on sm_90+ as programmatic
-/// dependents of the stream's previous kernel (they wait for it before their first memory
-/// access), so that their launch overlaps that kernel's last blocks. 0: plain stream order.
+/// MAGI_DEPENDENT_LAUNCH (default 1): generated kernels launch on sm_90+ (12.3+ drivers) as
+/// programmatic dependents of the stream's previous kernel (they wait for it before their first
+/// memory access), so that they may launch as its blocks exit instead of after it has drained.
+/// 0: plain launches. Read by cuda_driver.cpp; kept here with the other kernel variables.
 bool dependent_launch();
 /// When a row kernel whose rows fit in registers reads its per-column inputs (a norm's weight):
 /// 'a' (default) 'r' for a kernel with one such input and 'l' for more; 'l' in the output pass
@@ -51,10 +52,10 @@ int stream_chunks_per_thread();
 bool row_stream_hints();
 /// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "cs" (default) streaming
 /// (evict-first) loads and stores, except loads of per-column inputs every row reads again,
-/// all loads of pointwise kernels (__ldg) and stores of outputs a library kernel reads next
-/// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX
-/// (ld.global.nc / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" /
-/// "ldcs" streaming stores or loads only. Kept for measuring one against another.
+/// all loads of pointwise kernels (__ldg) and stores of outputs a library operator reads
+/// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc
+/// / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming
+/// stores or loads only. Kept for measuring one against another.
 const std::string& vector_io_mode();
 /// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
 /// the tuning variables above ask of it.

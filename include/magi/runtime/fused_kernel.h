@@ -62,7 +62,7 @@ class FusedKernel {
   bool has_strided_outputs() const { return strided_outputs_; }
 
   const codegen::KernelSpec& spec() const { return spec_; }
-  /// Marks output k as read next by a library kernel where keep[k] (KOutput::keep): stored
+  /// Marks output k as read by a library operator where keep[k] (KOutput::keep): stored
   /// without the streaming hint. Before the first call.
   void keep_outputs_in_l2(const std::vector<bool>& keep);
   /// The device the captured graph ran this group on.
