@@ -1,5 +1,6 @@
-"""Runs what scripts/gpu/ncu_session.sh profiles with Nsight Compute: the bandwidth benchmark's
-rotary workload under magi_compile (``rotary``), or two steps of the Llama training workload
+"""Runs what scripts/gpu/ncu_session.sh and rmsnorm_ncu.sh profile with Nsight Compute: the
+bandwidth benchmark's rotary or RMSNorm workload (16384 x 8192 bf16) under magi_compile, then
+torch.compile (``rotary``, ``rmsnorm``), or two steps of the Llama training workload
 (``train``, full preset, bf16)."""
 
 import sys
@@ -13,7 +14,15 @@ for p in (str(ROOT / "benchmarks"), str(ROOT / "examples"), str(ROOT)):
 
 from magi_compiler import magi_compile  # noqa: E402
 
-if sys.argv[1] == "rotary":
+if sys.argv[1] == "rmsnorm":
+    from bandwidth import rmsnorm
+
+    x = torch.randn(16384, 8192, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(8192, dtype=torch.bfloat16, device="cuda")
+    for f in (magi_compile(rmsnorm), torch.compile(rmsnorm)):
+        for _ in range(3):
+            f(x, w)
+elif sys.argv[1] == "rotary":
     from bandwidth import rotary
 
     x = torch.randn(16384, 8192, dtype=torch.bfloat16, device="cuda")

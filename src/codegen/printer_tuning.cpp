@@ -66,6 +66,10 @@ int max_threads_per_block() {
   return threads;
 }
 
+int row_min_blocks() {  // read at every print (kernels are printed once each)
+  return env_int("MAGI_ROW_MIN_BLOCKS", 0, 0, 32);
+}
+
 int stream_threads_per_block() {
   static const int threads = [] {
     int t = env_int("MAGI_ROW_STREAM_THREADS", 512, 32, 1024);

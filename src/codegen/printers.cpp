@@ -40,8 +40,11 @@ std::string print_cuda(const KernelVariant& v) {
   std::ostringstream os;
   emit_header_comment(os, v);
   const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
-  os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads << ") " << v.symbol()
-     << "(const MagiArgs a) {\n";
+  os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads;
+  if (s.schedule == Schedule::kRow && !v.streamed_rows && row_min_blocks() > 0) {
+    os << ", " << row_min_blocks();
+  }
+  os << ") " << v.symbol() << "(const MagiArgs a) {\n";
   os << "  magi_wait_for_prior_grids();\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";

@@ -183,6 +183,30 @@ TEST_P(PrintedKernel, CppMatchesGoldenAndCompiles) {
       nullptr);
 }
 
+// MAGI_ROW_MIN_BLOCKS bounds the registers of row kernels that hold their rows (the second
+// bound of __launch_bounds__), not of streamed ones, and the bounded kernel still compiles.
+TEST(PrintedKernel, RowMinBlocksBoundsKernelsThatHoldTheirRows) {
+  std::unique_ptr<Graph> group = add_rmsnorm_group();
+  codegen::KernelSpec spec = codegen::lower_group(*group, "fused_bounded_rows");
+  const std::vector<AccessClass> access = {AccessClass::kContiguous, AccessClass::kContiguous,
+                                           AccessClass::kColumn};
+  codegen::KernelVariant held = variant(spec, access, 8, 0);
+  codegen::KernelVariant streamed = variant(spec, access, 8, 0);
+  streamed.streamed_rows = true;
+  ASSERT_EQ(setenv("MAGI_ROW_MIN_BLOCKS", "4", 1), 0);
+  const std::string bounded = codegen::print_cuda(held);
+  const std::string streamed_source = codegen::print_cuda(streamed);
+  unsetenv("MAGI_ROW_MIN_BLOCKS");
+  EXPECT_NE(bounded.find("__launch_bounds__(256, 4) fused_bounded_rows"), std::string::npos);
+  EXPECT_NE(streamed_source.find("__launch_bounds__(512) fused_bounded_rows"), std::string::npos);
+  EXPECT_NE(codegen::print_cuda(held).find("__launch_bounds__(256) fused_bounded_rows"),
+            std::string::npos);
+  if (!codegen::nvrtc_available()) GTEST_SKIP() << "NVRTC is not installed on this machine";
+  EXPECT_FALSE(codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + bounded,
+                                              held.symbol(), 90)
+                   .empty());
+}
+
 // The group as a FusedKernel (the golden variants: a transposed u, a [cols] bias or weight)
 // against the same group run op by op through ATen.
 TEST_P(PrintedKernel, RunsLikeAten) {

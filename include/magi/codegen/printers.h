@@ -40,6 +40,11 @@ char row_column_loads();
 /// may give each thread up to 255 registers (a row kernel holds its row chunks in registers);
 /// MAGI_MAX_BLOCK_THREADS (a power of two, 32-1024).
 int max_threads_per_block();
+/// Blocks per SM a GPU row kernel whose rows fit in registers asks the compiler to make room for
+/// (the second bound of __launch_bounds__, capping registers per thread at 64K / (threads x
+/// blocks)): 0 (default) leaves registers to the compiler. MAGI_ROW_MIN_BLOCKS (0-32), read at
+/// every print.
+int row_min_blocks();
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
 int stream_threads_per_block();
