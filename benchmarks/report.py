@@ -582,6 +582,8 @@ def extra_section(doc: dict, source: str) -> str:
         return _env_sweep_section(doc, source)
     if doc.get("benchmark") == "recompute":
         return _recompute_section(doc, source)
+    if doc.get("benchmark") == "findings":
+        return _findings_section(doc, source)
     if doc.get("benchmark") == "gpu_tests":
         lines = [
             f"## CUDA test tier: {doc['device']}",
@@ -681,6 +683,24 @@ def _sweep_section(doc: dict, source: str) -> str:
             else:
                 cells.append(f"{c['pct_of_copy']:.1f}%" + ("" if c["correct"] else " ⚠"))
         lines.append(f"| `{name}` | {s['shape']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _findings_section(doc: dict, source: str) -> str:
+    """An investigation recorded by hand from a script's printed output (when its JSON did not
+    come back from the GPU machine): a title, the scripts, notes and tables of the numbers."""
+    meta = doc["meta"]
+    lines = [
+        f"## {doc['title']}: {meta['device_name']}",
+        "",
+        f"torch {meta['torch']} · date {meta['date']} · commit {meta['git_commit']} · scripts "
+        + ", ".join(f"`{s}`" for s in doc["scripts"])
+        + f" · source `{source}`",
+        "",
+        *[p + "\n" for p in doc.get("notes", [])],
+    ]
+    for t in doc.get("tables", []):
+        lines += [f"**{t['caption']}**", "", _table(t["header"], t["rows"]).rstrip("\n"), ""]
     return "\n".join(lines) + "\n"
 
 
