@@ -76,9 +76,15 @@ void bind_codegen(py::module_& m) {
         d["cpu_compiles"] = s.cpu_compiles;
         d["memory_hits"] = s.memory_hits;
         d["disk_hits"] = s.disk_hits;
+        d["dependent_launches"] = s.dependent_launches;
+        d["plain_launches"] = s.plain_launches;
         return d;
       },
-      "Counters of compiler runs and kernel cache hits since the last reset.");
+      "Counters of compiler runs, kernel cache hits and CUDA launches (as programmatic "
+      "dependents or plain) since the last reset.");
+  m.def("dependent_launch_available", &codegen::dependent_launch_available, py::arg("device"),
+        "Whether kernels on CUDA device `device` launch as programmatic dependents "
+        "(MAGI_DEPENDENT_LAUNCH, sm_90+, a 12.3+ driver).");
   m.def("reset_compiler_stats", &codegen::reset_compiler_stats);
   m.def("set_cache_dir", &codegen::set_cache_dir, py::arg("path"),
         "Directory of the kernel disk cache; an empty string disables it.");

@@ -25,6 +25,8 @@ struct Counters {
   std::atomic<size_t> cpu_compiles{0};
   std::atomic<size_t> memory_hits{0};
   std::atomic<size_t> disk_hits{0};
+  std::atomic<size_t> dependent_launches{0};
+  std::atomic<size_t> plain_launches{0};
 };
 Counters& counters();
 

@@ -229,6 +229,12 @@ ModuleTable& module_table() {
 
 bool cuda_driver_available() { return driver().loaded && driver().device_count > 0; }
 
+bool dependent_launch_available(int device) {
+  const Driver& d = driver();
+  return dependent_launch() && d.launch_kernel_ex != nullptr &&
+         d.driver_version >= kDependentLaunchDriverVersion && device_info(device).major >= 9;
+}
+
 DeviceInfo device_info(int device) {
   const Driver& d = require_device(device);
   ModuleTable& table = module_table();
@@ -267,6 +273,7 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
 
   // Compile without holding the table lock: other threads keep launching meanwhile.
   const DeviceInfo info = device_info(device);
+  const bool dependent = dependent_launch_available(device);  // before the lock: it takes it
   bool module_loaded = false;
   {
     std::lock_guard<std::mutex> lock(table.mutex);
@@ -296,9 +303,7 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
   kernel.function = function;
   kernel.device = device;
   kernel.name = kernel_name;
-  kernel.dependent_launch = dependent_launch() && info.major >= 9 &&
-                            d.launch_kernel_ex != nullptr &&
-                            d.driver_version >= kDependentLaunchDriverVersion;
+  kernel.dependent_launch = dependent;
   for (int i = 0, threads = 32; threads <= 1024; ++i, threads *= 2) {
     int blocks = 0;
     if (d.occupancy(&blocks, function, threads, 0) != 0) blocks = 0;  // beyond launch bounds
@@ -334,6 +339,7 @@ void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid
                  "cuLaunchKernelEx (dependent launch) of `", kernel.name, "` with grid (", grid_x,
                  ", ", grid_y, ", ", grid_z, "), block (", block_x, ", ", block_y, ", ", block_z,
                  ") on device ", kernel.device);
+    internal::counters().dependent_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   MAGI_CU_CALL(d,
@@ -342,6 +348,7 @@ void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid
                "cuLaunchKernel of `", kernel.name, "` with grid (", grid_x, ", ", grid_y, ", ",
                grid_z, "), block (", block_x, ", ", block_y, ", ", block_z, "), ", shared_bytes,
                " bytes of shared memory on device ", kernel.device);
+  internal::counters().plain_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace magi::codegen

@@ -178,6 +178,8 @@ CompilerStats compiler_stats() {
   stats.cpu_compiles = c.cpu_compiles.load();
   stats.memory_hits = c.memory_hits.load();
   stats.disk_hits = c.disk_hits.load();
+  stats.dependent_launches = c.dependent_launches.load();
+  stats.plain_launches = c.plain_launches.load();
   return stats;
 }
 
@@ -187,6 +189,8 @@ void reset_compiler_stats() {
   c.cpu_compiles = 0;
   c.memory_hits = 0;
   c.disk_hits = 0;
+  c.dependent_launches = 0;
+  c.plain_launches = 0;
 }
 
 void clear_memory_cache() {

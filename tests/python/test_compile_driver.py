@@ -38,6 +38,8 @@ def test_cubin_is_elf_and_cached_on_disk(fresh_cache):
         "cpu_compiles": 0,
         "memory_hits": 0,
         "disk_hits": 1,
+        "dependent_launches": 0,
+        "plain_launches": 0,
     }
 
 

@@ -28,6 +28,8 @@ struct CompilerStats {
   size_t cpu_compiles = 0;   ///< host compiler invocations
   size_t memory_hits = 0;
   size_t disk_hits = 0;
+  size_t dependent_launches = 0;  ///< CUDA launches as programmatic dependents (cuLaunchKernelEx)
+  size_t plain_launches = 0;      ///< other CUDA launches (cuLaunchKernel)
 };
 
 /// Where compiled artifacts live on disk ("" disables the disk cache). Default:
@@ -48,6 +50,9 @@ void clear_memory_cache();
 bool nvrtc_available();
 /// True when a CUDA driver and at least one device are present.
 bool cuda_driver_available();
+/// True when kernels loaded on `device` launch as programmatic dependents where the launch
+/// allows it: MAGI_DEPENDENT_LAUNCH on, compute capability 9.0 or higher, a 12.3+ driver.
+bool dependent_launch_available(int device);
 
 /// Compiles CUDA C++ source to a cubin for `arch` (e.g. 90 for sm_90; pass arch_suffix "a"
 /// for sm_90a). Throws magi::InternalError with the kernel name, NVRTC's log and the start of
