@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole CUDA test tier (tests/gpu) in one call, the log kept in $OUT as it is written
+# (a run stopped at its time limit still returns what passed).   (carry .deps)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+S="$OUT/summary.txt"
+bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
+head -2 /tmp/build_summary.txt | tee -a "$S"
+git log --oneline -1 2>/dev/null | tee -a "$S"
+timeout "${TESTS_LIMIT:-520}" python -m pytest tests/gpu -q -ra -p no:cacheprovider --tb=short \
+  --durations=12 2>&1 | grep --line-buffered -v "^DEBUG\|^\[magi" > "$OUT/pytest_gpu.log"
+grep -E "passed|failed|^E |^FAILED|^ERROR|slowest|^[0-9.]+s (call|setup)" "$OUT/pytest_gpu.log" | tail -30 | tee -a "$S"
