@@ -453,6 +453,9 @@ def main(argv: list[str] | None = None) -> None:
     docs = [(json.loads(f.read_text()), f) for f in files]
     docs.sort(key=lambda d: (d[0]["meta"]["device"] != "cuda", d[0]["meta"].get("date", "")))
     body = [PREAMBLE]
+    headline = HERE / "results" / "HEADLINE.md"  # hand-written summary of the latest figures
+    if headline.exists() and not args.files:
+        body.append(headline.read_text())
     for doc, f in docs:
         source = os.path.relpath(f.resolve(), HERE.parent)
         body.append(section(doc, source, Path(args.plots), Path(args.out).resolve().parent))

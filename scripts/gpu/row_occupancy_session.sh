@@ -10,11 +10,11 @@ source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
 bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
 head -2 /tmp/build_summary.txt | tee -a "$S"
-SWEEP_VARIANTS=torch.compile,magi_compile bash scripts/gpu/sweep_rows.sh "auto 4 256 all 0" 2>&1 | tee -a "$S"
+SWEEP_VARIANTS=torch.compile,magi_compile SWEEP_TAG=_first bash scripts/gpu/sweep_rows.sh "auto 4 256 all 0" 2>&1 | tee -a "$S"
 bash scripts/gpu/sweep_rows.sh "auto 4 256 all 6" "auto 4 256 all 8" "late 4 256 all 0" \
   "late 4 256 all 6" "late 4 256 all 8" "auto 2 512 all 0" "auto 2 512 all 4" "late 2 512 all 4" \
   "auto 1 1024 all 2" 2>&1 | tee -a "$S"
-SWEEP_VARIANTS=torch.compile,magi_compile bash scripts/gpu/sweep_rows.sh "auto 4 256 all 0" 2>&1 | tee -a "$S"
+SWEEP_VARIANTS=torch.compile,magi_compile SWEEP_TAG=_last bash scripts/gpu/sweep_rows.sh "auto 4 256 all 0" 2>&1 | tee -a "$S"
 echo "== registers of the RMSNorm and softmax variants" | tee -a "$S"
 for c in "$MAGI_CACHE_DIR"/*.cubin "$MAGI_CACHE_DIR"/*/*.cubin; do
   [[ -f $c ]] && /usr/local/cuda/bin/cuobjdump -res-usage "$c" 2>/dev/null

@@ -231,8 +231,11 @@ bool cuda_driver_available() { return driver().loaded && driver().device_count >
 
 bool dependent_launch_available(int device) {
   const Driver& d = driver();
-  return dependent_launch() && d.launch_kernel_ex != nullptr &&
-         d.driver_version >= kDependentLaunchDriverVersion && device_info(device).major >= 9;
+  if (!dependent_launch() || !cuda_driver_available() || device < 0 || device >= d.device_count) {
+    return false;
+  }
+  return d.launch_kernel_ex != nullptr && d.driver_version >= kDependentLaunchDriverVersion &&
+         device_info(device).major >= 9;
 }
 
 DeviceInfo device_info(int device) {

@@ -1,5 +1,6 @@
 // The tuning variables of the printed kernels (MAGI_ROW_CHUNKS and friends, docs/config.md):
-// each read once per process; part of the printed source, hence of the kernel cache key.
+// each read once per process (MAGI_ROW_MIN_BLOCKS at every print); part of the printed source,
+// hence of the kernel cache key.
 #include <cctype>
 #include <cstdlib>
 #include <string>

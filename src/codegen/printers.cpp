@@ -41,9 +41,8 @@ std::string print_cuda(const KernelVariant& v) {
   emit_header_comment(os, v);
   const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
   os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads;
-  if (s.schedule == Schedule::kRow && !v.streamed_rows && row_min_blocks() > 0) {
-    os << ", " << row_min_blocks();
-  }
+  const int min_blocks = s.schedule == Schedule::kRow && !v.streamed_rows ? row_min_blocks() : 0;
+  if (min_blocks > 0) os << ", " << min_blocks;
   os << ") " << v.symbol() << "(const MagiArgs a) {\n";
   os << "  magi_wait_for_prior_grids();\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";

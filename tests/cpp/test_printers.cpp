@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -28,6 +29,29 @@ namespace magi::test {
 namespace {
 
 using passes::fuse_groups;
+
+// Sets an environment variable for its scope and restores the previous value (or its absence)
+// after, also when the scope is left by an exception.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (previous_) {
+      setenv(name_, previous_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
 
 std::string golden_path(const std::string& name) {
   return std::string(MAGI_GOLDEN_DIR) + "/" + name;
@@ -193,10 +217,12 @@ TEST(PrintedKernel, RowMinBlocksBoundsKernelsThatHoldTheirRows) {
   codegen::KernelVariant held = variant(spec, access, 8, 0);
   codegen::KernelVariant streamed = variant(spec, access, 8, 0);
   streamed.streamed_rows = true;
-  ASSERT_EQ(setenv("MAGI_ROW_MIN_BLOCKS", "4", 1), 0);
-  const std::string bounded = codegen::print_cuda(held);
-  const std::string streamed_source = codegen::print_cuda(streamed);
-  unsetenv("MAGI_ROW_MIN_BLOCKS");
+  std::string bounded, streamed_source;
+  {
+    ScopedEnv bound("MAGI_ROW_MIN_BLOCKS", "4");
+    bounded = codegen::print_cuda(held);
+    streamed_source = codegen::print_cuda(streamed);
+  }
   EXPECT_NE(bounded.find("__launch_bounds__(256, 4) fused_bounded_rows"), std::string::npos);
   EXPECT_NE(streamed_source.find("__launch_bounds__(512) fused_bounded_rows"), std::string::npos);
   EXPECT_NE(codegen::print_cuda(held).find("__launch_bounds__(256) fused_bounded_rows"),

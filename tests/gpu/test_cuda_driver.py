@@ -113,7 +113,11 @@ def test_generated_kernels_launch_as_dependents_on_hopper(tmp_path, setting):
         pytest.skip("dependent launches need compute capability 9.0")
     env = dict(os.environ, MAGI_DEPENDENT_LAUNCH=setting, MAGI_CACHE_DIR=str(tmp_path))
     done = subprocess.run(
-        [sys.executable, "-c", _DEPENDENT_PROBE], env=env, capture_output=True, text=True
+        [sys.executable, "-c", _DEPENDENT_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     available, dependent, plain = map(int, done.stdout.split()[-3:])

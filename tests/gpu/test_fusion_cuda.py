@@ -155,8 +155,8 @@ def test_cpu_scalar_tensor_operand(assert_close_rel):
 
 
 def _compile_counters(stats: dict) -> dict:
-    """The compiler's and kernel caches' counters of _C.compiler_stats() (not its launches)."""
-    return {k: stats[k] for k in ("cuda_compiles", "cpu_compiles", "memory_hits", "disk_hits")}
+    """_C.compiler_stats() without its launch counters (which move with every call)."""
+    return {k: v for k, v in stats.items() if not k.endswith("_launches")}
 
 
 def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):

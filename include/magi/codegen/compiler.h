@@ -52,6 +52,7 @@ bool nvrtc_available();
 bool cuda_driver_available();
 /// True when kernels loaded on `device` launch as programmatic dependents where the launch
 /// allows it: MAGI_DEPENDENT_LAUNCH on, compute capability 9.0 or higher, a 12.3+ driver.
+/// False without a driver or for a device that does not exist.
 bool dependent_launch_available(int device);
 
 /// Compiles CUDA C++ source to a cubin for `arch` (e.g. 90 for sm_90; pass arch_suffix "a"
