@@ -174,6 +174,41 @@ def bucket_ladder(config: CompileConfig) -> list[int]:
 
 
 _capturing = threading.local()  # .info: _capture_info of the Dynamo graph being compiled
+_static_dims = threading.local()  # .seen: see recording_static_dims
+
+
+@contextlib.contextmanager
+def recording_static_dims():
+    """Collects, while active, the static dims of every tensor input of the Dynamo graphs
+    captured on this thread, by source (``{"L['w']": {0, 1}}``; a dim static in any graph
+    counts): which dims marked maybe-dynamic the traced code fixed."""
+    outer = getattr(_static_dims, "seen", None)
+    _static_dims.seen = seen = {}
+    try:
+        yield seen
+    finally:
+        _static_dims.seen = outer
+
+
+def _record_static_dims(gm: torch.fx.GraphModule) -> None:
+    seen = getattr(_static_dims, "seen", None)
+    if seen is None:
+        return
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        if callable(name):  # a method before torch 2.10, a property since
+            name = name()
+        value = node.meta.get("example_value")
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            continue
+        static = {
+            i
+            for i, size in enumerate(value.shape)
+            if not isinstance(size, torch.SymInt) or size.node.maybe_as_int() is not None
+        }
+        seen.setdefault(name, set()).update(static)
 
 
 def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
@@ -243,6 +278,7 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         _counters.bump("captures")
         logger.debug("captured a Dynamo graph with %d nodes", len(gm.graph.nodes))
         _capturing.info = _capture_info(gm)
+        _record_static_dims(gm)
         try:
             with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
                 return aot(gm, example_inputs)

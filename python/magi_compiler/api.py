@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
-from magi_compiler import _C, _counters, _dump, _dynamic_dims, _fast_dispatch, _offload
+from magi_compiler import _C, _backend, _counters, _dump, _dynamic_dims, _fast_dispatch, _offload
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
@@ -168,7 +168,13 @@ class _CompiledCallable:
                             f"make the dim static: dynamic_arg_dims={{{name!r}: []}})"
                         )
                     continue  # a later size-1 call gets its own, specialised capture
-                torch._dynamo.mark_dynamic(value, dim)
+                # Inferred dims may turn out fixed by the code (a weight's rows): Dynamo then
+                # specialises them silently, in the same trace (_drop_fixed finds them);
+                # dims the user named must stay dynamic, or Dynamo says why not.
+                if self.dims_explicit:
+                    torch._dynamo.mark_dynamic(value, dim)
+                else:
+                    torch._dynamo.maybe_mark_dynamic(value, dim)
                 kept.append(dim)
             marked.append(kept)
         return marked
@@ -328,17 +334,20 @@ class _CompiledCallable:
                 )
         marked = self._mark_dynamic(values, dims, first)
         captures_before = _counters.get_counters().captures
-        try:
-            result = self._capture(args, kwargs)
-        except Exception as e:  # noqa: BLE001 - filtered in _release_fixed / _capture_failed
-            if not self._release_fixed(_constraint_violation(e), values, dims, e):
-                return self._capture_failed(e, args, kwargs)
-            # Inferred dynamic dims the code fixes (a weight's rows) are static from now on.
-            marked = self._mark_dynamic(values, dims, first)
+        with _backend.recording_static_dims() as static_seen:
             try:
                 result = self._capture(args, kwargs)
-            except Exception as e2:  # noqa: BLE001
-                return self._capture_failed(e2, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - filtered in _release_fixed / _capture_failed
+                if not self._release_fixed(_constraint_violation(e), values, dims, e):
+                    return self._capture_failed(e, args, kwargs)
+                # Inferred dynamic dims the code fixes (a weight's rows) are static from now on.
+                marked = self._mark_dynamic(values, dims, first)
+                try:
+                    result = self._capture(args, kwargs)
+                except Exception as e2:  # noqa: BLE001
+                    return self._capture_failed(e2, args, kwargs)
+        if not self.dims_explicit:
+            marked = self._drop_fixed(values, marked, static_seen)
         self.signatures.append(_C.GuardSignature(values, marked, training))
         if owner is not None:
             self._seen_owners.add(id(owner))
@@ -382,6 +391,24 @@ class _CompiledCallable:
         )
         return self.fn(*args, **kwargs)
 
+    def _drop_fixed(
+        self, values: list[Any], marked: list[list[int]], static_seen: dict[str, set[int]]
+    ) -> list[list[int]]:
+        """Inferred dynamic dims that a captured graph has static (the code fixed their size,
+        and Dynamo specialised them, being only maybe-dynamic) are static for this entry from
+        now on: dropped from the signature's dynamic dims and unmarked on the call's tensors."""
+        for i, name in enumerate(self.param_names):
+            static = static_seen.get(f"L['{name}']")
+            if not static or not marked[i]:
+                continue
+            for dim in [d for d in marked[i] if d in static]:
+                self.static_dims.add((name, dim))
+                _unmark_dynamic(values[i], dim)
+                logger.debug("%s: dim %d of %r stays static: the code fixes its size",
+                             self.model_tag, dim, name)  # fmt: skip
+            marked[i] = [d for d in marked[i] if d not in static]
+        return marked
+
     def _release_fixed(
         self,
         violation: ConstraintViolationError | None,
@@ -390,9 +417,10 @@ class _CompiledCallable:
         e: Exception,
     ) -> bool:
         """Dims marked dynamic that the traced code fixed (Dynamo's ConstraintViolationError):
-        when they were inferred (no dynamic_arg_dims), they become static for this entry, are
-        unmarked on the call's tensors and True is returned (capture again); named in
-        dynamic_arg_dims, a ValueError says which and what to do."""
+        named in dynamic_arg_dims, a ValueError says which and what to do. Inferred dims are
+        only maybe-dynamic and Dynamo specialises them without raising (_drop_fixed); should a
+        violation name one anyway, it becomes static for this entry, is unmarked on the call's
+        tensors and True is returned (capture again)."""
         if violation is None:
             return False
         fixed = [(name, int(dim)) for name, dim in _SPECIALISED.findall(str(violation))]
@@ -476,8 +504,10 @@ def _constraint_violation(e: BaseException) -> ConstraintViolationError | None:
 
 
 def _unmark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """Undoes torch._dynamo.mark_dynamic(t, dim) (the mark lives on the tensor object)."""
+    """Undoes torch._dynamo.mark_dynamic(t, dim) or maybe_mark_dynamic(t, dim) (the marks live
+    on the tensor object)."""
     getattr(t, "_dynamo_dynamic_indices", set()).discard(dim)
+    getattr(t, "_dynamo_weak_dynamic_indices", set()).discard(dim)
     ranges = getattr(t, "_dynamo_dynamic_range", None)
     if ranges:
         for r in [r for r in ranges if getattr(r, "dim", None) == dim]:
