@@ -5,7 +5,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 bash scripts/gpu/run_gpu.sh build || exit 1
-NCU=/usr/local/cuda/bin/ncu
+NCU="/usr/local/cuda/bin/ncu --clock-control none"  # leave the clocks as found (METHOD.md)
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
 KEYS="Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit Rate|L2 Hit Rate|Achieved Occupancy|Registers Per Thread|Compute \(SM\) Throughput|Warp Cycles Per Issued|Stall|Mem Busy|Max Bandwidth|Block Size|Grid Size|Theoretical Occupancy"
 for io in default ldg; do

@@ -33,7 +33,7 @@ with torch.no_grad():
         f(x, c, s)
     torch.cuda.synchronize()
 PY
-  timeout 200 "$NCU" --kernel-name regex:fused --launch-skip 2 --launch-count 1 \
+  timeout 200 "$NCU" --clock-control none --kernel-name regex:fused --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis python /tmp/rotary_once.py > "$OUT/ncu_rotary.log" 2>&1
   grep -v "^\[magi\|^DEBUG" "$OUT/ncu_rotary.log" | tail -90
