@@ -72,6 +72,12 @@ def test_fewer_allocations_and_no_higher_peak(monkeypatch, lowered):
     print(f"allocations per call: arena {allocations_on}, off {allocations_off}, "
           f"eager {eager_allocations}; peak MiB: arena {peak_on / 2**20:.2f}, "
           f"off {peak_off / 2**20:.2f}, eager {eager_peak / 2**20:.2f}")  # fmt: skip
+    # The attention kernel 'auto' chose for these shapes (this process may have chosen it in
+    # an earlier test): in the whole CUDA tier this test has failed where it passes alone.
+    from magi_compiler import inspection
+
+    choices = [(c["traced"], c["chosen"], c["ms"]) for c in inspection.attention_choices()]
+    print("attention choices (traced, chosen, ms):", choices)
     assert allocations_on < allocations_off
-    assert peak_on <= peak_off
-    assert peak_on <= eager_peak
+    assert peak_on <= peak_off, choices
+    assert peak_on <= eager_peak, choices
