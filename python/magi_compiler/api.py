@@ -71,8 +71,9 @@ class _CompiledCallable:
         params = list(self.signature.parameters)
         self.param_names = params[1:] if is_method else params
 
-        # Dims named by the user are an error when the code fixes them; inferred ones (from
-        # annotations, or dim 0 of every tensor) are then left static (_release_fixed).
+        # Dims named by the user are an error when the code fixes them (_raise_if_fixed);
+        # inferred ones (from annotations, or dim 0 of every tensor) are then left static
+        # (_drop_fixed).
         self.dims_explicit = dynamic_arg_dims is not None
         self.static_dims: set[tuple[str, int]] = set()
         if dynamic_arg_dims is None and config.dynamic_dim_default is not None:
@@ -337,15 +338,9 @@ class _CompiledCallable:
         with _backend.recording_static_dims() as static_seen:
             try:
                 result = self._capture(args, kwargs)
-            except Exception as e:  # noqa: BLE001 - filtered in _release_fixed / _capture_failed
-                if not self._release_fixed(_constraint_violation(e), values, dims, e):
-                    return self._capture_failed(e, args, kwargs)
-                # Inferred dynamic dims the code fixes (a weight's rows) are static from now on.
-                marked = self._mark_dynamic(values, dims, first)
-                try:
-                    result = self._capture(args, kwargs)
-                except Exception as e2:  # noqa: BLE001
-                    return self._capture_failed(e2, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - filtered in _raise_if_fixed / _capture_failed
+                self._raise_if_fixed(_constraint_violation(e), e)
+                return self._capture_failed(e, args, kwargs)
         if not self.dims_explicit:
             marked = self._drop_fixed(values, marked, static_seen)
         self.signatures.append(_C.GuardSignature(values, marked, training))
@@ -359,7 +354,7 @@ class _CompiledCallable:
         # Our guard decided that this call needs a capture; Dynamo's per-function limit
         # (8 by default) must not refuse it and turn the whole entry eager. torch._guards logs
         # a failing guard's traceback before raising it; it is silenced here because the
-        # exception reaches the caller (or _release_fixed, for dims the code fixes) on its own.
+        # exception reaches the caller (or _raise_if_fixed, for named dims the code fixes) on its own.
         dynamo = torch._dynamo.config
         limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
         guards_log = logging.getLogger("torch._guards")
@@ -409,44 +404,22 @@ class _CompiledCallable:
             marked[i] = [d for d in marked[i] if d not in static]
         return marked
 
-    def _release_fixed(
-        self,
-        violation: ConstraintViolationError | None,
-        values: list[Any],
-        dims: list[list[int]],
-        e: Exception,
-    ) -> bool:
-        """Dims marked dynamic that the traced code fixed (Dynamo's ConstraintViolationError):
-        named in dynamic_arg_dims, a ValueError says which and what to do. Inferred dims are
-        only maybe-dynamic and Dynamo specialises them without raising (_drop_fixed); should a
-        violation name one anyway, it becomes static for this entry, is unmarked on the call's
-        tensors and True is returned (capture again)."""
-        if violation is None:
-            return False
+    def _raise_if_fixed(self, violation: ConstraintViolationError | None, e: Exception) -> None:
+        """A dim named in dynamic_arg_dims that the traced code fixed (Dynamo's
+        ConstraintViolationError) is a ValueError saying which and what to do. Inferred dims
+        never get here: they are only maybe-dynamic, and Dynamo specialises them without
+        raising (_drop_fixed)."""
+        if violation is None or not self.dims_explicit:
+            return
         fixed = [(name, int(dim)) for name, dim in _SPECIALISED.findall(str(violation))]
-        names = self.param_names + self.paths
-        if self.dims_explicit:
-            # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
-            listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
-            first = str(violation).strip().splitlines()[0]
-            raise ValueError(
-                f"{self.model_tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes "
-                "its size (e.g. a weight whose rows must match another tensor); leave it out of "
-                f"dynamic_arg_dims (Dynamo: {first})"
-            ) from e
-        if not fixed:
-            return False
-        for name, dim in fixed:
-            if name not in names:
-                return False
-            i = names.index(name)
-            value = values[i]
-            dims[i] = [d for d in dims[i] if (d + value.dim() if d < 0 else d) != dim]
-            self.static_dims.add((name, dim))
-            _unmark_dynamic(value, dim)
-            logger.debug("%s: dim %d of %r stays static: the code fixes its size", self.model_tag,
-                         dim, name)  # fmt: skip
-        return True
+        # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
+        listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
+        first = str(violation).strip().splitlines()[0]
+        raise ValueError(
+            f"{self.model_tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes "
+            "its size (e.g. a weight whose rows must match another tensor); leave it out of "
+            f"dynamic_arg_dims (Dynamo: {first})"
+        ) from e
 
 
 _backends: dict[str, Callable] = {}
