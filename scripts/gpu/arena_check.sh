@@ -5,8 +5,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -4 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 4
 echo "== arena test, verbose" | tee -a "$S"
 timeout 150 python -m pytest tests/gpu/test_memory_arena_cuda.py -q -s -p no:cacheprovider \
   --tb=long 2>&1 | grep -v "^DEBUG\|^\[magi" > "$OUT/arena.log"

@@ -9,8 +9,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -2 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 2
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv,noheader,nounits -lms 50 > /tmp/clocks.csv 2>&1 &
 logger=$!

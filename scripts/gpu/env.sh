@@ -27,3 +27,10 @@ gpu_profile() {
   timeout "$3" python scripts/gpu/profile_workloads.py --only "$1" --variants inductor,magi \
     --rows "$2" --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" | grep -v "^\[magi"
 }
+
+# gpu_build SUMMARY LINES: builds (run_gpu.sh build) and appends the first LINES lines of its
+# output (the device and torch) to SUMMARY; on a failed build prints the output and exits.
+gpu_build() {
+  bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
+  head -"$2" /tmp/build_summary.txt | tee -a "$1"
+}

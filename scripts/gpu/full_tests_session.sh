@@ -4,8 +4,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -2 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 2
 git log --oneline -1 2>/dev/null | tee -a "$S"
 timeout "${TESTS_LIMIT:-520}" python -m pytest tests/gpu -q -ra -p no:cacheprovider --tb=short \
   --durations=12 2>&1 | grep --line-buffered -v "^DEBUG\|^\[magi" > "$OUT/pytest_gpu.log"

@@ -6,8 +6,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -4 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 4
 echo "== tests/gpu" | tee -a "$S"
 timeout 300 python -m pytest tests/gpu/test_fusion_cuda.py tests/gpu/test_cuda_end_to_end.py \
   tests/gpu/test_recompute_cuda.py tests/gpu/test_api_cuda.py tests/gpu/test_cuda_graphs.py \

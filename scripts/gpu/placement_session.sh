@@ -6,8 +6,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -2 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 2
 for v in "magi_compile torch.compile" "magi_compile"; do
   echo "== $v" | tee -a "$S"
   timeout 200 python scripts/gpu/placement_probe.py $v 2>&1 | grep -v "^\[magi" | tee -a "$S"

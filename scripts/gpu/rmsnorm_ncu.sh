@@ -8,8 +8,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -2 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 2
 NCU="/usr/local/cuda/bin/ncu --clock-control none"
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats"
 KEYS="Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|Mem Busy|Block Size|Grid Size|Theoretical Occupancy|Waves Per SM|Eligible Warps|Issued Warp|Active Warps|Shared Memory Configuration Size|Dynamic Shared|Static Shared"

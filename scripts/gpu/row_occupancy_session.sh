@@ -8,8 +8,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -2 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 2
 SWEEP_VARIANTS=torch.compile,magi_compile SWEEP_TAG=_first bash scripts/gpu/sweep_rows.sh "auto 4 256 all 0" 2>&1 | tee -a "$S"
 bash scripts/gpu/sweep_rows.sh "auto 4 256 all 6" "auto 4 256 all 8" "late 4 256 all 0" \
   "late 4 256 all 6" "late 4 256 all 8" "auto 2 512 all 0" "auto 2 512 all 4" "late 2 512 all 4" \

@@ -6,8 +6,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
-bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
-head -2 /tmp/build_summary.txt | tee -a "$S"
+gpu_build "$S" 2
 run() {  # TAG ENV... : one sweep_rows setting under extra environment
   local tag=$1; shift
   env "$@" SWEEP_TAG="_$tag" bash scripts/gpu/sweep_rows.sh "${CONF:-auto 1 256 all 0}" 2>&1 | tee -a "$S"
