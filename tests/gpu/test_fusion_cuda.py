@@ -318,3 +318,64 @@ def test_swiglu_product_takes_the_gate_buffer(cudagraph_mode, assert_close_rel):
         for x in xs[1:]:
             assert_close_rel(compiled(x), mlp(x), RTOL[BF16])
     assert wide < peak < 2 * wide + wide // 4, (peak, wide)
+
+
+# ---- rotate_half: each column computed with its partner ----------------------------------------
+
+_ROTARY_PROBE = """
+import sys
+import torch
+from magi_compiler import magi_compile
+from _fusion_patterns import lowered_graphs
+
+def rotary(q, cos, sin):
+    half = q.shape[-1] // 2
+    rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+    return q * cos[:, None, :] + rotated * sin[:, None, :]
+
+torch.manual_seed(0)
+# rows of 128 (heads of a Llama), 3 x 37 tokens: an odd number of rows and of blocks
+q = torch.randn(3, 37, 16, 128, device="cuda", dtype=torch.bfloat16)
+cos, sin = (torch.randn(37, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+with lowered_graphs() as runs, torch.no_grad():
+    out = magi_compile(rotary, config_patch={"cudagraph_mode": "NONE"})(q, cos, sin)
+symbols = [k["symbol"] for run in runs for k in run.magi_executable.generated_kernels()]
+torch.save({"q": q, "cos": cos, "sin": sin, "out": out, "symbols": symbols}, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_rotary_pairs_each_column_with_its_partner(tmp_path, setting, assert_close_rel):
+    """A rotary embedding over heads of 128 runs paired (each thread computes columns c and
+    c + 64 from one load of each, symbol suffix _p64), and with MAGI_PAIRED_HALVES=0 one
+    column per lane; both match eager, and each other exactly (the same arithmetic). A fresh
+    process per setting (the variable is read once)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    results = {}
+    for value in sorted({setting, "1"}):
+        path = tmp_path / f"paired{value}.pt"
+        env = dict(os.environ, MAGI_PAIRED_HALVES=value, MAGI_CACHE_DIR=str(tmp_path / "cache"))
+        paths = [str(tests), str(tests.parent / "examples"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        done = subprocess.run(
+            [sys.executable, "-c", _ROTARY_PROBE, str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert FALLBACK_WARNING not in done.stderr, done.stderr[-2000:]
+        results[value] = torch.load(path)
+    got = results[setting]
+    q, cos, sin = got["q"], got["cos"], got["sin"]
+    rotated = torch.cat((-q[..., 64:], q[..., :64]), dim=-1)
+    assert_close_rel(got["out"], q * cos[:, None, :] + rotated * sin[:, None, :], RTOL[BF16])
+    (symbol,) = got["symbols"]
+    assert symbol.endswith("_p64") == (setting == "1"), symbol
+    assert torch.equal(got["out"], results["1"]["out"])
