@@ -103,7 +103,6 @@ std::string KernelVariant::symbol() const {
        (streamed_rows ? "_s" : "");
   if (index_rank > 0) s += "_r" + std::to_string(index_rank) + (narrow_index ? "n" : "");
   if (unroll > 1) s += "_u" + std::to_string(unroll);
-  if (pair_half > 0) s += "_p" + std::to_string(pair_half);
   return s;
 }
 

@@ -187,9 +187,9 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
 // ---- pointwise body --------------------------------------------------------------------------
 
 std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args,
-                           bool rows_outside, const std::string& dest) {
+                           bool rows_outside) {
   const KernelSpec& s = *v.spec;
-  std::string T = ctype(s.inputs[i].dtype), ti = dest.empty() ? "t" + std::to_string(i) : dest,
+  std::string T = ctype(s.inputs[i].dtype), ti = "t" + std::to_string(i),
               in = "in" + std::to_string(i);
   std::string V = std::to_string(v.vector_width);
   if (rows_outside) {  // the C++ row loop: the row and the column are known, no division
@@ -223,7 +223,7 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
     case AccessClass::kScalar:
       return "for (int j = 0; j < V; ++j) " + ti + "[j] = magi_to_acc<A>(" + in + "[0]);";
     case AccessClass::kStrided:
-      return strided_vector_load(v, i, gpu, args, strided_offset(v, i, args, "col_base"), ti, true);
+      return strided_vector_load(v, i, gpu, args, strided_offset(v, i, args, "col_base"), "", true);
   }
   return "";
 }
@@ -367,79 +367,8 @@ void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
   emit_row_offsets(os, v, pointwise_reads(v), args, "row_index", ind);
 }
 
-namespace {
-
-// The body of a paired GPU pointwise variant (KernelVariant::pair_half = H, rows of 2H
-// columns). `base` counts elements of the rows' first halves: the thread computes the vector
-// at column c = base % H of row base / H and its partner at c + H, loading every input at
-// both. A load shifted by +H at c, or by -H at c + H, is the other position's value; one
-// leaving the row (-H at c, +H at c + H) belongs to a piece of a cat its select discards.
-void emit_paired_body(std::ostream& os, const KernelVariant& v, const std::string& args,
-                      const std::string& ind) {
-  const KernelSpec& s = *v.spec;
-  const std::vector<int> ops = element_closure(s, full_output_roots(s));
-  const std::vector<int> read = pointwise_reads(v);
-  const std::string I = index_type(v);
-  os << ind << "constexpr int H = " << v.pair_half << ";\n";
-  if (v.narrow_index) {  // the whole index space is under 2^31 elements
-    os << ind << "const int row_index = static_cast<int>(base) / H;\n";
-  } else {
-    os << ind << "const long long row_index = base / H;\n";
-  }
-  os << ind << "const " << I << " col_half = static_cast<" << I << ">(base - row_index * H);\n"
-     << ind << "const " << I << " row_start = row_index * (2 * H);\n";
-  emit_row_offsets(os, v, read, args, "row_index", ind);
-  const char* at[2] = {"t", "u"};  // the values at c and at c + H
-  for (int p = 0; p < 2; ++p) {
-    for (int i : read) os << ind << "A " << at[p] << i << "[V];\n";
-    os << ind << "{\n"
-       << ind << "  const long long base = row_start + col_half" << (p ? " + H" : "") << ";\n"
-       << ind << "  const " << I << " col_base = col_half" << (p ? " + H" : "") << ";\n"
-       << ind << "  (void)base;\n"
-       << ind << "  (void)col_base;\n";
-    for (int i : read) {
-      os << ind << "  " << load_pointwise(v, i, true, args, false, at[p] + std::to_string(i))
-         << "\n";
-    }
-    os << ind << "}\n";
-  }
-  const bool uniform = lane_uniform_columns(v, ops);
-  const char* out[2] = {"o", "q"};
-  for (int p = 0; p < 2; ++p) {
-    for (size_t k = 0; k < s.outputs.size(); ++k) os << ind << "A " << out[p] << k << "[V];\n";
-    os << ind << "for (int j = 0; j < V; ++j) {\n"
-       << ind << "  const " << I << " col = col_half" << (p ? " + H" : "")
-       << (uniform ? "" : " + j") << ";\n";
-    emit_ops(
-        os, s, ops,
-        [&](const KOp& op) -> std::string {
-          const int64_t where = p + op.shift / v.pair_half;
-          if (where == 0 || where == 1) return at[where] + std::to_string(op.input) + "[j]";
-          return "A(0)";
-        },
-        ind + "  ", s.fast_math);
-    for (size_t k = 0; k < s.outputs.size(); ++k) {
-      os << ind << "  " << out[p] << k << "[j] = " << name(s, stored_op(s, s.outputs[k])) << ";\n";
-    }
-    os << ind << "}\n";
-  }
-  for (size_t k = 0; k < s.outputs.size(); ++k) {
-    for (int p = 0; p < 2; ++p) {
-      os << ind << store_call(s, static_cast<int>(k)) << "(out" << k << " + row_start + col_half"
-         << (p ? " + H" : "") << ", " << out[p] << k << ");\n";
-    }
-  }
-}
-
-}  // namespace
-
 void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
                          const std::string& args, const std::string& ind, bool rows_outside) {
-  if (v.pair_half > 0) {
-    MAGI_ASSERT(gpu && !rows_outside, v.symbol(), ": a paired variant outside a CUDA kernel");
-    emit_paired_body(os, v, args, ind);
-    return;
-  }
   const KernelSpec& s = *v.spec;
   std::vector<int> ops = element_closure(s, full_output_roots(s));
   const std::vector<int> inputs = element_inputs(s, ops);

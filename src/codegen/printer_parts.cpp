@@ -216,9 +216,7 @@ void emit_header_comment(std::ostream& os, const KernelVariant& v) {
   os << "// input access:";
   for (size_t i = 0; i < v.access.size(); ++i)
     os << " in" << i << "=" << static_cast<char>(v.access[i]);
-  os << ", vector width " << v.vector_width;
-  if (v.pair_half > 0) os << ", columns c and c + " << v.pair_half << " per thread";
-  os << "\n";
+  os << ", vector width " << v.vector_width << "\n";
 }
 
 void emit_pointers(std::ostream& os, const KernelSpec& s, const std::string& args) {
@@ -243,10 +241,6 @@ void check_variant(const KernelVariant& v) {
               " access classes for ", v.spec->inputs.size(), " inputs");
   MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= passes::kMaxKernelArgs,
               "kernel with more than ", passes::kMaxKernelArgs, " inputs and outputs");
-  MAGI_ASSERT(v.pair_half == 0 ||
-                  (v.spec->schedule == Schedule::kPointwise && v.pair_half % v.vector_width == 0),
-              v.symbol(), ": halves paired in a ", schedule_name(v.spec->schedule),
-              " kernel or across vectors");
 }
 
 // Lane loops index the per-thread register arrays (c<i>[k][j], t<i>[j], o<k>[j]); unless they

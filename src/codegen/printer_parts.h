@@ -83,10 +83,9 @@ std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::strin
 std::string load_row_value(const KernelVariant& v, int i, const std::string& args);
 void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
                    const std::string& ind);
-/// `rows_outside`: inside the C++ printer's row loop (row_index and col_base defined);
-/// `dest`: the register array filled (default t<i>).
+/// `rows_outside`: inside the C++ printer's row loop (row_index and col_base defined).
 std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args,
-                           bool rows_outside = false, const std::string& dest = "");
+                           bool rows_outside = false);
 std::string shifted_load(const KernelVariant& v, int i, int64_t shift, const std::string& args);
 bool vector_shift(const KernelVariant& v, const KOp& op);
 void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,

@@ -47,11 +47,6 @@ int pointwise_unroll() {
   return unroll;
 }
 
-bool paired_halves() {
-  static const bool on = env_int("MAGI_PAIRED_HALVES", 1, 0, 1) == 1;
-  return on;
-}
-
 char row_column_loads() {
   static const char mode = [] {
     const char* text = std::getenv("MAGI_ROW_COLUMN_LOADS");

@@ -55,8 +55,7 @@ std::string print_cuda(const KernelVariant& v) {
     return unroll_lane_loops(os.str());
   }
   if (s.schedule == Schedule::kPointwise) {
-    // A paired variant's vectors are those of the rows' first halves.
-    os << "  const long long vectors = a.numel / " << (v.pair_half > 0 ? "(2 * V)" : "V") << ";\n";
+    os << "  const long long vectors = a.numel / V;\n";
     const int unroll = v.unroll;
     if (unroll == 1 && kernel_grid_mode() == 'a') {  // the grid covers every vector
       os << "  const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";

@@ -257,7 +257,6 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.vector_width = vector_width_for(spec_, kv.access, kernel_cols(spec_, space), numel,
                                      [](int) { return true; });
   choose_row_layout(kv, kernel_cols(spec_, space));
-  kv.pair_half = pair_half_for(kv, kernel_cols(spec_, space));
   kv.unroll = pointwise_unroll_for(kv, numel, sm_count_of(std::max<int>(device_.index(), 0)));
   set_index_rank(kv, space, args);
   return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
@@ -303,22 +302,6 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
         if (spec_.schedule == codegen::Schedule::kPointwise) {  // and with 4 vectors per thread
           gpu.unroll = 4;
           cuda += codegen::print_cuda(gpu) + "\n";
-          // Paired halves where rows of twice the shifted loads' distance would allow them
-          // (vector width 1 and the widest).
-          int64_t distance = 0;
-          for (const codegen::KOp& op : spec_.ops) {
-            if (op.kind == codegen::KOpKind::kLoad) {
-              distance = std::max(distance, op.shift < 0 ? -op.shift : op.shift);
-            }
-          }
-          for (int width : {1, widest}) {
-            gpu.vector_width = width;
-            gpu.pair_half = pair_half_for(gpu, 2 * distance);
-            for (int unroll : {1, 2}) {
-              gpu.unroll = unroll;
-              if (gpu.pair_half > 0) cuda += codegen::print_cuda(gpu) + "\n";
-            }
-          }
         }
         codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda, gpu.symbol(), 90);
       }
@@ -638,14 +621,13 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   kv.vector_width = width;
   if (device.is_cuda()) {
     choose_row_layout(kv, cols);
-    kv.pair_half = pair_half_for(kv, cols);
     kv.unroll = pointwise_unroll_for(kv, numel, info.sm_count);
   }
   set_index_rank(kv, space, args);
 
   // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
   // per FusedKernel, so its fingerprint need not be part of it).
-  std::string key(kv.access.size() + 9, ' ');
+  std::string key(kv.access.size() + 8, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
@@ -655,7 +637,6 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 5] = static_cast<char>('0' + kv.index_rank);
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);
-  key[kv.access.size() + 8] = kv.pair_half > 0 ? 'p' : '1';  // the half is cols / 2
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);
@@ -668,8 +649,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
     }
     if (spec_.schedule == codegen::Schedule::kPointwise) {
       threads = std::min(256, codegen::max_threads_per_block());
-      const int64_t per_thread = kv.pair_half > 0 ? 2 : 1;  // vectors a step of each thread
-      int64_t vectors = (numel / width / per_thread + kv.unroll - 1) / kv.unroll;
+      int64_t vectors = (numel / width + kv.unroll - 1) / kv.unroll;
       int64_t cap =
           codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};
       blocks = static_cast<unsigned>(std::min<int64_t>((vectors + threads - 1) / threads, cap));

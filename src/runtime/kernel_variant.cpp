@@ -121,8 +121,6 @@ bool verify_cuda_codegen() {
 // 16384 x 8192 (62 waves) went from 70% to 87% of copy bandwidth with 4; the prefill's q and k
 // (4096 tokens x 16 and 8 heads, 4 and 2 waves) took 108 us per step with 1, 117 with 2 and
 // 120 with 4. Contiguous pointwise kernels are at copy bandwidth with one vector per thread.
-// A paired variant's threads each hold two vectors, so it takes half the vectors per step
-// (and counts its waves in pairs).
 int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count) {
   if (kv.spec->schedule != codegen::Schedule::kPointwise) return 1;
   if (const int forced = codegen::pointwise_unroll(); forced > 0) return forced;
@@ -131,25 +129,8 @@ int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm
     return op.kind == codegen::KOpKind::kLoad && op.shift != 0;
   });
   constexpr int64_t kThreadsPerSm = 2048, kWaves = 16;
-  const int per_thread = kv.pair_half > 0 ? 2 : 1;
-  const int64_t threads = numel / std::max(kv.vector_width, 1) / per_thread;
-  return (strided || shifted) && threads >= kWaves * kThreadsPerSm * sm_count ? 4 / per_thread : 1;
-}
-
-// The shifted loads' common distance H, where every one reads exactly H columns away (up or
-// down), rows have 2H columns and H is whole vectors: a rotate_half, whose every column reads
-// its own and its partner's value. Off with MAGI_PAIRED_HALVES=0.
-int pair_half_for(const codegen::KernelVariant& kv, int64_t cols) {
-  if (kv.spec->schedule != codegen::Schedule::kPointwise || !codegen::paired_halves()) return 0;
-  int64_t half = 0;
-  for (const codegen::KOp& op : kv.spec->ops) {
-    if (op.kind != codegen::KOpKind::kLoad || op.shift == 0) continue;
-    const int64_t distance = op.shift < 0 ? -op.shift : op.shift;
-    if (half != 0 && distance != half) return 0;
-    half = distance;
-  }
-  if (half == 0 || cols != 2 * half || half % std::max(kv.vector_width, 1) != 0) return 0;
-  return static_cast<int>(half);
+  const int64_t vectors = numel / std::max(kv.vector_width, 1);
+  return (strided || shifted) && vectors >= kWaves * kThreadsPerSm * sm_count ? 4 : 1;
 }
 
 // The SM count of CUDA device `index`, or an H100's (132) where no driver answers (a CPU-only

@@ -44,10 +44,7 @@ void adapt_column_access(const codegen::KernelSpec& spec, size_t rank,
                          std::vector<codegen::AccessClass>& access);
 /// MAGI_VERIFY_CUDA_CODEGEN=1: CPU runs also NVRTC-compile the CUDA forms of their variants.
 bool verify_cuda_codegen();
-/// Half the row length for a GPU pointwise variant over rows of `cols` whose shifted loads
-/// all read half a row away (KernelVariant::pair_half), else 0. Needs the vector width.
-int pair_half_for(const codegen::KernelVariant& kv, int64_t cols);
-/// Vectors per thread of a GPU pointwise variant (KernelVariant::unroll). Needs pair_half.
+/// Vectors per thread of a GPU pointwise variant (KernelVariant::unroll).
 int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count);
 /// The SM count of CUDA device `index`, or an H100's (132) where no driver answers.
 int sm_count_of(int index);

@@ -17,7 +17,6 @@
 #include "magi/codegen/compiler.h"
 #include "magi/codegen/lower_group.h"
 #include "magi/codegen/printers.h"
-#include "magi/common/error.h"
 #include "magi/ir/verifier.h"
 #include "magi/passes/passes.h"
 #include "magi/runtime/executor.h"
@@ -413,63 +412,6 @@ TEST(PrintedKernel, CatSelectsTestEachVectorOnceWhenItsBoundIsAMultipleOfTheWidt
                        .empty());
     }
   }
-}
-
-// A rotate_half over rows of two halves of whole vectors, paired: each thread loads x, cos and
-// sin at a column c of the first half and at c + 8, and computes both columns from those loads
-// (the shifted loads become the partner's values, the shift leaving the row a discarded zero).
-// The grid covers half the vectors, and each output is stored at both columns. Halves that are
-// not whole vectors are refused.
-TEST(PrintedKernel, RotateHalfComputesEachColumnWithItsPartner) {
-  const std::vector<AccessClass> access = {AccessClass::kContiguous, AccessClass::kColumn,
-                                           AccessClass::kColumn};
-  auto g = rotate_half_graph(16);
-  const codegen::KernelSpec spec = codegen::lower_group(
-      *nodes_of_kind(*g, NodeKind::kFusion).at(0)->piece(), "fused_rotate_half");
-  codegen::KernelVariant v = variant(spec, access, 4, 0);
-  v.pair_half = 8;
-  const std::string source = codegen::print_cuda(v);
-  EXPECT_EQ(v.symbol().substr(v.symbol().size() - 3), "_p8") << v.symbol();
-  for (const char* part :
-       {"const long long vectors = a.numel / (2 * V);", "constexpr int H = 8;",
-        "const long long base = row_start + col_half + H;",
-        "magi_load<A, float, 4, true>(in0 + base, u0);", "const long long col = col_half + H;",
-        "out0 + row_start + col_half, o0);", "out0 + row_start + col_half + H, q0);"}) {
-    EXPECT_NE(source.find(part), std::string::npos) << part << "\n" << source;
-  }
-  // No load at a shifted column is left: the partner's registers stand in for them.
-  EXPECT_EQ(source.find("col_base + 8LL"), std::string::npos) << source;
-  EXPECT_EQ(source.find("col_base + -8LL"), std::string::npos) << source;
-  if (codegen::nvrtc_available()) {
-    EXPECT_FALSE(
-        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + source, v.symbol(), 90).empty());
-  }
-  v.pair_half = 2;  // half a vector
-  EXPECT_THROW(codegen::print_cuda(v), InternalError);
-}
-
-// On the GPU a rotate_half over rows of exactly two halves of whole vectors is paired; one whose
-// halves of 6 are not whole vectors of 4 floats is not.
-TEST(FusedKernel, RotateHalfRowsOfWholeVectorHalvesArePaired) {
-  const c10::Device cuda(c10::DeviceType::CUDA, 0);
-  auto whole = rotate_half_graph(16);
-  Graph& whole_group = *nodes_of_kind(*whole, NodeKind::kFusion).at(0)->piece();
-  place_on(whole_group, cuda);
-  auto paired = runtime::FusedKernel(whole_group, "fused_rotate_half").expected_cuda_source();
-  ASSERT_TRUE(paired.has_value());
-  EXPECT_EQ(paired->name.substr(paired->name.size() - 3), "_p8") << paired->name;
-  EXPECT_NE(paired->source.find("constexpr int H = 8;"), std::string::npos);
-  if (codegen::nvrtc_available()) {
-    EXPECT_FALSE(codegen::compile_cuda_batch({*paired}, 90).front().empty());
-  }
-
-  auto straddling = rotate_half_graph(12);
-  Graph& straddling_group = *nodes_of_kind(*straddling, NodeKind::kFusion).at(0)->piece();
-  place_on(straddling_group, cuda);
-  auto single =
-      runtime::FusedKernel(straddling_group, "fused_rotate_half_12").expected_cuda_source();
-  ASSERT_TRUE(single.has_value());
-  EXPECT_EQ(single->name.find("_p"), std::string::npos) << single->name;
 }
 
 // exp(x) -> neg feeding an mm, and the mm's value through cos and sin to the graph's output:

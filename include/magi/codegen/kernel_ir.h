@@ -140,11 +140,6 @@ struct KernelVariant {
   /// GPU pointwise kernels: 16-byte vectors each thread handles per step of its grid-stride
   /// loop (1: one vector per thread, no loop).
   int unroll = 1;
-  /// GPU pointwise kernels whose shifted loads all read half a row away (rotate_half: a cat
-  /// of a row's two halves, swapped), on rows of 2 * pair_half columns: each thread computes
-  /// the vector at a column c of the first half and its partner at c + pair_half from one load
-  /// of each (the shifted loads become the partner's values). 0: one vector per thread.
-  int pair_half = 0;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

@@ -26,10 +26,6 @@ int row_chunks_per_thread();
 /// MAGI_POINTWISE_UNROLL (1-8): vectors each thread of every GPU pointwise kernel handles per
 /// step of its grid-stride loop; 0 when unset (each kernel's own choice, KernelVariant::unroll).
 int pointwise_unroll();
-/// MAGI_PAIRED_HALVES (default 1): a GPU pointwise kernel whose shifted loads all read half a
-/// row away (rotary embedding's rotate_half) computes each vector of a row's first half with
-/// its partner in the second half (KernelVariant::pair_half); 0: one vector per thread.
-bool paired_halves();
 /// MAGI_DEPENDENT_LAUNCH (default 1): generated kernels launch on sm_90+ (12.3+ drivers) as
 /// programmatic dependents of the stream's previous kernel (they wait for it before their first
 /// memory access), so that they may launch as its blocks exit instead of after it has drained.
