@@ -1,6 +1,6 @@
 """Runs what scripts/gpu/ncu_session.sh and rmsnorm_ncu.sh profile with Nsight Compute: the
 bandwidth benchmark's rotary or RMSNorm workload (16384 x 8192 bf16) under magi_compile, then
-torch.compile (``rotary``, ``rmsnorm``), or two steps of the Llama training workload
+torch.compile (``rotary``, ``rmsnorm``), the prefill's rotaries (``rotary_prefill``), or two steps of the Llama training workload
 (``train``, full preset, bf16)."""
 
 import sys
@@ -34,6 +34,32 @@ elif sys.argv[1] == "rotary":
     g = torch.compile(rotary)
     for _ in range(3):
         g(x, cos, sin)
+elif sys.argv[1] == "rotary_prefill":
+    # The Llama prefill's q and k rotaries (4096 tokens x 16 and 8 heads of 128) under
+    # magi_compile and torch.compile, and ATen's neg of q and k (the copy floor at these sizes;
+    # a contiguous clone is a memcpy, not a kernel):
+    # each once, after warm-up, between cudaProfilerStart and Stop (ncu --profile-from-start off).
+    from bandwidth import rotary
+
+    cos = torch.randn(4096, 128, dtype=torch.bfloat16, device="cuda")
+    sin = torch.randn(4096, 128, dtype=torch.bfloat16, device="cuda")
+    xs = [torch.randn(4096, h * 128, dtype=torch.bfloat16, device="cuda") for h in (16, 8)]
+    fns = [magi_compile(rotary, dynamic_arg_dims={}), torch.compile(rotary)]
+    for _ in range(3):
+        for f in fns:
+            for x in xs:
+                f(x, cos, sin)
+        for x in xs:
+            x.neg()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for f in fns:
+        for x in xs:
+            f(x, cos, sin)
+    for x in xs:
+        x.neg()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 else:
     from benchmarks import harness, workloads
 
