@@ -55,16 +55,23 @@ def _call_stats(compiled, x) -> tuple[int, int]:
     return allocations, peak
 
 
-def test_fewer_allocations_and_no_higher_peak(monkeypatch, lowered):
+# The attention kernel is named, not left to `auto`: auto's choice for a shape is made once per
+# process, so with it this test measured whatever an earlier test had chosen (flash and cuDNN
+# time within a few microseconds of each other at these shapes), and the two kernels allocate
+# differently. In the whole CUDA tier it measured an arena peak of 9.0 MiB against 8.0 off
+# where alone it passed.
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_fewer_allocations_and_no_higher_peak(monkeypatch, lowered, backend):
     x = torch.randn(4, 256, 512, device="cuda", dtype=torch.bfloat16)
     eager = _block(512, 1536)
+    config = {"cudagraph_mode": "NONE", "attention_backend": backend}
     torch._dynamo.reset()
-    on = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "NONE"})
+    on = magi_compile(copy.deepcopy(eager), config_patch=config)
     allocations_on, peak_on = _call_stats(on, x)
     # Dynamo would run the second copy through the first one's graph: capture it afresh.
     torch._dynamo.reset()
     monkeypatch.setenv("MAGI_MEMORY_ARENA", "0")
-    off = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "NONE"})
+    off = magi_compile(copy.deepcopy(eager), config_patch=config)
     allocations_off, peak_off = _call_stats(off, x)
     eager_allocations, eager_peak = _call_stats(eager, x)
     assert lowered[0].magi_executable.arena_stats["planned_values"] > 0
@@ -72,12 +79,6 @@ def test_fewer_allocations_and_no_higher_peak(monkeypatch, lowered):
     print(f"allocations per call: arena {allocations_on}, off {allocations_off}, "
           f"eager {eager_allocations}; peak MiB: arena {peak_on / 2**20:.2f}, "
           f"off {peak_off / 2**20:.2f}, eager {eager_peak / 2**20:.2f}")  # fmt: skip
-    # The attention kernel 'auto' chose for these shapes (this process may have chosen it in
-    # an earlier test): in the whole CUDA tier this test has failed where it passes alone.
-    from magi_compiler import inspection
-
-    choices = [(c["traced"], c["chosen"], c["ms"]) for c in inspection.attention_choices()]
-    print("attention choices (traced, chosen, ms):", choices)
     assert allocations_on < allocations_off
-    assert peak_on <= peak_off, choices
-    assert peak_on <= eager_peak, choices
+    assert peak_on <= peak_off
+    assert peak_on <= eager_peak
