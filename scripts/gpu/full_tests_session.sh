@@ -5,7 +5,6 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
 gpu_build "$S" 2
-git log --oneline -1 2>/dev/null | tee -a "$S"
 timeout "${TESTS_LIMIT:-520}" python -m pytest tests/gpu -q -ra -p no:cacheprovider --tb=short \
   --durations=12 2>&1 | grep --line-buffered -v "^DEBUG\|^\[magi" > "$OUT/pytest_gpu.log"
 grep -E "passed|failed|^E |^FAILED|^ERROR|slowest|^[0-9.]+s (call|setup)" "$OUT/pytest_gpu.log" | tail -30 | tee -a "$S"

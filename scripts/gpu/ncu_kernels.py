@@ -45,20 +45,19 @@ elif sys.argv[1] == "rotary_prefill":
     sin = torch.randn(4096, 128, dtype=torch.bfloat16, device="cuda")
     xs = [torch.randn(4096, h * 128, dtype=torch.bfloat16, device="cuda") for h in (16, 8)]
     fns = [magi_compile(rotary, dynamic_arg_dims={}), torch.compile(rotary)]
-    for _ in range(3):
+
+    def each_once():
         for f in fns:
             for x in xs:
                 f(x, cos, sin)
         for x in xs:
             x.neg()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+
+    for _ in range(3):
+        each_once()
     torch.cuda.profiler.start()
-    for f in fns:
-        for x in xs:
-            f(x, cos, sin)
-    for x in xs:
-        x.neg()
-    torch.cuda.synchronize()
+    each_once()
     torch.cuda.profiler.stop()
 else:
     from benchmarks import harness, workloads

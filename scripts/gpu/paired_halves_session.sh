@@ -12,7 +12,6 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
 gpu_build "$S" 2
-git log --oneline -1 2>/dev/null | tee -a "$S"
 echo "== pytest (rotary kernels)" | tee -a "$S"
 gpu_pytest pytest_rotary.log 200 tests/gpu/test_fusion_cuda.py -rf \
   -k "rotary or rotate or precompiled" | tee -a "$S"
