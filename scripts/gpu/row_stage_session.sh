@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 5 (2026-11-28): row kernels whose rows fit in registers stage each block's next row
+# through shared memory (cp.async) while reducing the current one (MAGI_ROW_STAGE_ROWS rows per
+# block). Build; the CUDA row-kernel tests with 2 and 4 rows per block; bandwidth.py's four row
+# kernels beside torch.compile, one process per setting (L2 prefetch off); the Llama prefill
+# with staging off and at 4.   Logs and JSON in $OUT.   (carry .deps)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+S="$OUT/summary.txt"
+gpu_build "$S" 2
+export MAGI_ROW_PREFETCH=off
+for r in 2 4; do
+  echo "== pytest (row kernels), MAGI_ROW_STAGE_ROWS=$r" | tee -a "$S"
+  MAGI_ROW_STAGE_ROWS=$r gpu_pytest pytest_rows_$r.log 150 tests/gpu/test_fusion_cuda.py -rf \
+    -k "norm or softmax" | tee -a "$S"
+done
+band() {  # band LABEL: the row kernels beside torch.compile, one process
+  echo "== $1" | tee -a "$S"
+  timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
+    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
+    --out "$OUT/band_$1.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
+}
+MAGI_ROW_STAGE_ROWS=0 band stage0
+MAGI_ROW_STAGE_ROWS=2 band stage2
+MAGI_ROW_STAGE_ROWS=4 band stage4
+MAGI_ROW_STAGE_ROWS=8 band stage8
+MAGI_ROW_STAGE_ROWS=0 band stage0_again
+prefill() {  # prefill LABEL: the Llama prefill beside torch.compile, one process
+  timeout 150 python benchmarks/run.py --device cuda --only llama_prefill \
+    --variants inductor,magi,magi_cg --out "$OUT/prefill_$1.json" 2>&1 | grep -v "^\[magi" | tail -1
+  python scripts/gpu/prefill_ratio.py "$OUT/prefill_$1.json" "$1" | tee -a "$S"
+}
+MAGI_ROW_STAGE_ROWS=4 prefill stage4
+MAGI_ROW_STAGE_ROWS=0 prefill stage0
