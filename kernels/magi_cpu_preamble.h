@@ -24,7 +24,6 @@ struct MagiArgs {
   long long splits, phase;
   unsigned div_magic[MAGI_MAX_RANK], div_shift[MAGI_MAX_RANK];  // unused on the CPU
   unsigned cols_magic, cols_shift;
-  long long ahead;  // unused on the CPU (see the CUDA preamble)
 };
 
 static inline float magi_bf16_to_float(uint16_t h) {

@@ -26,9 +26,6 @@ struct MagiArgs {
   // under 2^31 elements); the same for cols (cols_magic, cols_shift).
   unsigned div_magic[MAGI_MAX_RANK], div_shift[MAGI_MAX_RANK];
   unsigned cols_magic, cols_shift;
-  // Row kernels whose rows fit in registers: a block working on row r asks L2 for row r + ahead
-  // (0: none), the row a block will start about one wave of resident rows later.
-  long long ahead;
 };
 
 __device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {
@@ -315,55 +312,6 @@ __device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, Magi
   }
 }
 
-// Row staging (MAGI_ROW_STAGE_ROWS): a thread copies its 16-byte chunks of the next row into
-// shared memory asynchronously (cp.async, sm_80+; a plain copy before) while it works on the
-// current row, and waits for them before reading them back. Each thread reads back only what
-// it copied itself, so no barrier is needed.
-__device__ __forceinline__ void magi_stage16(void* dst, const void* src) {
-#if __CUDA_ARCH__ >= 800
-  const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared), "l"(src) : "memory");
-#else
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-#endif
-}
-__device__ __forceinline__ void magi_stage_commit() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void magi_stage_wait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-#endif
-}
-
-// Asks L2 to fetch the n elements at p, ahead of the loads that will read them (a row a block
-// reaches later; MagiArgs::ahead). A hint: nothing waits for it and no value is read. Called by
-// every thread of the block. MAGI_PREFETCH_BULK (MAGI_ROW_PREFETCH=bulk) on sm_90: one thread
-// asks for the whole span (16-byte aligned, a multiple of 16 bytes; else nothing). Otherwise the
-// threads share the span's 128-byte lines, one prefetch each.
-template <typename T>
-__device__ __forceinline__ void magi_prefetch_l2(const T* p, long long n) {
-  const char* bytes = reinterpret_cast<const char*>(p);
-  const long long size = n * static_cast<long long>(sizeof(T));
-#if defined(MAGI_PREFETCH_BULK) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x == 0 && (reinterpret_cast<unsigned long long>(bytes) & 15) == 0 &&
-      size % 16 == 0 && size < (1LL << 31)) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(bytes),
-                 "r"(static_cast<unsigned>(size))
-                 : "memory");
-  }
-#else
-  const unsigned long long first = reinterpret_cast<unsigned long long>(bytes) & ~127ULL;
-  const unsigned long long end = reinterpret_cast<unsigned long long>(bytes) + size;
-  for (unsigned long long line = first + threadIdx.x * 128ULL; line < end;
-       line += blockDim.x * 128ULL) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-#endif
-}
-
 // V elements from base + off, `step` apart: one vector load when they are adjacent and the
 // address is aligned (a broadcast operand whose last dim is contiguous), else V loads.
 template <typename A, typename T, int V, bool kKeep = false>
@@ -546,24 +494,17 @@ __device__ __forceinline__ float magi_min<float>(float a, float b) {
 }
 #endif
 
-// Block-wide reductions; every thread gets the result. `scratch` holds 64 values: consecutive
-// reductions of a kernel alternate between its halves (`half`, 0 or 32, starts at 0), so one
-// barrier per reduction suffices. A warp can write a half again only after the barrier of the
-// reduction between, which every warp reaches after reading that half.
+// Block-wide reductions; every thread gets the result. `scratch` holds 32 values.
 template <typename A, typename F>
-__device__ __forceinline__ A magi_block_reduce(A v, F combine, A* scratch, int& half) {
+__device__ __forceinline__ A magi_block_reduce(A v, F combine, A* scratch) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  A* part = scratch + half;
-  half ^= 32;
-#if defined(MAGI_REDUCE_TWO_BARRIERS)
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
   __syncthreads();
-#endif
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  v = part[0];
-  for (int w = 1; w < warps; ++w) v = combine(v, part[w]);
+  v = scratch[0];
+  for (int w = 1; w < warps; ++w) v = combine(v, scratch[w]);
   return v;
 }
 

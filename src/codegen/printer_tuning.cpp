@@ -101,63 +101,12 @@ const std::string& vector_io_mode() {
   return mode;
 }
 
-char row_prefetch_mode() {
-  static const char mode = [] {
-    const char* text = std::getenv("MAGI_ROW_PREFETCH");
-    std::string m = text == nullptr || *text == '\0' ? "lines" : text;
-    MAGI_CHECK(m == "lines" || m == "bulk" || m == "off", "MAGI_ROW_PREFETCH=", m,
-               " is not one of lines, bulk, off");
-    return m[0];
-  }();
-  return mode;
-}
-
-int row_stage_rows() {
-  static const int rows = [] {
-    const int r = env_int("MAGI_ROW_STAGE_ROWS", 0, 0, 64);
-    MAGI_CHECK(r != 1, "MAGI_ROW_STAGE_ROWS=1: use 0 (off) or 2-64 rows per block");
-    return r;
-  }();
-  return rows;
-}
-
-bool row_staged(const KernelVariant& v) {
-  const KernelSpec& s = *v.spec;
-  if (row_stage_rows() == 0 || s.schedule != Schedule::kRow || v.rows_in_warps || v.streamed_rows) {
-    return false;
-  }
-  int staged = 0;
-  for (size_t i = 0; i < s.inputs.size(); ++i) {
-    if (s.inputs[i].per_row) continue;
-    const AccessClass access = v.access[i];
-    if (access == AccessClass::kColumn || access == AccessClass::kRow ||
-        access == AccessClass::kScalar) {
-      continue;
-    }
-    if (access != AccessClass::kContiguous ||
-        c10::elementSize(s.inputs[i].dtype) * v.vector_width != 16) {
-      return false;
-    }
-    ++staged;
-  }
-  const int64_t bytes = int64_t(staged) * row_chunks_per_thread() * max_threads_per_block() * 16;
-  return staged > 0 && bytes <= 32 * 1024;
-}
-
-int row_prefetch_ahead_percent() {
-  static const int percent = env_int("MAGI_ROW_PREFETCH_AHEAD", 100, 0, 1000);
-  return percent;
-}
-
 std::string cuda_preamble() {
-  std::string defines = row_prefetch_mode() == 'b' ? "#define MAGI_PREFETCH_BULK 1\n" : "";
-  if (std::getenv("MAGI_REDUCE_TWO_BARRIERS") != nullptr) {  // A/B only, not kept
-    defines += "#define MAGI_REDUCE_TWO_BARRIERS 1\n";
-  }
+  std::string defines;
   if (vector_io_mode() != "ldg") {  // ldg needs no define: the preamble's plain path
     std::string upper = vector_io_mode();
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    defines += "#define MAGI_VECTOR_IO_" + upper + " 1\n";
+    defines = "#define MAGI_VECTOR_IO_" + upper + " 1\n";
   }
   return defines + kCudaPreamble + "\n";
 }

@@ -86,9 +86,7 @@ std::string print_cuda(const KernelVariant& v) {
   }
   os << "  constexpr int K = "
      << (v.streamed_rows ? stream_chunks_per_thread() : row_chunks_per_thread()) << ";\n";
-  os << "  __shared__ A scratch[64];\n";
-  os << "  int half = 0;  // the half of scratch the next reduction uses\n";
-  os << "  (void)half;\n";
+  os << "  __shared__ A scratch[32];\n";
   // When a row fits (cols <= threads * V * K), each thread owns the same K chunks of V columns
   // in every row: inputs with one value per element are read once per row into registers, in
   // their storage type (c<i>). Inputs with one value per column (a norm's weight) are read
@@ -206,7 +204,7 @@ std::string print_cuda(const KernelVariant& v) {
                                                : "[](A x, A y) { return magi_min(x, y); }";
       o << ind << "const A " << result << " = "
         << (warps ? "magi_warp_row_reduce<A>(" : "magi_block_reduce<A>(") << acc << ", " << fn
-        << (warps ? ");\n" : ", scratch, half);\n");
+        << (warps ? ");\n" : ", scratch);\n");
     };
     t.store_row = [&s, warps](std::ostream& o, const std::string& ind, int k,
                               const std::string& value) {
@@ -254,43 +252,8 @@ std::string print_cuda(const KernelVariant& v) {
     }
     if (!column_inputs.empty()) chunk_loop(os, "  ", column_loads.str());
   }
-  // Staged rows: the next row of the block is copied into shared memory (cp.async) while this
-  // one is reduced, so a block always has loads in flight (MAGI_ROW_STAGE_ROWS).
-  const bool staged = row_staged(v);
-  auto stage_copies = [&](const std::string& r, const std::string& ind) {
-    std::string body;
-    for (int i : row_inputs) {
-      body += ind + "magi_stage16(&stage" + std::to_string(i) +
-              "[k * blockDim.x + threadIdx.x], in" + std::to_string(i) + " + " + r +
-              " * cols + col0);\n";
-    }
-    return body;
-  };
-  if (staged) {
-    os << "  // Rows staged through shared memory: a block copies its next row in while it\n"
-          "  // reduces the current one.\n";
-    for (int i : row_inputs)
-      os << "  __shared__ uint4 stage" << i << "[K * " << block_threads << "];\n";
-    os << "  if (blockIdx.x < a.rows) {\n    const long long first = blockIdx.x;\n";
-    chunk_loop(os, "    ", stage_copies("first", "      "));
-    os << "  }\n  magi_stage_commit();\n";
-  }
   emit_gpu_row_loop(os, v.rows_in_warps, "  ");
   emit_row_offsets(os, v, all_inputs(s), "a", "row", "    ");
-  std::vector<int> prefetched;
-  for (int i : row_inputs) {
-    if (v.access[i] == AccessClass::kContiguous) prefetched.push_back(i);
-  }
-  if (row_prefetch_mode() != 'o' && !v.rows_in_warps && !staged && !prefetched.empty()) {
-    // The row a block will reach about a wave of resident rows later, asked of L2 now: the
-    // loads of a new row then wait on L2, not DRAM (MAGI_ROW_PREFETCH).
-    os << "    // Asks L2 for the row a block reaches a wave of resident rows later.\n";
-    os << "    if (a.ahead > 0 && row + a.ahead < a.rows) {\n";
-    for (int i : prefetched) {
-      os << "      magi_prefetch_l2(in" << i << " + (row + a.ahead) * cols, cols);\n";
-    }
-    os << "    }\n";
-  }
   std::ostringstream row_loads;
   if (column_mode == 'r') {
     for (int i : column_inputs) {
@@ -300,20 +263,9 @@ std::string print_cuda(const KernelVariant& v) {
   }
   for (int i : row_inputs) {
     os << "    " << raw_type(i) << " c" << i << "[K];\n";
-    if (staged) {
-      row_loads << "        c" << i << "[k] = *reinterpret_cast<const " << raw_type(i)
-                << "*>(&stage" << i << "[k * blockDim.x + threadIdx.x]);\n";
-    } else {
-      row_loads << "        " << raw_load(i, "c" + std::to_string(i) + "[k]") << "\n";
-    }
+    row_loads << "        " << raw_load(i, "c" + std::to_string(i) + "[k]") << "\n";
   }
-  if (staged) os << "    magi_stage_wait();\n";
   if (!row_loads.str().empty()) chunk_loop(os, "    ", row_loads.str());
-  if (staged) {  // each thread has read back its own chunks: they can be written again
-    os << "    {\n      const long long next = row + gridDim.x;\n      if (next < a.rows) {\n";
-    chunk_loop(os, "        ", stage_copies("next", "          "));
-    os << "      }\n      magi_stage_commit();\n    }\n";
-  }
   emit_row_body(os, v, make_target(true), "    ");
   os << "  }\n}\n";
   return unroll_lane_loops(os.str());

@@ -662,9 +662,6 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       if (kv.rows_in_warps) {
         rows_per_block = static_cast<unsigned>(codegen::max_threads_per_block() / row_threads);
       }
-      // A staged kernel's block works on several rows in turn, one in flight while it reduces
-      // another (the rows of a block stride by the grid: rows_per_block stays 1).
-      const int64_t rows_each = codegen::row_staged(kv) ? codegen::row_stage_rows() : 1;
       threads = static_cast<unsigned>(row_threads);
       const int64_t block_threads = row_threads * rows_per_block;
       // 'w': one wave of persistent blocks (as many as fit on the device at once).
@@ -672,14 +669,8 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       if (per_sm <= 0) per_sm = std::max<int64_t>(1, 2048 / block_threads);
       int64_t cap = codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm
                                                        : int64_t{0x7fffffff};
-      blocks = static_cast<unsigned>(std::min<int64_t>(
-          (rows + rows_per_block * rows_each - 1) / (rows_per_block * rows_each), cap));
-      // Held rows prefetch the row a block reaches about one wave of resident rows later
-      // (scaled by MAGI_ROW_PREFETCH_AHEAD); blocks start in order, so that is where the block
-      // taking this one's place, or this block itself in a persistent grid, goes next.
-      if (!kv.rows_in_warps && !kv.streamed_rows) {
-        args.ahead = int64_t(info.sm_count) * per_sm * codegen::row_prefetch_ahead_percent() / 100;
-      }
+      blocks = static_cast<unsigned>(
+          std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, cap));
     }
     blocks = std::max(blocks, 1u);
     void* stream =

@@ -26,7 +26,6 @@ struct MagiArgs {
   long long splits, phase;
   unsigned div_magic[codegen::kMaxRank], div_shift[codegen::kMaxRank];
   unsigned cols_magic, cols_shift;
-  long long ahead;
 };
 
 /// How an input of `sizes` and `strides` is addressed in the index space `space`; `expanded`

@@ -62,23 +62,6 @@ bool row_stream_hints();
 /// / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming
 /// stores or loads only. Kept for measuring one against another.
 const std::string& vector_io_mode();
-/// How a GPU row kernel whose rows fit in registers asks L2 for a row it will reach later
-/// (MagiArgs::ahead rows on, set at launch): 'l' (default, "lines") every thread prefetches
-/// some of the row's 128-byte lines (prefetch.global.L2), 'b' ("bulk") one thread asks for the
-/// whole row (cp.async.bulk.prefetch.L2, sm_90; lines elsewhere), 'o' ("off") nothing is
-/// printed. MAGI_ROW_PREFETCH.
-char row_prefetch_mode();
-/// Rows each block of a GPU row kernel whose rows fit in registers works on, copying the next
-/// one into shared memory while it reduces the current one (see row_staged): 0 (off, one row
-/// per block, the default), or 2-64. MAGI_ROW_STAGE_ROWS.
-int row_stage_rows();
-/// Whether the printed kernel of `variant` stages its rows through shared memory: staging is on,
-/// the layout holds one row per block in registers, and every input read once per element is
-/// contiguous in 16-byte vectors, at most 32 KiB of them per block.
-bool row_staged(const KernelVariant& variant);
-/// How far ahead a row kernel prefetches, in percent of the rows resident on the device at once
-/// (blocks per SM x SMs x rows per block): 100 by default, MAGI_ROW_PREFETCH_AHEAD (0-1000).
-int row_prefetch_ahead_percent();
 /// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
 /// the tuning variables above ask of it.
 std::string cuda_preamble();

@@ -19,16 +19,9 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
   (void)cols;
   (void)rows;
   constexpr int K = 4;
-  __shared__ A scratch[64];
-  int half = 0;  // the half of scratch the next reduction uses
-  (void)half;
+  __shared__ A scratch[32];
   // Rows held in registers: each row read once.
   for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    // Asks L2 for the row a block reaches a wave of resident rows later.
-    if (a.ahead > 0 && row + a.ahead < a.rows) {
-      magi_prefetch_l2(in0 + (row + a.ahead) * cols, cols);
-      magi_prefetch_l2(in1 + (row + a.ahead) * cols, cols);
-    }
     MagiVec<float, V> w2[K];
     MagiVec<magi_bf16, V> c0[K];
     MagiVec<magi_bf16, V> c1[K];
@@ -56,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_ccl_v8(c
         }
       }
     }
-    const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch, half);
+    const A r12 = magi_block_reduce<A>(acc12, [](A x, A y) { return x + y; }, scratch);
     const A r14 = magi_fdiv(r12, A(cols));  // aten::mean.dim @ model.py:32 in forward
     const A r17 = (r14 + A(9.9999999999999995e-07));  // aten::add.Tensor @ model.py:33 in forward
     const A r18 = magi_rsqrt(r17);  // aten::rsqrt @ model.py:33 in forward

@@ -19,9 +19,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_warps_cc
   (void)cols;
   (void)rows;
   constexpr int K = 4;
-  __shared__ A scratch[64];
-  int half = 0;  // the half of scratch the next reduction uses
-  (void)half;
+  __shared__ A scratch[32];
   // Rows held in registers: each row read once.
   for (long long row0 = (long long)blockIdx.x * blockDim.y; row0 < a.rows;
        row0 += (long long)gridDim.x * blockDim.y) {
