@@ -1,0 +1,238 @@
+// CudaGraphRunner's capture (cuda_graph.h): a graph per signature, recorded on one stream per
+// device with the copy nodes that feed its inputs and write its outputs into the runner's
+// buffers, and a second executable of it writing a second set of buffers.
+#include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <map>
+#include <mutex>
+
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+
+#ifdef MAGI_HAVE_CUDA_GRAPHS
+#include "cuda_graph_impl.h"
+
+namespace magi::runtime {
+namespace {
+
+// Held for the whole of a capture: captures share their stream (below), so two runners
+// capturing from two threads take turns. Recursive: a graph being captured may call another
+// compiled module (a custom op's body) whose runner takes it again on the same thread.
+std::recursive_mutex& capture_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
+// The stream every capture on `device` runs on (call with capture_mutex() held): one stream
+// rather than one per capture from the pool, which hands its streams out in turn. cuBLAS's
+// workspace for it (32 MiB on Hopper) is made inside each capture, in that runner's pool (see
+// capture()), so each runner's pool holds one.
+c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
+  static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  auto it = streams.find(device);
+  if (it == streams.end()) {
+    it = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+bool CudaGraphRunner::Impl::copied_by_graph(const at::Tensor& t, size_t j) const {
+  if (!t.is_cuda() || t.numel() == 0 || !t.is_non_overlapping_and_dense() || t.is_conj() ||
+      t.is_neg()) {
+    return false;
+  }
+  if (padding != nullptr && j < padding->output_rows.size() && padding->output_rows[j] > 0) {
+    const int64_t d = padding->output_dims[j];
+    return d >= 0 && d < t.dim() && t.stride(d) * t.size(d) == t.numel();
+  }
+  return true;
+}
+
+bool CudaGraphRunner::Impl::find_copy_nodes(Entry& e) {
+  cudaGraph_t graph = e.graph->raw_cuda_graph();
+  size_t n = 0;
+  C10_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  C10_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::multimap<const void*, std::pair<const void*, cudaGraphNode_t>> by_destination;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    C10_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeMemcpy) continue;
+    cudaMemcpy3DParms params{};
+    C10_CUDA_CHECK(cudaGraphMemcpyNodeGetParams(node, &params));
+    by_destination.emplace(params.dstPtr.ptr, std::make_pair(params.srcPtr.ptr, node));
+  }
+  auto find = [&](const void* dst, const void* src) -> cudaGraphNode_t {
+    auto [first, last] = by_destination.equal_range(dst);
+    for (auto it = first; it != last; ++it) {
+      if (src == nullptr || it->second.first == src) return it->second.second;
+    }
+    return nullptr;
+  };
+  for (size_t j = 0; j < e.copies.size(); ++j) {
+    if (e.copies[j].bytes == 0) continue;
+    e.copies[j].node = find(e.slots[0].buffers[j].data_ptr(), nullptr);
+    if (e.copies[j].node == nullptr) return false;
+  }
+  for (size_t i = 0; i < e.input_copies.size(); ++i) {
+    InputCopy& c = e.input_copies[i];
+    if (c.captured_src == nullptr) continue;
+    c.node = find(e.static_inputs[i].toTensor().data_ptr(), c.captured_src);
+    if (c.node == nullptr) return false;
+  }
+  return true;
+}
+
+void CudaGraphRunner::Impl::retarget(const Entry& e, cudaGraphExec_t exec, const Slot& slot) {
+  for (size_t j = 0; j < e.copies.size(); ++j) {
+    const OutputCopy& c = e.copies[j];
+    if (c.node == nullptr) continue;
+    C10_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, c.node, slot.buffers[j].data_ptr(),
+                                                      c.src, c.bytes, cudaMemcpyDeviceToDevice));
+  }
+}
+
+void CudaGraphRunner::Impl::add_second_slot(Entry& e) {
+  if (!e.draws_no_rng) return;
+  bool any = false;
+  for (const auto& c : e.copies) any |= c.node != nullptr;
+  if (!any) return;
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, e.graph->raw_cuda_graph(), 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    MAGI_LOG_DEBUG("CUDA graphs: no second executable; outputs use one set of buffers");
+    return;
+  }
+  Slot slot;
+  slot.owned.reset(exec);
+  for (const auto& b : e.slots[0].buffers) {
+    slot.buffers.push_back(b.defined() ? buffer_like(b) : at::Tensor());
+  }
+  retarget(e, exec, slot);
+  e.slots.push_back(std::move(slot));
+}
+
+std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
+    Entry& e, const std::vector<c10::IValue>& graph_inputs, std::vector<c10::IValue> inputs,
+    const Padding& pad, bool copy_nodes) {
+  const size_t n = graph_inputs.size();
+  e.in_place.assign(n, false);
+  e.static_inputs.clear();
+  e.captured_ptrs.assign(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = graph_inputs[i];
+    if (v.isTensor() && !batched(i) && same_tensor(e.warmup_tensors[i], v)) {
+      e.in_place[i] = true;  // a parameter or buffer: the graph reads it where it is
+      e.captured_ptrs[i] = ptr_of(v);
+      e.static_inputs.push_back(v);
+    } else if (v.isTensor()) {
+      e.static_inputs.push_back(v.toTensor().clone());
+    } else {
+      e.static_inputs.push_back(v);
+    }
+  }
+  const c10::Device device = [&] {
+    for (const auto& v : graph_inputs) {
+      if (v.isTensor()) return v.toTensor().device();
+    }
+    return c10::Device(c10::DeviceType::CUDA, 0);
+  }();
+  e.device = device.index();
+  c10::cuda::CUDAGuard device_guard(device);
+  auto current = c10::cuda::getCurrentCUDAStream(device.index());
+  C10_CUDA_CHECK(cudaStreamSynchronize(current.stream()));
+  // The first slot's buffers, made outside the graph's pool (on the current stream) from the
+  // warm-up's outputs: the outputs the caller gets must never share memory with the pool,
+  // where another graph's replay could write.
+  Slot first;
+  if (copy_nodes) {
+    for (const auto& w : e.warmup_outputs) {
+      first.buffers.push_back(
+          w.defined() ? at::empty_strided(w.sizes(), w.strides(), w.options().device(device))
+                      : at::Tensor());
+    }
+    first.streams.push_back(current.stream());
+  }
+  c10::cuda::MempoolId_t graph_pool = shared_pool();
+  e.graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+  e.draws_no_rng = !exe.draws_random_numbers();
+  e.copies.clear();
+  e.input_copies.assign(n, InputCopy{});
+  {
+    std::lock_guard<std::recursive_mutex> capturing(capture_mutex());
+    const c10::cuda::CUDAStream side = capture_stream(device.index());
+    c10::cuda::CUDAStreamGuard stream_guard(side);
+    // cuBLAS keeps a workspace per handle and stream that outlives captures, and a graph
+    // bakes in the address of the one it used. Cleared before the capture (and after it, as
+    // torch's CUDA graph trees do), cuBLAS makes a new one inside the capture, from this
+    // runner's pool, which lives as long as the graphs that use it. Otherwise a graph could
+    // capture a workspace from another runner's pool, and once torch.compile's
+    // reduce-overhead cleared the workspaces and that pool went back to the driver, its
+    // replays wrote to freed memory (an illegal memory access).
+    at::cuda::clearCublasWorkspaces();
+    e.graph->capture_begin(graph_pool);
+    try {
+      ArenaOffScope no_arena;
+      for (size_t i = 0; i < n && copy_nodes; ++i) {
+        if (e.in_place[i] || !graph_inputs[i].isTensor()) continue;
+        const at::Tensor& src = graph_inputs[i].toTensor();
+        const at::Tensor& dst = e.static_inputs[i].toTensor();
+        if (!src.is_cuda() || src.nbytes() == 0 || !same_dense_layout(dst, src)) continue;
+        copy_dense(dst, src, side.stream());
+        e.input_copies[i].captured_src = src.data_ptr();
+      }
+      e.static_outputs = exe.run(e.static_inputs);
+      e.copies.assign(e.static_outputs.size(), OutputCopy{});
+      for (size_t j = 0; j < e.static_outputs.size() && j < first.buffers.size(); ++j) {
+        at::Tensor& buffer = first.buffers[j];
+        const c10::IValue& v = e.static_outputs[j];
+        if (!buffer.defined() || !v.isTensor() || !same_layout(v.toTensor(), buffer)) {
+          buffer = at::Tensor();
+          continue;
+        }
+        const at::Tensor& out = v.toTensor();
+        e.copies[j].src = out.data_ptr();
+        e.copies[j].bytes = out.nbytes();
+        copy_dense(buffer, out, side.stream());
+      }
+    } catch (...) {
+      try {
+        e.graph->capture_end();
+      } catch (...) {
+      }
+      e.graph.reset();
+      at::cuda::clearCublasWorkspaces();
+      throw;
+    }
+    e.graph->capture_end();
+    at::cuda::clearCublasWorkspaces();
+  }
+  e.graph->instantiate();
+  e.slots.clear();
+  e.slots.push_back(std::move(first));
+  if (copy_nodes && !find_copy_nodes(e)) {
+    MAGI_LOG_DEBUG(
+        "CUDA graphs: the copy nodes of inputs or outputs were not found; capturing again "
+        "with inputs copied before and outputs after each replay");
+    e.drop_graph();
+    return capture(e, graph_inputs, std::move(inputs), pad, /*copy_nodes=*/false);
+  }
+  for (size_t j = 0; j < e.copies.size(); ++j) {
+    if (e.copies[j].node != nullptr) e.static_outputs[j] = c10::IValue();
+  }
+  add_second_slot(e);
+  e.last_slot = e.slots.size() - 1;  // the first replay writes slot 0
+  e.last_stream.reset();
+  ++captures;
+  MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures, ", e.slots.size(),
+                 " output slots)");
+  return replay(e, std::move(inputs), pad);
+}
+
+}  // namespace magi::runtime
+
+#endif  // MAGI_HAVE_CUDA_GRAPHS

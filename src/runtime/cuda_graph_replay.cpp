@@ -1,0 +1,176 @@
+// CudaGraphRunner's replay (cuda_graph.h): which of a graph's output slots a call writes, how
+// its inputs reach the graph (copy nodes pointed at the call's tensors, or copies on the
+// stream), the launch, and the outputs handed to the caller.
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+#include "magi/common/error.h"
+#include "magi/common/log.h"
+
+#ifdef MAGI_HAVE_CUDA_GRAPHS
+#include "cuda_graph_impl.h"
+
+namespace magi::runtime {
+
+at::Tensor CudaGraphRunner::Impl::copy_out(const at::Tensor& graph_output, int64_t dim,
+                                           int64_t rows, std::optional<cudaStream_t> stream) {
+  const at::Tensor t = rows >= 0 ? graph_output.narrow(dim, 0, rows) : graph_output;
+  if (stream && t.is_cuda() && t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg()) {
+    at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+    copy_dense(copy, t, *stream);
+    return copy;
+  }
+  at::Tensor copy = at::empty_like(t);  // dense, in t's dim order
+  copy.copy_(t, /*non_blocking=*/true);
+  return copy;
+}
+
+at::Tensor CudaGraphRunner::Impl::hand_out(const at::Tensor& buffer, int64_t dim, int64_t rows) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(),
+                                                   buffer.dtype());
+  if (rows < 0) {
+    impl->set_sizes_and_strides(buffer.sizes(), buffer.strides());
+  } else {
+    std::vector<int64_t> sizes = buffer.sizes().vec();
+    sizes[dim] = rows;
+    impl->set_sizes_and_strides(sizes, buffer.strides());
+  }
+  return at::Tensor(std::move(impl));
+}
+
+CudaGraphRunner::Impl::Slot& CudaGraphRunner::Impl::pick_slot(Entry& e,
+                                                              const c10::cuda::CUDAStream& stream) {
+  const size_t other = (e.last_slot + 1) % e.slots.size();
+  size_t pick = other;
+  if (held(e.slots[other]) && !held(e.slots[e.last_slot])) pick = e.last_slot;
+  Slot& slot = e.slots[pick];
+  e.last_slot = pick;
+  if (held(slot)) {
+    for (auto& b : slot.buffers) {
+      if (b.defined() && b.storage().use_count() > 1) {
+        b = buffer_like(b);
+        ++fresh_buffers;
+      }
+    }
+    slot.streams.assign(1, stream.stream());
+    retarget(e, exec_of(e, slot), slot);
+  }
+  // The caching allocator frees a block once the work of the streams it was used on is done:
+  // a buffer written on a stream it was not made on is recorded there.
+  if (std::find(slot.streams.begin(), slot.streams.end(), stream.stream()) == slot.streams.end()) {
+    for (const auto& b : slot.buffers) {
+      if (b.defined())
+        c10::cuda::CUDACachingAllocator::recordStream(b.storage().data_ptr(), stream);
+    }
+    slot.streams.push_back(stream.stream());
+  }
+  return slot;
+}
+
+void CudaGraphRunner::Impl::launch(Entry& e, Slot& slot, cudaStream_t stream) {
+  if (e.draws_no_rng) {
+    C10_CUDA_CHECK(cudaGraphLaunch(exec_of(e, slot), stream));
+    ++direct_launches;
+  } else {
+    e.graph->replay();  // one slot: the CUDAGraph's own executable
+  }
+}
+
+void CudaGraphRunner::Impl::feed_inputs(Entry& e, Slot& slot,
+                                        const std::vector<c10::IValue>& inputs, const Padding& pad,
+                                        cudaStream_t stream) {
+  if (slot.sources.size() != inputs.size()) slot.sources.assign(inputs.size(), kCaptured);
+  const cudaGraphExec_t exec = exec_of(e, slot);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].isTensor() || e.in_place[i]) continue;
+    const at::Tensor& src = inputs[i].toTensor();
+    const at::Tensor& whole = e.static_inputs[i].toTensor();
+    const at::Tensor dst = pad.k(i) > 0 ? whole.narrow(0, 0, src.size(0)) : whole;
+    const bool dense = same_dense_layout(dst, src);
+    const cudaGraphNode_t node = i < e.input_copies.size() ? e.input_copies[i].node : nullptr;
+    if (node != nullptr && dense && use_input_nodes) {
+      const std::pair<const void*, size_t> source{src.data_ptr(), src.nbytes()};
+      if (slot.sources[i] == source) continue;
+      if (cudaGraphExecMemcpyNodeSetParams1D(exec, node, dst.data_ptr(), source.first,
+                                             source.second,
+                                             cudaMemcpyDeviceToDevice) == cudaSuccess) {
+        slot.sources[i] = source;
+        ++input_retargets;
+        continue;
+      }
+      (void)cudaGetLastError();  // e.g. memory of another kind than the capture's: copy below
+      MAGI_LOG_DEBUG("CUDA graphs: input ", i, "'s copy node refused the call's tensor");
+    }
+    if (node != nullptr && slot.sources[i] != kIdle) {
+      idle(e, exec, node, whole);
+      slot.sources[i] = kIdle;
+    }
+    if (dense) {
+      copy_dense(dst, src, stream);
+    } else {
+      dst.copy_(src, /*non_blocking=*/true);
+    }
+  }
+}
+
+void CudaGraphRunner::Impl::idle(Entry& e, cudaGraphExec_t exec, cudaGraphNode_t node,
+                                 const at::Tensor& whole) {
+  if (!e.scratch.defined())
+    e.scratch = at::empty_strided({16}, {1}, whole.options().dtype(at::kByte));
+  C10_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, e.scratch.data_ptr(),
+                                                    whole.data_ptr(), 1, cudaMemcpyDeviceToDevice));
+}
+
+std::vector<c10::IValue> CudaGraphRunner::Impl::replay(Entry& e, std::vector<c10::IValue> inputs,
+                                                       const Padding& pad) {
+  c10::cuda::CUDAGuard device_guard(e.device);
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(e.device);
+  const cudaStream_t stream = current.stream();
+  // Two executables of one graph share its memory; CUDA orders the launches of one
+  // executable, not of two. A replay on another stream than the last waits for that one.
+  if (e.last_stream && *e.last_stream != stream) {
+    if (!e.order) {
+      cudaEvent_t event = nullptr;
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      e.order.reset(event);
+    }
+    C10_CUDA_CHECK(cudaEventRecord(e.order.get(), *e.last_stream));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, e.order.get(), 0));
+  }
+  e.last_stream = stream;
+  clock.lap(2);
+  Slot& slot = pick_slot(e, current);
+  feed_inputs(e, slot, inputs, pad, stream);
+  clock.lap(3);
+  launch(e, slot, stream);
+  clock.lap(4);
+  ++replays;
+  padded_calls += pad.rows > 0;
+  std::vector<c10::IValue> out;
+  out.reserve(e.copies.size());
+  for (size_t j = 0; j < e.copies.size(); ++j) {
+    const int64_t k = pad.rows > 0 ? padding->output_rows[j] : 0;
+    const int64_t dim = k > 0 ? padding->output_dims[j] : 0;
+    const int64_t rows = k > 0 ? pad.rows * k : -1;
+    if (e.copies[j].node != nullptr) {
+      out.emplace_back(hand_out(slot.buffers[j], dim, rows));
+      continue;
+    }
+    const c10::IValue& v = e.static_outputs[j];
+    if (v.isTensor()) {
+      out.emplace_back(copy_out(v.toTensor(), dim, rows, stream));
+    } else {
+      out.push_back(k > 0 ? c10::IValue(pad.rows * k) : v);
+    }
+  }
+  clock.lap(5);
+  clock.calls += clock.on;
+  return out;
+}
+
+}  // namespace magi::runtime
+
+#endif  // MAGI_HAVE_CUDA_GRAPHS
