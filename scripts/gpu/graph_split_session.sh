@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-11-28: cuda_graph.cpp split into the call path, capture and replay (no change of
+# 2026-11-27: cuda_graph.cpp split into the call path, capture and replay (no change of
 # behaviour meant). Build; the CUDA-graph tests; host time per call beside reduce-overhead (the
 # split must not cost host time); then two row-kernel layouts for the H200's LayerNorm set by
 # environment alone (128 threads x 8 vectors; weights loaded with the row).   (carry .deps)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Issue 5 (2026-11-28): row kernels whose rows fit in registers ask L2 for the row a block
+# Issue 5 (2026-11-27): row kernels whose rows fit in registers ask L2 for the row a block
 # reaches a wave of resident rows later (MAGI_ROW_PREFETCH, MAGI_ROW_PREFETCH_AHEAD). Build; the
 # CUDA row-kernel tests; then bandwidth.py's four row kernels beside torch.compile, one process
 # per setting (lines at 100% of a wave ahead, off, bulk, lines at 50% and 200%, lines again);
 # last the Llama prefill with prefetch on and off.   Logs and JSON in $OUT.   (carry .deps)
+# Ran at 77b94f3 (H200, 2026-11-27 night); nothing it measured was kept (reverted in 8b1febd; findings in
+# benchmarks/results/extra/cuda_row_findings.json), so the variables it sets no longer exist: kept as the
+# record of that measurement.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Issue 5 (2026-11-28): block reductions of row kernels with one barrier (scratch halves
+# Issue 5 (2026-11-27): block reductions of row kernels with one barrier (scratch halves
 # alternating) against two (MAGI_REDUCE_TWO_BARRIERS, an A/B switch), crossed with the row
 # prefetch (MAGI_ROW_PREFETCH off / lines at 100% and 50% of a wave ahead) and a persistent grid
 # (MAGI_KERNEL_GRID=wave). Build; the CUDA row-kernel tests; bandwidth.py's four row kernels
 # beside torch.compile, one process per setting.   Logs and JSON in $OUT.   (carry .deps)
+# Ran at 77b94f3 (H200, 2026-11-27 night); nothing it measured was kept (reverted in 8b1febd; findings in
+# benchmarks/results/extra/cuda_row_findings.json), so the variables it sets no longer exist: kept as the
+# record of that measurement.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"

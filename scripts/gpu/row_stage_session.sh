@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Issue 5 (2026-11-28): row kernels whose rows fit in registers stage each block's next row
+# Issue 5 (2026-11-27): row kernels whose rows fit in registers stage each block's next row
 # through shared memory (cp.async) while reducing the current one (MAGI_ROW_STAGE_ROWS rows per
 # block). Build; the CUDA row-kernel tests with 2 and 4 rows per block; bandwidth.py's four row
 # kernels beside torch.compile, one process per setting (L2 prefetch off); the Llama prefill
 # with staging off and at 4.   Logs and JSON in $OUT.   (carry .deps)
+# Ran at 77b94f3 (H200, 2026-11-27 night); nothing it measured was kept (reverted in 8b1febd; findings in
+# benchmarks/results/extra/cuda_row_findings.json), so the variables it sets no longer exist: kept as the
+# record of that measurement.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
