@@ -85,13 +85,6 @@ Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, c
 
 }  // namespace
 
-c10::cuda::MempoolId_t CudaGraphRunner::Impl::shared_pool() {
-  bool alive = false;
-  for (const auto& [key, e] : entries) alive |= e.graph != nullptr;
-  if (!alive) pool = at::cuda::graph_pool_handle();
-  return pool;
-}
-
 Padding CudaGraphRunner::Impl::padding_of(const std::vector<c10::IValue>& inputs) const {
   Padding pad;
   if (padding == nullptr || padding->input_rows.size() != inputs.size()) return pad;

@@ -1,17 +1,16 @@
 // CudaGraphRunner's capture (cuda_graph.h): a graph per signature, recorded on one stream per
 // device with the copy nodes that feed its inputs and write its outputs into the runner's
 // buffers, and a second executable of it writing a second set of buffers.
+// Without CUDA graph support in the build this file is empty (cuda_graph.cpp holds the stubs).
+#ifdef MAGI_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <map>
 #include <mutex>
 
-#include "magi/common/error.h"
-#include "magi/common/log.h"
-
-#ifdef MAGI_HAVE_CUDA_GRAPHS
 #include "cuda_graph_impl.h"
+#include "magi/common/log.h"
 
 namespace magi::runtime {
 namespace {
@@ -38,6 +37,13 @@ c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
 }
 
 }  // namespace
+
+c10::cuda::MempoolId_t CudaGraphRunner::Impl::shared_pool() {
+  bool alive = false;
+  for (const auto& [key, e] : entries) alive |= e.graph != nullptr;
+  if (!alive) pool = at::cuda::graph_pool_handle();
+  return pool;
+}
 
 bool CudaGraphRunner::Impl::copied_by_graph(const at::Tensor& t, size_t j) const {
   if (!t.is_cuda() || t.numel() == 0 || !t.is_non_overlapping_and_dense() || t.is_conj() ||

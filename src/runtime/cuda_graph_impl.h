@@ -12,6 +12,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -321,7 +322,7 @@ struct CudaGraphRunner::Impl {
 
   // One replay of `e` for a call: ordered after the last replay when that was on another
   // stream, into the slot pick_slot chooses, the inputs fed, the graph launched, and the
-  // outputs handed out (rows of a padded call copied out).
+  // outputs handed out (a padded call's rows: views of the slot's buffers, or copies).
   std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad);
 
   // Whether `inputs`, unpadded, have signature `key` (what signature_of would build, compared

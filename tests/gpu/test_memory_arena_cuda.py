@@ -42,10 +42,10 @@ def test_modes_place_intermediates_and_match_eager(mode, lowered, assert_close_r
 def _call_stats(compiled, x) -> tuple[int, int]:
     """Allocator calls and peak bytes requested above the start of one call (after warm-up).
 
-    Requested bytes, not allocated ones: the caching allocator hands out a cached block whole
-    when what would remain of it is under 1 MiB, so the allocated peak of the same requests
-    moves by up to 1 MiB with what earlier tests left in the cache (in the whole CUDA tier this
-    test measured the arena 1 MiB above the arena off, and level with it alone)."""
+    Requested bytes, not allocated ones: the caching allocator hands out a cached large block
+    whole when what would remain of it is at most 1 MiB, so the allocated peak of the same
+    requests moves by up to 1 MiB with what earlier tests left in the cache (in the whole CUDA
+    tier this test measured the arena 1 MiB above the arena off, and at or below it alone)."""
     with torch.no_grad():
         compiled(x)
         torch.cuda.synchronize()
