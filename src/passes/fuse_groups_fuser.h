@@ -25,6 +25,7 @@ using ir::Node;
 using ir::SymExpr;
 using ir::Value;
 
+// Whether two symbolic shapes are equal, dim by dim.
 inline bool same_shape(const std::vector<SymExpr>& a, const std::vector<SymExpr>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -33,6 +34,7 @@ inline bool same_shape(const std::vector<SymExpr>& a, const std::vector<SymExpr>
   return true;
 }
 
+// A group being formed: the nodes that become one Fusion node, run by one generated kernel.
 struct Group {
   std::vector<Node*> members;
   std::unordered_set<const Node*> member_set;
@@ -52,6 +54,8 @@ struct Group {
   bool reduces() const { return has_reduction || has_column; }
 };
 
+// fuse_groups over one graph (the entry point fuses its pieces first): groups its fusible nodes,
+// cuts what the groups move, and rewrites each group into a Fusion node.
 class Fuser {
  public:
   explicit Fuser(Graph& graph) : graph_(graph) {}
