@@ -46,16 +46,20 @@
 // norm's weight, `w.float()`) whose readers are all in one group joins that group
 // (adopt_lone_casts), where it is loaded and cast per column like any broadcast operand.
 //
-// The Fuser's state is in fuse_groups_fuser.h. This file holds the grouping and merging;
-// fuse_groups_rewrite.cpp turns groups into Fusion nodes, and fuse_groups_sink.cpp holds the
-// two steps after grouping.
+// The Fuser's state is in fuse_groups_impl.h. This file holds the grouping and merging and the
+// last adjustments of groups (adopt_lone_casts, drop_trailing_views); fuse_groups_traffic.cpp
+// holds the two steps after grouping that cut what the kernels move (sink_cheap_outputs,
+// merge_siblings), and fuse_groups_rewrite.cpp turns groups into Fusion nodes.
 #include <algorithm>
 #include <functional>
 #include <initializer_list>
-#include <unordered_map>
+#include <iterator>
+#include <string>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
-#include "fuse_groups_fuser.h"
+#include "fuse_groups_impl.h"
 #include "magi/common/log.h"
 #include "magi/ir/op_info.h"
 #include "magi/passes/passes.h"
@@ -543,6 +547,61 @@ void Fuser::add(size_t gi, Node* node) {
   g.member_set.insert(node);
   g.has_reduction |= is_reducing(*node);
   group_of_[node] = gi;
+}
+
+void Fuser::drop_trailing_views(Group& g) {
+  while (drop_trailing_view(g)) {
+  }
+}
+
+bool Fuser::drop_trailing_view(Group& g) {
+  if (g.region_of.empty() || g.members.empty()) return false;
+  Node* last = nullptr;
+  for (Node* m : g.members) {
+    if (!g.region_of.count(m)) {
+      if (last != nullptr || !is_view(*m)) return false;
+      last = m;
+    }
+  }
+  if (last == nullptr) return false;
+  for (const Node* u : last->output()->users()) {
+    if (g.member_set.count(u)) return false;
+  }
+  g.members.erase(std::find(g.members.begin(), g.members.end(), last));
+  g.member_set.erase(last);
+  group_of_.erase(last);
+  for (auto it = g.region_of.begin(); it != g.region_of.end();) {
+    it = it->second == last ? g.region_of.erase(it) : std::next(it);
+  }
+  g.full = last->input(0)->tensor_type()->sizes;
+  return true;
+}
+
+void Fuser::adopt_lone_casts() {
+  for (size_t si = 0; si < groups_.size(); ++si) {
+    Group& lone = groups_[si];
+    if (lone.members.size() != 1) continue;
+    Node* cast = lone.members[0];
+    if (ir::op_info(*cast).op_class != ir::OpClass::kCast || cast->outputs().size() != 1) {
+      continue;
+    }
+    const std::vector<Node*>& users = cast->output()->users();
+    if (users.empty()) continue;
+    auto it = group_of_.find(users[0]);
+    if (it == group_of_.end() || it->second == si) continue;
+    const size_t gi = it->second;
+    Group& g = groups_[gi];
+    // Not into a group with a view: the cast's readers may lie on both sides of it.
+    bool ok = g.region_of.empty() &&
+              cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
+    for (const Node* u : users) ok &= group_of_.count(u) && group_of_.at(u) == gi;
+    for (size_t b : barriers_) ok &= !(b > position_[cast] && b < g.first_position);
+    for (const Value* in : cast->inputs()) {
+      if (in->kind() == ir::ValueKind::kTensor && in->producer()->kind() != ir::NodeKind::kConstant)
+        ok &= !depends_on(in->producer(), g);
+    }
+    if (ok) merge(gi, si);
+  }
 }
 
 }  // namespace detail

@@ -1,13 +1,15 @@
 // fuse_groups (fuse_groups.cpp) turning each group into a Fusion node: the group's members
 // move into the node's subgraph, values read outside it become its outputs, and nodes between
-// the members that depend on the group move after it; views at a group's end that nothing inside
-// needs leave it, and a lone cast of a narrower operand joins the group that reads it.
+// the members that depend on the group move after it.
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
-#include "fuse_groups_fuser.h"
+#include "fuse_groups_impl.h"
 #include "magi/common/log.h"
 #include "magi/ir/op_info.h"
 
@@ -123,61 +125,6 @@ void Fuser::rewrite(Group& g) {
     }
   }
   MAGI_LOG_DEBUG("fused ", g.members.size(), " ops into ", fusion->op_name());
-}
-
-void Fuser::drop_trailing_views(Group& g) {
-  while (drop_trailing_view(g)) {
-  }
-}
-
-bool Fuser::drop_trailing_view(Group& g) {
-  if (g.region_of.empty() || g.members.empty()) return false;
-  Node* last = nullptr;
-  for (Node* m : g.members) {
-    if (!g.region_of.count(m)) {
-      if (last != nullptr || !is_view(*m)) return false;
-      last = m;
-    }
-  }
-  if (last == nullptr) return false;
-  for (const Node* u : last->output()->users()) {
-    if (g.member_set.count(u)) return false;
-  }
-  g.members.erase(std::find(g.members.begin(), g.members.end(), last));
-  g.member_set.erase(last);
-  group_of_.erase(last);
-  for (auto it = g.region_of.begin(); it != g.region_of.end();) {
-    it = it->second == last ? g.region_of.erase(it) : std::next(it);
-  }
-  g.full = last->input(0)->tensor_type()->sizes;
-  return true;
-}
-
-void Fuser::adopt_lone_casts() {
-  for (size_t si = 0; si < groups_.size(); ++si) {
-    Group& lone = groups_[si];
-    if (lone.members.size() != 1) continue;
-    Node* cast = lone.members[0];
-    if (ir::op_info(*cast).op_class != ir::OpClass::kCast || cast->outputs().size() != 1) {
-      continue;
-    }
-    const std::vector<Node*>& users = cast->output()->users();
-    if (users.empty()) continue;
-    auto it = group_of_.find(users[0]);
-    if (it == group_of_.end() || it->second == si) continue;
-    const size_t gi = it->second;
-    Group& g = groups_[gi];
-    // Not into a group with a view: the cast's readers may lie on both sides of it.
-    bool ok = g.region_of.empty() &&
-              cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
-    for (const Node* u : users) ok &= group_of_.count(u) && group_of_.at(u) == gi;
-    for (size_t b : barriers_) ok &= !(b > position_[cast] && b < g.first_position);
-    for (const Value* in : cast->inputs()) {
-      if (in->kind() == ir::ValueKind::kTensor && in->producer()->kind() != ir::NodeKind::kConstant)
-        ok &= !depends_on(in->producer(), g);
-    }
-    if (ok) merge(gi, si);
-  }
 }
 
 }  // namespace magi::passes::detail

@@ -1,8 +1,9 @@
 // The Fuser of fuse_groups (fuse_groups.cpp, whose opening comment describes the pass): a
-// group's state and the Fuser's methods, defined across three files by the steps of the pass:
-// grouping and merging (fuse_groups.cpp), rewriting each group into a Fusion node
-// (fuse_groups_rewrite.cpp), and the two steps that cut what the kernels move after grouping,
-// sink_cheap_outputs and merge_siblings (fuse_groups_sink.cpp). Private to the passes layer.
+// group's state and the Fuser's methods. The small ones are defined here; the others in three
+// files by the steps of the pass: grouping, merging and the last adjustments of groups
+// (fuse_groups.cpp), the two steps after grouping that cut what the kernels move,
+// sink_cheap_outputs and merge_siblings (fuse_groups_traffic.cpp), and the rewrite of each group
+// into a Fusion node (fuse_groups_rewrite.cpp). Private to the passes layer.
 #pragma once
 
 #include <cstddef>
@@ -16,7 +17,6 @@
 
 #include "magi/ir/graph.h"
 #include "magi/ir/op_info.h"
-#include "magi/passes/passes.h"
 
 namespace magi::passes::detail {
 

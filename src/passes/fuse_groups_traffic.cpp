@@ -3,12 +3,15 @@
 // it, and merge_siblings merges pointwise groups of one index space that read the same
 // full-size value.
 #include <algorithm>
+#include <iterator>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
-#include "fuse_groups_fuser.h"
+#include "fuse_groups_impl.h"
 #include "magi/common/log.h"
 #include "magi/ir/op_info.h"
+#include "magi/passes/passes.h"
 
 namespace magi::passes::detail {
 
