@@ -687,6 +687,11 @@ class NotFused(AssertionError):
     AssertionErrors, so an xfail for a missing fusion cannot hide a wrong result)."""
 
 
+def compile_counters(stats: dict) -> dict:
+    """_C.compiler_stats() without its launch counters (which move with every call)."""
+    return {k: v for k, v in stats.items() if not k.endswith("_launches")}
+
+
 def assert_fused(run, pattern: Pattern, dtype: torch.dtype) -> list[dict]:
     """The expected ops share one generated kernel; returns the generated kernels."""
     exe = run.magi_executable

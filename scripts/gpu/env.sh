@@ -34,3 +34,13 @@ gpu_build() {
   bash scripts/gpu/run_gpu.sh build > /tmp/build_summary.txt 2>&1 || { cat /tmp/build_summary.txt; exit 1; }
   head -"$2" /tmp/build_summary.txt | tee -a "$1"
 }
+
+# gpu_row_bandwidth SUMMARY LABEL: bandwidth.py's four row kernels (RMSNorm, add+RMSNorm,
+# LayerNorm, softmax) beside torch.compile in one process, into $OUT/band_LABEL.json; the table
+# appended to SUMMARY. Settings come from the caller's environment.
+gpu_row_bandwidth() {
+  echo "== $2" | tee -a "$1"
+  timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
+    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
+    --out "$OUT/band_$2.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$1"
+}

@@ -13,11 +13,6 @@ gpu_pytest pytest_graphs.log 260 tests/gpu/test_cuda_graphs.py tests/gpu/test_cu
 echo "== host time per call" | tee -a "$S"
 timeout 100 python benchmarks/host_overhead.py --device cuda --variants magi_cg,magi_cg_args,inductor_ro \
   --out "$OUT/host.json" 2>&1 | grep -v "^\[magi" | tail -6 | tee -a "$S"
-band() {  # band LABEL: the row kernels beside torch.compile, one process
-  echo "== $1" | tee -a "$S"
-  timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --out "$OUT/band_$1.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
-}
+band() { gpu_row_bandwidth "$S" "$1"; }  # band LABEL
 MAGI_MAX_BLOCK_THREADS=128 MAGI_ROW_CHUNKS=8 band threads128_chunks8
 MAGI_ROW_COLUMN_LOADS=row band column_loads_row

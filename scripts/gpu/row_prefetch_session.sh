@@ -13,12 +13,7 @@ S="$OUT/summary.txt"
 gpu_build "$S" 2
 echo "== pytest (row kernels)" | tee -a "$S"
 gpu_pytest pytest_rows.log 150 tests/gpu/test_fusion_cuda.py -rf -k "norm or softmax" | tee -a "$S"
-band() {  # band LABEL: the row kernels beside torch.compile, one process
-  echo "== bandwidth $1 (MAGI_ROW_PREFETCH=${MAGI_ROW_PREFETCH:-} AHEAD=${MAGI_ROW_PREFETCH_AHEAD:-})" | tee -a "$S"
-  timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --out "$OUT/band_$1.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$S"
-}
+band() { gpu_row_bandwidth "$S" "$1"; }  # band LABEL
 band lines
 MAGI_ROW_PREFETCH=off band off
 MAGI_ROW_PREFETCH=bulk band bulk

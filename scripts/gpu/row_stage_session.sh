@@ -17,12 +17,7 @@ for r in 2 4; do
   MAGI_ROW_STAGE_ROWS=$r gpu_pytest pytest_rows_$r.log 150 tests/gpu/test_fusion_cuda.py -rf \
     -k "norm or softmax" | tee -a "$S"
 done
-band() {  # band LABEL: the row kernels beside torch.compile, one process
-  echo "== $1" | tee -a "$S"
-  timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --out "$OUT/band_$1.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
-}
+band() { gpu_row_bandwidth "$S" "$1"; }  # band LABEL
 MAGI_ROW_STAGE_ROWS=0 band stage0
 MAGI_ROW_STAGE_ROWS=2 band stage2
 MAGI_ROW_STAGE_ROWS=4 band stage4

@@ -22,6 +22,7 @@ from _fusion_patterns import (
     _inputs,
     assert_fused,
     cases,
+    compile_counters,
     layer_norm_plain,
     lowered_graphs,
     rmsnorm,
@@ -154,11 +155,6 @@ def test_cpu_scalar_tensor_operand(assert_close_rel):
     assert run.magi_executable.num_fusions >= 1
 
 
-def _compile_counters(stats: dict) -> dict:
-    """_C.compiler_stats() without its launch counters (which move with every call)."""
-    return {k: v for k, v in stats.items() if not k.endswith("_launches")}
-
-
 def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
     pattern = BY_NAME["add_rmsnorm"]
     compiled = magi_compile(pattern.fn, dynamic_arg_dims=dict(pattern.dynamic))
@@ -167,7 +163,7 @@ def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
         for batch in (2, 3, 5):
             inputs = pattern.make(batch, BF16, "cuda")
             assert_close_rel(compiled(*inputs), pattern.fn(*inputs), RTOL[BF16])
-            stats.append(_compile_counters(_C.compiler_stats()))
+            stats.append(compile_counters(_C.compiler_stats()))
     (run,) = runs
     assert stats[0] == stats[1] == stats[2], stats
     assert len(run.magi_executable.generated_kernels()) == 1

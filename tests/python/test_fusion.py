@@ -25,6 +25,7 @@ from _fusion_patterns import (
     _rotary_inputs,
     assert_fused,
     cases,
+    compile_counters,
     lowered_graphs,
     run_pattern,
 )
@@ -175,11 +176,6 @@ def test_chain_with_more_operands_than_kernel_arguments_splits(assert_close_rel)
     assert sum(len(k["fused_ops"]) for k in kernels) == 2 * 16  # every mul and add fused
 
 
-def _compile_counters(stats: dict) -> dict:
-    """_C.compiler_stats() without its launch counters (which move with every call)."""
-    return {k: v for k, v in stats.items() if not k.endswith("_launches")}
-
-
 def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
     """Three batch sizes: one capture, and the kernels of the first serve the other two."""
     pattern = BY_NAME["add_rmsnorm"]
@@ -189,7 +185,7 @@ def test_new_batch_sizes_compile_nothing(assert_close_rel, counters):
         for batch in (2, 3, 5):
             inputs = pattern.make(batch, torch.bfloat16, "cpu")
             assert_close_rel(compiled(*inputs), pattern.fn(*inputs), RTOL[torch.bfloat16])
-            stats.append(_compile_counters(_C.compiler_stats()))
+            stats.append(compile_counters(_C.compiler_stats()))
     (run,) = runs
     assert stats[0] == stats[1] == stats[2], stats
     assert len(run.magi_executable.generated_kernels()) == 1
