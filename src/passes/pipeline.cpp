@@ -24,6 +24,8 @@ constexpr PassEntry kPipeline[] = {
      [](ir::Graph& g, const PipelineOptions&) { return eliminate_dead_code(g); }},
     {"group_query_attention",
      [](ir::Graph& g, const PipelineOptions&) { return group_query_attention(g); }},
+    {"write_inputs_in_place",
+     [](ir::Graph& g, const PipelineOptions&) { return write_inputs_in_place(g); }},
     {"split_at_boundaries",
      [](ir::Graph& g, const PipelineOptions& o) {
        return split_at_boundaries(g, o.splitting_ops);
