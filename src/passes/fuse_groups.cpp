@@ -12,8 +12,10 @@
 // its inputs comes from when its shape fits that group and none of its other inputs depends
 // on the group (which would make a cycle); otherwise it starts a group. The Fusion node is
 // placed where the group's last member was; nodes between the members that read group values
-// move after it. A group never spans an operator that writes its arguments (such a write
-// orders the reads around it). Pieces (from split_at_boundaries) are fused recursively.
+// move after it. A group never spans an operator that writes its arguments (a copy_, an
+// index_copy_ into a KV cache) when one of its members reads memory that operator writes: such
+// a write orders the reads of that memory around it. Pieces (from split_at_boundaries) are fused
+// recursively.
 //
 // Column groups reduce over leading dims instead (sum(x * y, 0), a weight gradient): one pass
 // over the index space evaluates the full-size ops and accumulates the column reductions, then
@@ -70,11 +72,8 @@ namespace detail {
 bool Fuser::run() {
   bool changed = fold_broadcasts(graph_);
   std::vector<Node*> nodes = graph_.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    position_[nodes[i]] = i;
-    // Calls that write their arguments order reads around them: a group never spans one.
-    if (nodes[i]->is_operator() && nodes[i]->schema().is_mutable()) barriers_.push_back(i);
-  }
+  for (size_t i = 0; i < nodes.size(); ++i) position_[nodes[i]] = i;
+  find_barriers(nodes);
   for (Node* node : nodes) consider(node);
   adopt_lone_casts();
   for (Group& g : groups_) drop_trailing_views(g);
@@ -331,9 +330,62 @@ std::unordered_set<const Value*> Fuser::args_of(std::initializer_list<const Grou
   return args;
 }
 
+Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) {
+  Barrier b;
+  b.position = position;
+  std::vector<const Value*> work;
+  const auto& args = node.schema().arguments();
+  for (size_t j = 0; j < args.size() && j < node.inputs().size(); ++j) {
+    const auto* alias = args[j].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    // Up to the tensor the argument is a view of ...
+    const Value* v = node.input(j);
+    while (v->producer()->is_operator() && !v->producer()->inputs().empty() &&
+           ir::output_aliases_input(*v->producer(), v->index())) {
+      v = v->producer()->input(0);
+    }
+    work.push_back(v);
+  }
+  // ... and down to every view of it.
+  while (!work.empty()) {
+    const Value* v = work.back();
+    work.pop_back();
+    if (!b.written.insert(v).second) continue;
+    for (const Node* user : v->users()) {
+      if (user == &node || !user->is_operator() || user->inputs().empty() || user->input(0) != v)
+        continue;
+      for (size_t k = 0; k < user->outputs().size(); ++k) {
+        if (ir::output_aliases_input(*user, k)) work.push_back(user->output(k));
+      }
+    }
+  }
+  return b;
+}
+
+bool Fuser::reads_written(const Barrier& b, const Node& node) {
+  return std::any_of(node.inputs().begin(), node.inputs().end(),
+                     [&](const Value* in) { return b.written.count(in) > 0; });
+}
+
+bool Fuser::reads_written(const Barrier& b, const Group& g) {
+  return std::any_of(g.members.begin(), g.members.end(),
+                     [&](const Node* m) { return reads_written(b, *m); });
+}
+
+void Fuser::find_barriers(const std::vector<Node*>& nodes) {
+  barriers_.clear();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i]->is_operator() && nodes[i]->schema().is_mutable())
+      barriers_.push_back(barrier_at(*nodes[i], i));
+  }
+}
+
 bool Fuser::can_join_shape(const Group& g, const Node& node) {
-  for (size_t b : barriers_) {
-    if (b > g.first_position && b < position_[&node]) return false;
+  for (const Barrier& b : barriers_) {
+    if (b.position > g.first_position && b.position < position_[&node] &&
+        (reads_written(b, node) || reads_written(b, g))) {
+      return false;
+    }
   }
   if (is_view(node)) return can_join_view(g, node);
   if (reads_inner_value(g, node)) return false;
@@ -450,8 +502,9 @@ bool Fuser::can_merge_shape(size_t gi, size_t oi) {
 bool Fuser::can_merge_barriers_and_paths(const Group& g, const Group& o) {
   const size_t lo = std::min(g.first_position, o.first_position);
   const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
-  for (size_t b : barriers_) {
-    if (b > lo && b < hi) return false;
+  for (const Barrier& b : barriers_) {
+    if (b.position > lo && b.position < hi && (reads_written(b, g) || reads_written(b, o)))
+      return false;
   }
   for (const Group* a : {&g, &o}) {
     const Group& other = a == &g ? o : g;
@@ -595,7 +648,10 @@ void Fuser::adopt_lone_casts() {
     bool ok = g.region_of.empty() &&
               cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
     for (const Node* u : users) ok &= group_of_.count(u) && group_of_.at(u) == gi;
-    for (size_t b : barriers_) ok &= !(b > position_[cast] && b < g.first_position);
+    for (const Barrier& b : barriers_) {
+      ok &= !(b.position > position_[cast] && b.position < g.first_position &&
+              reads_written(b, *cast));
+    }
     for (const Value* in : cast->inputs()) {
       if (in->kind() == ir::ValueKind::kTensor && in->producer()->kind() != ir::NodeKind::kConstant)
         ok &= !depends_on(in->producer(), g);

@@ -166,9 +166,9 @@ class Fuser {
 
   bool can_merge_shape(size_t gi, size_t oi);
 
-  // No mutation lies between the members of `g` and `o`, no operand of one depends on the other
-  // through a node outside both, and no full-size op of one reads a per-column value of the
-  // other.
+  // No mutation of memory `g` or `o` reads lies between their members, no operand of one depends on
+  // the other through a node outside both, and no full-size op of one reads a per-column value of
+  // the other.
   bool can_merge_barriers_and_paths(const Group& g, const Group& o);
 
   // A pointwise group over the per-row shape of row group `ri` (pow(r, 3) * the row sum, in a
@@ -264,11 +264,28 @@ class Fuser {
   // through other nodes, no mutation between them, the arity).
   void merge_siblings();
 
+  // A call that writes some of its arguments (aten::copy_, index_copy_, a custom op that
+  // mutates): reads of the memory it writes must stay on their side of it, so no group may
+  // move such a read across it. Groups that read none of that memory may span it.
+  struct Barrier {
+    size_t position = 0;
+    // Values sharing memory with what it writes: the written arguments, the tensors they are
+    // views of, and every view of those (not the call's own results, which only later nodes
+    // read).
+    std::unordered_set<const Value*> written;
+  };
+  static Barrier barrier_at(const Node& node, size_t position);
+  // Whether `node`, or any member of `g`, reads memory that `b` writes.
+  static bool reads_written(const Barrier& b, const Node& node);
+  static bool reads_written(const Barrier& b, const Group& g);
+  // The barriers of `nodes` (the graph in order), into barriers_.
+  void find_barriers(const std::vector<Node*>& nodes);
+
   Graph& graph_;
   std::unordered_map<const Node*, size_t> position_;
   std::unordered_map<const Node*, size_t> group_of_;
   std::vector<Group> groups_;
-  std::vector<size_t> barriers_;
+  std::vector<Barrier> barriers_;
   // Members sink() cloned into a reading group: (original, group) -> clone.
   std::map<std::pair<const Node*, size_t>, Node*> clones_;
 };

@@ -101,8 +101,8 @@ bool Fuser::sink(size_t gi, Node* m) {
       if (c.member_set.count(other) && view_after(c, other) != view) return false;
     }
     // The clones read the recipe's operands where `u` is: no write may come between.
-    for (size_t b : barriers_) {
-      if (b > position_.at(m) && b < position_.at(u)) return false;
+    for (const Barrier& b : barriers_) {
+      if (b.position > position_.at(m) && b.position < position_.at(u)) return false;
     }
     if (std::find(readers.begin(), readers.end(), it->second) == readers.end()) {
       readers.push_back(it->second);
@@ -205,11 +205,8 @@ void Fuser::erase_unused_members(size_t gi) {
 void Fuser::renumber() {
   std::vector<Node*> nodes = graph_.nodes();
   position_.clear();
-  barriers_.clear();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    position_[nodes[i]] = i;
-    if (nodes[i]->is_operator() && nodes[i]->schema().is_mutable()) barriers_.push_back(i);
-  }
+  for (size_t i = 0; i < nodes.size(); ++i) position_[nodes[i]] = i;
+  find_barriers(nodes);
   for (Group& g : groups_) {
     if (g.members.empty()) continue;
     std::sort(g.members.begin(), g.members.end(),

@@ -664,6 +664,56 @@ TEST(FuseGroups, NoRecomputationAcrossAWrite) {
   EXPECT_EQ(fusions[0]->output(0)->tensor_type()->dtype, kF32);
 }
 
+// A write between two groups (a KV cache's index_copy_ between a layer's ops) keeps them
+// apart only when one of them reads the memory it writes: the write to `cache` lets the
+// siblings silu(a) * u and exp(a * u) merge, and a chain exp(a * u) spanning it stay one group;
+// the same write to `u` (read before it) keeps both apart, as does one to a view of `u`.
+TEST(FuseGroups, GroupsSpanAWriteOfMemoryTheyDoNotRead) {
+  for (const char* target : {"cache", "u", "view of u"}) {
+    for (const bool siblings : {true, false}) {
+      Graph g;
+      Builder b(g);
+      Value* a = b.input("a", {sym("s0"), 16});
+      Value* u = b.input("u", {sym("s0"), 16});
+      Value* cache = b.input("cache", {4, 16});
+      Value* src = b.input("src", {1, 16});
+      Value* pos = b.input("pos", {1}, c10::ScalarType::Long);
+      Value* h = siblings ? b.mul(b.unary("aten::silu", a, "silu"), u, "mul") : nullptr;
+      Value* au = b.mul(a, u, "mul_1");
+      const std::string t = target;
+      Value* written = t == "cache" ? cache : u;
+      if (t == "view of u") written = b.op("aten::alias", "", {u}, *u->tensor_type(), "alias");
+      if (t == "cache") {
+        b.op("aten::index_copy_", "", {cache, b.integer(0), pos, src}, *cache->tensor_type(),
+             "index_copy_");
+      } else {
+        b.op("aten::add_", "Tensor", {written, a, b.one()}, *u->tensor_type(), "add_");
+      }
+      Value* e = b.unary("aten::exp", au, "exp");
+      g.set_outputs(siblings ? std::vector<Value*>{h, e} : std::vector<Value*>{e});
+      SCOPED_TRACE(std::string(target) + (siblings ? ", siblings" : ", chain"));
+
+      fuse_groups(g);
+      ir::verify(g);
+      const auto fusions = nodes_of_kind(g, NodeKind::kFusion);
+      const bool apart = t != "cache";
+      if (siblings) {
+        // Apart: silu(a) * u and a * u merge before the write; exp stays an ATen call after it.
+        ASSERT_EQ(fusions.size(), 1u);
+        EXPECT_EQ(op_list(*fusions[0]->piece()),
+                  apart ? "aten::silu aten::mul.Tensor aten::mul.Tensor"
+                        : "aten::silu aten::mul.Tensor aten::mul.Tensor aten::exp");
+      } else if (apart) {
+        EXPECT_TRUE(fusions.empty());  // a * u and exp alone: single ops stay ATen calls
+      } else {
+        ASSERT_EQ(fusions.size(), 1u);
+        EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::mul.Tensor aten::exp");
+      }
+      EXPECT_EQ(op_list(g).find("aten::exp") != std::string::npos, apart);
+    }
+  }
+}
+
 // silu(a) * u and exp(a * u) both read a and u, and neither reads the other: one kernel reads
 // them once. The mm reading the first group's value moves after it. Groups that share only a
 // narrow operand (a [16] weight) stay apart.
