@@ -12,10 +12,10 @@
 // its inputs comes from when its shape fits that group and none of its other inputs depends
 // on the group (which would make a cycle); otherwise it starts a group. The Fusion node is
 // placed where the group's last member was; nodes between the members that read group values
-// move after it. A group never spans an operator that writes its arguments (a copy_, an
-// index_copy_ into a KV cache) when one of its members reads memory that operator writes: such
-// a write orders the reads of that memory around it. Pieces (from split_at_boundaries) are fused
-// recursively.
+// move after it. A group spans an operator that writes its arguments (a copy_, an index_copy_
+// into a KV cache) only when no node in its span, member or not, reads the memory that
+// operator writes: such a write orders the reads of that memory around it. Pieces (from
+// split_at_boundaries) are fused recursively.
 //
 // Column groups reduce over leading dims instead (sum(x * y, 0), a weight gradient): one pass
 // over the index space evaluates the full-size ops and accumulates the column reductions, then
@@ -330,46 +330,56 @@ std::unordered_set<const Value*> Fuser::args_of(std::initializer_list<const Grou
   return args;
 }
 
-Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) {
+// The value `v` is a view of, through views and items of lists of views (split, unbind).
+const Value* viewed_tensor(const Value* v) {
+  for (;;) {
+    const Node* p = v->producer();
+    if (p->kind() == ir::NodeKind::kGetItem) {
+      v = p->input(0);
+    } else if (p->is_operator() && !p->inputs().empty() &&
+               ir::output_aliases_input(*p, v->index())) {
+      v = p->input(0);
+    } else {
+      return v;
+    }
+  }
+}
+
+Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) const {
   Barrier b;
   b.position = position;
   std::vector<const Value*> work;
   const auto& args = node.schema().arguments();
   for (size_t j = 0; j < args.size() && j < node.inputs().size(); ++j) {
     const auto* alias = args[j].alias_info();
-    if (alias == nullptr || !alias->isWrite()) continue;
-    // Up to the tensor the argument is a view of ...
-    const Value* v = node.input(j);
-    while (v->producer()->is_operator() && !v->producer()->inputs().empty() &&
-           ir::output_aliases_input(*v->producer(), v->index())) {
-      v = v->producer()->input(0);
-    }
-    work.push_back(v);
+    if (alias != nullptr && alias->isWrite()) work.push_back(viewed_tensor(node.input(j)));
   }
-  // ... and down to every view of it.
+  // Down from each written tensor to all its views; every other node reading one is a reader.
+  std::unordered_set<const Value*> seen;
   while (!work.empty()) {
     const Value* v = work.back();
     work.pop_back();
-    if (!b.written.insert(v).second) continue;
+    if (!seen.insert(v).second) continue;
     for (const Node* user : v->users()) {
-      if (user == &node || !user->is_operator() || user->inputs().empty() || user->input(0) != v)
+      if (user == &node) continue;
+      auto at = position_.find(user);
+      if (at != position_.end()) b.readers.push_back(at->second);
+      const bool item = user->kind() == ir::NodeKind::kGetItem;
+      if (!item && (!user->is_operator() || user->inputs().empty() || user->input(0) != v))
         continue;
       for (size_t k = 0; k < user->outputs().size(); ++k) {
-        if (ir::output_aliases_input(*user, k)) work.push_back(user->output(k));
+        if (item || ir::output_aliases_input(*user, k)) work.push_back(user->output(k));
       }
     }
   }
+  std::sort(b.readers.begin(), b.readers.end());
   return b;
 }
 
-bool Fuser::reads_written(const Barrier& b, const Node& node) {
-  return std::any_of(node.inputs().begin(), node.inputs().end(),
-                     [&](const Value* in) { return b.written.count(in) > 0; });
-}
-
-bool Fuser::reads_written(const Barrier& b, const Group& g) {
-  return std::any_of(g.members.begin(), g.members.end(),
-                     [&](const Node* m) { return reads_written(b, *m); });
+bool Fuser::may_span(const Barrier& b, size_t lo, size_t hi) {
+  if (b.position <= lo || b.position >= hi) return true;  // not inside: nothing crosses it
+  auto first = std::lower_bound(b.readers.begin(), b.readers.end(), lo);
+  return first == b.readers.end() || *first > hi;
 }
 
 void Fuser::find_barriers(const std::vector<Node*>& nodes) {
@@ -382,10 +392,7 @@ void Fuser::find_barriers(const std::vector<Node*>& nodes) {
 
 bool Fuser::can_join_shape(const Group& g, const Node& node) {
   for (const Barrier& b : barriers_) {
-    if (b.position > g.first_position && b.position < position_[&node] &&
-        (reads_written(b, node) || reads_written(b, g))) {
-      return false;
-    }
+    if (!may_span(b, g.first_position, position_[&node])) return false;
   }
   if (is_view(node)) return can_join_view(g, node);
   if (reads_inner_value(g, node)) return false;
@@ -503,8 +510,7 @@ bool Fuser::can_merge_barriers_and_paths(const Group& g, const Group& o) {
   const size_t lo = std::min(g.first_position, o.first_position);
   const size_t hi = std::max(position_[g.members.back()], position_[o.members.back()]);
   for (const Barrier& b : barriers_) {
-    if (b.position > lo && b.position < hi && (reads_written(b, g) || reads_written(b, o)))
-      return false;
+    if (!may_span(b, lo, hi)) return false;
   }
   for (const Group* a : {&g, &o}) {
     const Group& other = a == &g ? o : g;
@@ -649,8 +655,7 @@ void Fuser::adopt_lone_casts() {
               cast->output()->tensor_type()->rank() <= static_cast<int64_t>(g.full.size());
     for (const Node* u : users) ok &= group_of_.count(u) && group_of_.at(u) == gi;
     for (const Barrier& b : barriers_) {
-      ok &= !(b.position > position_[cast] && b.position < g.first_position &&
-              reads_written(b, *cast));
+      ok &= may_span(b, position_[cast], position_[g.members.back()]);
     }
     for (const Value* in : cast->inputs()) {
       if (in->kind() == ir::ValueKind::kTensor && in->producer()->kind() != ir::NodeKind::kConstant)

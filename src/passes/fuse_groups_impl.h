@@ -265,20 +265,20 @@ class Fuser {
   void merge_siblings();
 
   // A call that writes some of its arguments (aten::copy_, index_copy_, a custom op that
-  // mutates): reads of the memory it writes must stay on their side of it, so no group may
-  // move such a read across it. Groups that read none of that memory may span it.
+  // mutates). A group's kernel runs where its last member was, and nodes between its members
+  // that read its values move after it: so a group may span such a write only when nothing in
+  // its span, members or not, reads the memory the write changes.
   struct Barrier {
     size_t position = 0;
-    // Values sharing memory with what it writes: the written arguments, the tensors they are
-    // views of, and every view of those (not the call's own results, which only later nodes
-    // read).
-    std::unordered_set<const Value*> written;
+    // Positions of the other nodes reading that memory (sorted): through the written arguments,
+    // the tensors they are views of, or any view of those. The call's own results are not
+    // counted: only nodes after it read them.
+    std::vector<size_t> readers;
   };
-  static Barrier barrier_at(const Node& node, size_t position);
-  // Whether `node`, or any member of `g`, reads memory that `b` writes.
-  static bool reads_written(const Barrier& b, const Node& node);
-  static bool reads_written(const Barrier& b, const Group& g);
-  // The barriers of `nodes` (the graph in order), into barriers_.
+  Barrier barrier_at(const Node& node, size_t position) const;
+  // Whether a group covering positions [lo, hi] may span `b`.
+  static bool may_span(const Barrier& b, size_t lo, size_t hi);
+  // The barriers of `nodes` (the graph in order, position_ set), into barriers_.
   void find_barriers(const std::vector<Node*>& nodes);
 
   Graph& graph_;

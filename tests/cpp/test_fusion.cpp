@@ -665,32 +665,43 @@ TEST(FuseGroups, NoRecomputationAcrossAWrite) {
 }
 
 // A write between two groups (a KV cache's index_copy_ between a layer's ops) keeps them
-// apart only when one of them reads the memory it writes: the write to `cache` lets the
-// siblings silu(a) * u and exp(a * u) merge, and a chain exp(a * u) spanning it stay one group;
-// the same write to `u` (read before it) keeps both apart, as does one to a view of `u`.
+// apart only when something in their span reads the memory it writes: the write to `cache`
+// lets the siblings silu(a) * u and exp(a * u) merge, and a chain exp(a * u) spanning it stay
+// one group. The same write to `u` (which the groups read before it) keeps both apart, as does
+// one to a view of `u`, or a matmul between them that reads `cache` and the group's a * u (it
+// would move after the kernel, past the write, and read the new cache).
 TEST(FuseGroups, GroupsSpanAWriteOfMemoryTheyDoNotRead) {
-  for (const char* target : {"cache", "u", "view of u"}) {
+  for (const char* target : {"cache", "cache read between", "u", "view of u"}) {
     for (const bool siblings : {true, false}) {
       Graph g;
       Builder b(g);
       Value* a = b.input("a", {sym("s0"), 16});
       Value* u = b.input("u", {sym("s0"), 16});
-      Value* cache = b.input("cache", {4, 16});
+      Value* cache = b.input("cache", {16, 16});
       Value* src = b.input("src", {1, 16});
       Value* pos = b.input("pos", {1}, c10::ScalarType::Long);
       Value* h = siblings ? b.mul(b.unary("aten::silu", a, "silu"), u, "mul") : nullptr;
       Value* au = b.mul(a, u, "mul_1");
       const std::string t = target;
-      Value* written = t == "cache" ? cache : u;
-      if (t == "view of u") written = b.op("aten::alias", "", {u}, *u->tensor_type(), "alias");
-      if (t == "cache") {
-        b.op("aten::index_copy_", "", {cache, b.integer(0), pos, src}, *cache->tensor_type(),
-             "index_copy_");
-      } else {
-        b.op("aten::add_", "Tensor", {written, a, b.one()}, *u->tensor_type(), "add_");
+      std::vector<Value*> outputs;
+      if (siblings) outputs.push_back(h);
+      Node* read_between = nullptr;
+      if (t == "cache read between") {
+        outputs.push_back(b.op("aten::mm", "", {au, cache}, tensor_type({sym("s0"), 16}), "mm"));
+        read_between = outputs.back()->producer();
       }
-      Value* e = b.unary("aten::exp", au, "exp");
-      g.set_outputs(siblings ? std::vector<Value*>{h, e} : std::vector<Value*>{e});
+      Node* write = nullptr;
+      if (t == "cache" || t == "cache read between") {
+        write = b.op("aten::index_copy_", "", {cache, b.integer(0), pos, src},
+                     *cache->tensor_type(), "index_copy_")
+                    ->producer();
+      } else {
+        Value* written = t == "u" ? u : b.op("aten::alias", "", {u}, *u->tensor_type(), "alias");
+        write = b.op("aten::add_", "Tensor", {written, a, b.one()}, *u->tensor_type(), "add_")
+                    ->producer();
+      }
+      outputs.push_back(b.unary("aten::exp", au, "exp"));
+      g.set_outputs(outputs);
       SCOPED_TRACE(std::string(target) + (siblings ? ", siblings" : ", chain"));
 
       fuse_groups(g);
@@ -710,6 +721,11 @@ TEST(FuseGroups, GroupsSpanAWriteOfMemoryTheyDoNotRead) {
         EXPECT_EQ(op_list(*fusions[0]->piece()), "aten::mul.Tensor aten::exp");
       }
       EXPECT_EQ(op_list(g).find("aten::exp") != std::string::npos, apart);
+      if (read_between != nullptr) {  // the old cache is read before the write, as traced
+        const auto nodes = g.nodes();
+        EXPECT_LT(std::find(nodes.begin(), nodes.end(), read_between),
+                  std::find(nodes.begin(), nodes.end(), write));
+      }
     }
   }
 }

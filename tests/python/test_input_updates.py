@@ -46,3 +46,34 @@ def test_the_pass_can_be_disabled(monkeypatch, assert_close_rel):
     monkeypatch.setenv("MAGI_DISABLE_PASSES", "write_inputs_in_place")
     text = run_steps("index_copy", "cpu", torch.float32, assert_close_rel, RTOL[torch.float32])
     assert "aten::index_copy(" in text and "aten::copy_(" in text, text
+
+
+def test_the_layers_mask_selects_fuse_across_the_cache_updates(assert_close_rel):
+    """A 3-layer GPT-2-style model with a static KV cache (benchmarks/models/causal_lm.py):
+    each layer's cache update is in place, and the layers' mask selects (where(mask, 0, -inf),
+    one per layer, between the updates) are still one generated kernel: fuse_groups lets a group
+    span a write of memory nothing in its span reads."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from magi_compiler import inspection, magi_compile
+
+    from benchmarks.models.causal_lm import CausalLM, LMConfig
+
+    cfg = LMConfig("gpt2", 100, 64, 3, 4, 4, 128, max_seq=16)
+    eager = CausalLM(cfg).eval()
+    compiled = magi_compile(CausalLM(cfg).eval(), dynamic_arg_dims={})
+    compiled.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        for start, seq in ((0, 4), (4, 4)):
+            tokens = torch.randint(0, 100, (1, seq))
+            pos = torch.tensor(start)
+            assert_close_rel(compiled(tokens, pos), eager(tokens, pos), RTOL[torch.float32])
+            for got, want in zip(compiled.buffers(), eager.buffers(), strict=True):
+                assert_close_rel(got, want, RTOL[torch.float32])
+    text = str(inspection.last_compiled("inference").graph)
+    assert text.count("aten::index_copy_(") == 2 * cfg.layers, text
+    assert "aten::copy_(" not in text, text
+    # One node (a fusion) makes the three layers' selects.
+    names = [f"%where{'' if i == 0 else f'_{i}'}:" for i in range(cfg.layers)]
+    assert any(
+        all(n in line for n in names) and "= piece_" in line for line in text.splitlines()
+    ), text
