@@ -71,6 +71,48 @@ class ScatterBuffer(nn.Module):
         return x @ self.proj.weight.t() @ self.table[:, :DIM]
 
 
+class IndexAddTotals(nn.Module):
+    """Running totals per slot, accumulated with ``index_add_`` (positions may repeat)."""
+
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, DIM, bias=False)
+        self.register_buffer("totals", torch.zeros(SLOTS, DIM), persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.totals.index_add_(0, pos % 3, self.proj(x)[0])
+        return x @ self.proj.weight.t() @ self.totals[:DIM]
+
+
+class ScatterAddHistogram(nn.Module):
+    """A table of sums per slot, accumulated with ``scatter_add_``."""
+
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, DIM, bias=False)
+        self.register_buffer("table", torch.zeros(DIM, SLOTS), persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        rows = self.proj(x)[0].transpose(0, 1)  # (DIM, s)
+        self.table.scatter_add_(1, pos[None, :].expand(DIM, -1), rows)
+        return x @ self.proj.weight.t() @ self.table[:, :DIM]
+
+
+class MaskedScatterSlots(nn.Module):
+    """The slots at ``pos`` filled from a projection with ``masked_scatter_``."""
+
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, DIM, bias=False)
+        self.register_buffer("slots", torch.zeros(SLOTS, DIM), persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(SLOTS, 1, dtype=torch.bool, device=x.device)
+        mask[pos] = True
+        self.slots.masked_scatter_(mask.expand(SLOTS, DIM), self.proj(x)[0])
+        return x @ self.proj.weight.t() @ self.slots[:DIM]
+
+
 class ReadsOldValues(IndexCopyCache):
     """Reads the cache before the update too: the update stays a copy (the pass leaves it)."""
 
@@ -84,6 +126,9 @@ MODELS = {
     "index_copy": IndexCopyCache,
     "index_put": IndexPutCache,
     "scatter": ScatterBuffer,
+    "index_add": IndexAddTotals,
+    "scatter_add": ScatterAddHistogram,
+    "masked_scatter": MaskedScatterSlots,
     "reads_old_values": ReadsOldValues,
 }
 # The in-place op each model's update becomes.
@@ -91,6 +136,9 @@ IN_PLACE = {
     "index_copy": "aten::index_copy_",
     "index_put": "aten::index_put_",
     "scatter": "aten::scatter_.src",
+    "index_add": "aten::index_add_",
+    "scatter_add": "aten::scatter_add_",
+    "masked_scatter": "aten::masked_scatter_",
 }
 
 

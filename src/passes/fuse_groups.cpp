@@ -330,6 +330,8 @@ std::unordered_set<const Value*> Fuser::args_of(std::initializer_list<const Grou
   return args;
 }
 
+namespace {
+
 // The value `v` is a view of, through views and items of lists of views (split, unbind).
 const Value* viewed_tensor(const Value* v) {
   for (;;) {
@@ -345,6 +347,8 @@ const Value* viewed_tensor(const Value* v) {
   }
 }
 
+}  // namespace
+
 Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) const {
   Barrier b;
   b.position = position;
@@ -352,9 +356,19 @@ Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) const {
   const auto& args = node.schema().arguments();
   for (size_t j = 0; j < args.size() && j < node.inputs().size(); ++j) {
     const auto* alias = args[j].alias_info();
-    if (alias != nullptr && alias->isWrite()) work.push_back(viewed_tensor(node.input(j)));
+    if (alias == nullptr || !alias->isWrite()) continue;
+    const Value* v = viewed_tensor(node.input(j));
+    if (v->kind() == ir::ValueKind::kTensor) {
+      work.push_back(v);
+    } else if (v->producer()->kind() == ir::NodeKind::kMakeList) {
+      // A list the call writes the tensors of (Tensor(a!)[]): each item is written.
+      for (const Value* item : v->producer()->inputs()) work.push_back(viewed_tensor(item));
+    } else {
+      b.total = true;  // written memory we cannot follow: no group spans the call
+    }
   }
-  // Down from each written tensor to all its views; every other node reading one is a reader.
+  // Down from each written tensor to all its views and the lists holding them; every other
+  // node reading one is a reader.
   std::unordered_set<const Value*> seen;
   while (!work.empty()) {
     const Value* v = work.back();
@@ -364,11 +378,13 @@ Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) const {
       if (user == &node) continue;
       auto at = position_.find(user);
       if (at != position_.end()) b.readers.push_back(at->second);
-      const bool item = user->kind() == ir::NodeKind::kGetItem;
-      if (!item && (!user->is_operator() || user->inputs().empty() || user->input(0) != v))
+      const bool carries =
+          user->kind() == ir::NodeKind::kGetItem || user->kind() == ir::NodeKind::kMakeList;
+      if (!carries && (!user->is_operator() || user->inputs().empty() || user->input(0) != v)) {
         continue;
+      }
       for (size_t k = 0; k < user->outputs().size(); ++k) {
-        if (item || ir::output_aliases_input(*user, k)) work.push_back(user->output(k));
+        if (carries || ir::output_aliases_input(*user, k)) work.push_back(user->output(k));
       }
     }
   }
@@ -378,6 +394,7 @@ Fuser::Barrier Fuser::barrier_at(const Node& node, size_t position) const {
 
 bool Fuser::may_span(const Barrier& b, size_t lo, size_t hi) {
   if (b.position <= lo || b.position >= hi) return true;  // not inside: nothing crosses it
+  if (b.total) return false;
   auto first = std::lower_bound(b.readers.begin(), b.readers.end(), lo);
   return first == b.readers.end() || *first > hi;
 }

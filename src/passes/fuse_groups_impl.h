@@ -152,6 +152,24 @@ class Fuser {
   std::unordered_set<const Value*> args_of(std::initializer_list<const Group*> groups,
                                            const Node* extra) const;
 
+  // A call that writes some of its arguments (aten::copy_, index_copy_, a custom op that
+  // mutates). A group's kernel runs where its last member was, and nodes between its members
+  // that read its values move after it: so a group may span such a write only when nothing in
+  // its span, members or not, reads the memory the write changes.
+  struct Barrier {
+    size_t position = 0;
+    // Positions of the other nodes reading that memory (sorted): through the written arguments,
+    // the tensors they are views of, or any view of those. The call's own results are not
+    // counted: only nodes after it read them.
+    std::vector<size_t> readers;
+    bool total = false;  // writes memory the walk cannot follow (a list of unknown origin)
+  };
+  Barrier barrier_at(const Node& node, size_t position) const;
+  // Whether a group covering positions [lo, hi] may span `b`.
+  static bool may_span(const Barrier& b, size_t lo, size_t hi);
+  // The barriers of `nodes` (the graph in order, position_ set), into barriers_.
+  void find_barriers(const std::vector<Node*>& nodes);
+
   bool can_join_shape(const Group& g, const Node& node);
 
   void consider(Node* node);
@@ -159,14 +177,14 @@ class Fuser {
   // Two groups over one index space whose values meet at a node (exp(x) * sin(y), or
   // x.amin(-1) + x * 3) become one kernel, so the meeting reads no value the other kernel
   // wrote; at most one of them reduces (a pointwise group's ops run in the row kernel's output
-  // pass). Refused when a mutation lies between their members, or when an operand of one
-  // depends on the other through a node outside both (the merged group would both feed and
-  // wait for that node).
+  // pass). Refused when a write between their members forbids it (may_span), or when an operand of
+  // one depends on the other through a node outside both (the merged group would both feed and wait
+  // for that node).
   bool can_merge(size_t gi, size_t oi);
 
   bool can_merge_shape(size_t gi, size_t oi);
 
-  // No mutation of memory `g` or `o` reads lies between their members, no operand of one depends on
+  // No write between the members of `g` and `o` that may_span refuses, no operand of one depends on
   // the other through a node outside both, and no full-size op of one reads a per-column value of
   // the other.
   bool can_merge_barriers_and_paths(const Group& g, const Group& o);
@@ -174,7 +192,7 @@ class Fuser {
   // A pointwise group over the per-row shape of row group `ri` (pow(r, 3) * the row sum, in a
   // norm's gradient) joins it: its values are per-row values of the row kernel, computed once
   // a row, instead of a kernel of their own between two row kernels. The same safety checks
-  // as can_merge (no mutation between, no path through other nodes, the arity).
+  // as can_merge (no write between that may_span forbids, no path through other nodes, the arity).
   bool can_merge_per_row(size_t ri, size_t pi);
 
   void merge(size_t into, size_t from);
@@ -261,25 +279,8 @@ class Fuser {
 
   // Two pointwise groups of one index space reading a full-size value in common become one
   // kernel, which reads it once; can_merge says when that is safe (no path between them
-  // through other nodes, no mutation between them, the arity).
+  // through other nodes, no write between them that may_span forbids, the arity).
   void merge_siblings();
-
-  // A call that writes some of its arguments (aten::copy_, index_copy_, a custom op that
-  // mutates). A group's kernel runs where its last member was, and nodes between its members
-  // that read its values move after it: so a group may span such a write only when nothing in
-  // its span, members or not, reads the memory the write changes.
-  struct Barrier {
-    size_t position = 0;
-    // Positions of the other nodes reading that memory (sorted): through the written arguments,
-    // the tensors they are views of, or any view of those. The call's own results are not
-    // counted: only nodes after it read them.
-    std::vector<size_t> readers;
-  };
-  Barrier barrier_at(const Node& node, size_t position) const;
-  // Whether a group covering positions [lo, hi] may span `b`.
-  static bool may_span(const Barrier& b, size_t lo, size_t hi);
-  // The barriers of `nodes` (the graph in order, position_ set), into barriers_.
-  void find_barriers(const std::vector<Node*>& nodes);
 
   Graph& graph_;
   std::unordered_map<const Node*, size_t> position_;

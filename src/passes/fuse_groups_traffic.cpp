@@ -100,9 +100,10 @@ bool Fuser::sink(size_t gi, Node* m) {
     for (const Node* other : v->users()) {
       if (c.member_set.count(other) && view_after(c, other) != view) return false;
     }
-    // The clones read the recipe's operands where `u` is: no write may come between.
+    // The clones read the recipe's operands where c's kernel runs (its last member, which may
+    // lie past a write the group spans): no write may come between.
     for (const Barrier& b : barriers_) {
-      if (b.position > position_.at(m) && b.position < position_.at(u)) return false;
+      if (b.position > position_.at(m) && b.position < position_.at(c.members.back())) return false;
     }
     if (std::find(readers.begin(), readers.end(), it->second) == readers.end()) {
       readers.push_back(it->second);

@@ -25,7 +25,9 @@ constexpr PassEntry kPipeline[] = {
     {"group_query_attention",
      [](ir::Graph& g, const PipelineOptions&) { return group_query_attention(g); }},
     {"write_inputs_in_place",
-     [](ir::Graph& g, const PipelineOptions&) { return write_inputs_in_place(g); }},
+     [](ir::Graph& g, const PipelineOptions& o) {
+       return write_inputs_in_place(g, o.splitting_ops);
+     }},
     {"split_at_boundaries",
      [](ir::Graph& g, const PipelineOptions& o) {
        return split_at_boundaries(g, o.splitting_ops);

@@ -25,8 +25,14 @@
 // - the result has the input's dtype, device, sizes and strides (the write-back is a plain
 //   copy, and readers compiled against the result's layout see the same layout).
 // A graph that reads the buffer elsewhere (say, its old values, or a view taken before the
-// update) keeps the functional form: the fusion pass may move readers across the update, which
-// it can do only with values that never change.
+// update) keeps the functional form.
+//
+// A graph with a boundary call (split_at_boundaries cuts it into pieces) keeps its write-backs
+// too. The pieces of the layers are one piece stored once and called per layer, and with
+// PIECEWISE CUDA graphs one graph serves every call of it: an input it reads from another
+// layer's call than the capture's is copied into the graph's own buffer, so an update in the
+// piece would write that copy, not the layer's cache. The write-backs stay in the graph's last
+// piece, whose inputs are the caches themselves.
 //
 // Requires: a verified, unsplit graph. Guarantees: a verified graph computing the same outputs
 // and leaving the same values in its inputs.
@@ -93,13 +99,22 @@ bool same_layout(const ir::Value& a, const ir::Value& b) {
          x->strides == y->strides;
 }
 
-// Whether a graph output is `v` or a view of it (through any chain of views).
+// Whether a graph output is `v`, a view of it or a list holding one (through any chain of
+// views, lists of views and their items).
 bool reaches_output(const ir::Value* v) {
   for (const ir::Node* user : v->users()) {
-    if (user->kind() == ir::NodeKind::kOutput) return true;
-    if (!user->is_operator()) continue;
-    for (size_t k = 0; k < user->outputs().size(); ++k) {
-      if (ir::output_aliases_input(*user, k) && reaches_output(user->output(k))) return true;
+    switch (user->kind()) {
+      case ir::NodeKind::kOutput:
+        return true;
+      case ir::NodeKind::kGetItem:
+      case ir::NodeKind::kMakeList:
+        if (reaches_output(user->output())) return true;
+        break;
+      default:
+        if (!user->is_operator()) break;
+        for (size_t k = 0; k < user->outputs().size(); ++k) {
+          if (ir::output_aliases_input(*user, k) && reaches_output(user->output(k))) return true;
+        }
     }
   }
   return false;
@@ -140,26 +155,38 @@ ir::Node* write_back_to_reuse(const ir::Node& update) {
 
 }  // namespace
 
-bool write_inputs_in_place(ir::Graph& graph) {
-  // Found first, rewritten after: a rewrite erases nodes later in the order.
-  std::vector<std::pair<ir::Node*, ir::Node*>> found;
-  for (ir::Node* update : graph.nodes()) {
-    if (!is_update(*update) || !in_place_form(*update)) continue;
-    if (ir::Node* write_back = write_back_to_reuse(*update)) found.emplace_back(update, write_back);
+bool write_inputs_in_place(ir::Graph& graph, const std::vector<std::string>& splitting_ops) {
+  // A graph cut into pieces keeps its write-backs (see the top of the file).
+  for (const ir::Node* node : graph.nodes()) {
+    if (is_boundary_call(*node, splitting_ops)) return false;
   }
-  for (auto [update, write_back] : found) {
-    graph.set_insert_point(update);
-    ir::Node* in_place = graph.add_op(*in_place_form(*update), update->inputs());
+  // Found first, rewritten after: a rewrite erases nodes later in the order.
+  struct Found {
+    ir::Node* update;
+    ir::Node* write_back;
+    c10::OperatorHandle in_place;
+  };
+  std::vector<Found> found;
+  for (ir::Node* update : graph.nodes()) {
+    if (!is_update(*update)) continue;
+    auto handle = in_place_form(*update);
+    if (!handle) continue;
+    if (ir::Node* write_back = write_back_to_reuse(*update))
+      found.push_back({update, write_back, *handle});
+  }
+  for (const Found& f : found) {
+    graph.set_insert_point(f.update);
+    ir::Node* in_place = graph.add_op(f.in_place, f.update->inputs());
     graph.set_insert_point(nullptr);
-    in_place->provenance() = update->provenance();
-    ir::Value* buffer = update->input(0);
+    in_place->provenance() = f.update->provenance();
+    ir::Value* buffer = f.update->input(0);
     ir::Value* written = in_place->output();
     written->set_tensor_type(*buffer->tensor_type());
-    graph.erase(write_back);
-    const std::vector<ir::Node*> readers = update->output()->users();
-    for (ir::Node* reader : readers) reader->replace_input(update->output(), written);
-    std::string name = update->output()->name();
-    graph.erase(update);
+    graph.erase(f.write_back);
+    const std::vector<ir::Node*> readers = f.update->output()->users();
+    for (ir::Node* reader : readers) reader->replace_input(f.update->output(), written);
+    std::string name = f.update->output()->name();
+    graph.erase(f.update);
     written->set_name(std::move(name));
     MAGI_LOG_DEBUG("write_inputs_in_place: ", in_place->op_name(), " writes input '",
                    buffer->name(), "' in place (", in_place->provenance().source, ")");

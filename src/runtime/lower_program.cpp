@@ -137,11 +137,14 @@ bool mark_constant_instructions(std::vector<Instr>& instrs, size_t num_registers
   keep->assign(num_registers, false);
   for (const Instr& instr : instrs) {
     if (instr.once) continue;
-    const bool mutates = instr.kind == InstrKind::kCall && instr.op->schema().is_mutable();
-    for (Ref r : instr.in) {
+    const auto* args = instr.kind == InstrKind::kCall ? &instr.op->schema().arguments() : nullptr;
+    for (size_t j = 0; j < instr.in.size(); ++j) {
+      const Ref r = instr.in[j];
       if (r < 0 || !constant[r]) continue;
-      // A value some operator writes in place must be fresh on every call: fold nothing.
-      if (mutates) {
+      // A value some operator writes in place must be fresh on every call: fold nothing. (A
+      // constant it only reads, such as an index, is kept like any other.)
+      const auto* alias = args != nullptr && j < args->size() ? (*args)[j].alias_info() : nullptr;
+      if (alias != nullptr && alias->isWrite()) {
         for (Instr& i : instrs) i.once = false;
         return false;
       }

@@ -730,6 +730,34 @@ TEST(FuseGroups, GroupsSpanAWriteOfMemoryTheyDoNotRead) {
   }
 }
 
+// A call writing the tensors of a list (Tensor(a!)[], as a custom op with a list in
+// mutates_args is imported: a clone of each tensor, listed, then the call) is a write of each
+// item: y = x * 3 and y + 1 read the clone it scales, so they stay apart (y + 1 reads the
+// scaled clone after the call).
+TEST(FuseGroups, AWriteThroughAListKeepsTheReadersOfItsItemsApart) {
+  Graph g;
+  Builder b(g);
+  Value* x = b.input("x", {sym("s0"), 16});
+  Value* y = b.op("aten::clone", "", {b.mul(x, b.number(3.0), "mul"), b.none()}, *x->tensor_type(),
+                  "clone");
+  Value* list = g.add_list(ValueKind::kTensorList, {y})->output();
+  Node* scale = g.add_op(test::op("aten::_foreach_mul_", "Scalar"), {list, b.scalar(2.0)});
+  Value* out = b.add(y, b.number(1.0), "add");
+  g.set_outputs({out});
+
+  fuse_groups(g);
+  ir::verify(g);
+  const auto nodes = g.nodes();
+  // The add still runs after the write, reading the scaled clone.
+  const Node* add = out->producer();
+  EXPECT_LT(std::find(nodes.begin(), nodes.end(), scale),
+            std::find(nodes.begin(), nodes.end(), add));
+  for (const Node* f : nodes_of_kind(g, NodeKind::kFusion)) {
+    EXPECT_EQ(op_list(*f->piece()).find("aten::add"), std::string::npos)
+        << "y + 1 fused with the ops before the write: " << op_list(*f->piece());
+  }
+}
+
 // silu(a) * u and exp(a * u) both read a and u, and neither reads the other: one kernel reads
 // them once. The mm reading the first group's value moves after it. Groups that share only a
 // narrow operand (a [16] weight) stay apart.

@@ -617,6 +617,7 @@ struct CacheUpdate {
     bool source_is_cache = false;       // scatter.src only: the cache is also its source
     bool result_returned = false;       // the update's result is also a graph output
     bool view_returned = false;         // a view of the update's result is a graph output
+    bool item_returned = false;         // an item of split(result) (a list of views) is one
     bool write_back = true;             // false: no aten::copy_ at all
     bool write_back_used = false;       // the copy_'s result is a graph output
     bool buffer_computed = false;       // the update's buffer is a multiply of the input, not it
@@ -656,6 +657,11 @@ struct CacheUpdate {
     if (old_sum != nullptr) outputs.push_back(old_sum);
     if (o.result_returned) outputs.push_back(updated);
     if (o.view_returned) outputs.push_back(b.op("aten::alias", "", {updated}, cache_type, "view"));
+    if (o.item_returned) {
+      Node* split =
+          g.add_op(test::op("aten::split", "Tensor"), {updated, b.integer(2), b.integer(0)});
+      outputs.push_back(g.add_getitem(split->output(), 0)->output());
+    }
     if (o.write_back) {
       Value* copied = b.op("aten::copy_", "", {cache, updated, b.flag(false)}, cache_type, "copy_");
       if (o.write_back_used) outputs.push_back(copied);
@@ -732,6 +738,9 @@ TEST(WriteInputsInPlace, LeavesUpdatesItCannotRewrite) {
   o.view_returned = true;
   unchanged(o, "a view of the update's result is a graph output");
   o = {};
+  o.item_returned = true;
+  unchanged(o, "an item of a split of the update's result is a graph output");
+  o = {};
   o.write_back = false;
   unchanged(o, "the update is not written back");
   o = {};
@@ -740,6 +749,16 @@ TEST(WriteInputsInPlace, LeavesUpdatesItCannotRewrite) {
   o = {};
   o.buffer_computed = true;
   unchanged(o, "the updated buffer is an intermediate, not a graph input");
+}
+
+TEST(WriteInputsInPlace, LeavesGraphsCutIntoPieces) {
+  // A boundary call (here the reader, named in splitting_ops) cuts the graph into pieces that
+  // layers share: the write-back stays (see the pass's file comment).
+  CacheUpdate cu(CacheUpdate::Options{});
+  EXPECT_FALSE(write_inputs_in_place(cu.g, {"aten::mul"}));
+  EXPECT_EQ(count_ops(cu.g, "aten::index_copy"), 1u);
+  EXPECT_EQ(count_ops(cu.g, "aten::copy_"), 1u);
+  EXPECT_TRUE(write_inputs_in_place(cu.g, {"aten::add"}));  // no call of it: rewritten
 }
 
 TEST(WriteInputsInPlace, LeavesAScatterOfTheCacheIntoItself) {

@@ -27,7 +27,7 @@ def _fresh(counters):
     yield
 
 
-@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL"])
 @pytest.mark.parametrize("name", sorted(IN_PLACE))
 def test_buffer_updates_write_the_buffer_itself(name, mode, assert_close_rel):
     text = run_steps(

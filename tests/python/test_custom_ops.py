@@ -200,6 +200,28 @@ def test_op_with_mutates_args(counters, assert_close_rel):
     assert counters().captures == 1
 
 
+@magi_register_custom_op(name="magi_t_co::scale_all", mutates_args=("xs",))
+def scale_all(xs: list[torch.Tensor]) -> None:
+    for t in xs:
+        t.mul_(2)
+
+
+def test_op_writing_a_list_orders_the_reads_of_its_tensors(counters, assert_close_rel):
+    """A custom op that writes the tensors of a list argument: x * 3 and the + 1 after the
+    call read the tensor it scales, so they are not one generated kernel (which would compute
+    + 1 from the value before the call): 6x + 1, as eager."""
+
+    def fn(x):
+        y = x * 3
+        scale_all([y])
+        return y + 1
+
+    compiled = magi_compile(fn)
+    for batch in (3, 4):
+        x = torch.randn(batch, 8)
+        assert_close_rel(compiled(x), fn(x), RTOL)
+
+
 @magi_register_custom_op(name="magi_t_co::sin_cos", infer_output_meta_fn=["x", "x"])
 def sin_cos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.sin(), x.cos()

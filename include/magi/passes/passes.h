@@ -27,8 +27,10 @@ bool group_query_attention(ir::Graph& graph);
 /// Makes a functional indexing update of a graph input (index_copy, index_put, scatter, ...)
 /// that the graph writes back into that input (aten::copy_) the in-place update of the input
 /// itself, when nothing else reads the input: a static KV cache then changes only the rows
-/// written instead of being copied twice per call. See src/passes/write_inputs_in_place.cpp.
-bool write_inputs_in_place(ir::Graph& graph);
+/// written instead of being copied twice per call. Graphs with a call where
+/// split_at_boundaries cuts (`splitting_ops` as there) are left as they are.
+/// See src/passes/write_inputs_in_place.cpp.
+bool write_inputs_in_place(ir::Graph& graph, const std::vector<std::string>& splitting_ops = {});
 
 /// Is `node` the aten::clone of a repeat of grouped key/value heads that group_query_attention
 /// removes: every reader of the repeat is a flash or cuDNN attention call (forward or backward)
