@@ -209,6 +209,33 @@ TEST(Executor, RandomOperatorsRunOnEveryCall) {
   EXPECT_FALSE(at::equal(exe.run({zeros})[0].toTensor(), exe.run({zeros})[0].toTensor()));
 }
 
+// A constant an in-place operator only reads (the index of a cache's index_copy_) is folded
+// like any other; the written buffer is an input, fresh on every call.
+TEST(Executor, AConstantAnInPlaceOperatorOnlyReadsIsFolded) {
+  Graph g;
+  Value* cache = g.add_tensor_input("cache", tensor_type({6, 2}));
+  Value* rows = g.add_tensor_input("rows", tensor_type({3, 2}));
+  Value* none = g.add_constant(c10::IValue(), ValueKind::kNone);
+  Value* index = g.add_op(op("aten::arange"),
+                          {g.add_constant(3, ValueKind::kScalar),
+                           g.add_constant(static_cast<int64_t>(at::kLong), ValueKind::kDtype), none,
+                           none, none})
+                     ->output();
+  Value* updated =
+      g.add_op(op("aten::index_copy_"), {cache, g.add_constant(0, ValueKind::kInt), index, rows})
+          ->output();
+  g.set_outputs({updated});
+  Executable exe(g);
+  EXPECT_EQ(exe.num_constant_instructions(), 1u);
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor c = at::zeros({6, 2}), r = at::randn({3, 2});
+    exe.run({c, r});
+    EXPECT_TRUE(at::equal(c.narrow(0, 0, 3), r)) << "call " << i;
+    EXPECT_TRUE(at::equal(c.narrow(0, 3, 3), at::zeros({3, 2})));
+    EXPECT_EQ(exe.num_folded_values(), 1u);  // the index, kept after the first run
+  }
+}
+
 // A constant result that an operator writes in place must be fresh on every call.
 TEST(Executor, NothingFoldsWhenAConstantIsWrittenInPlace) {
   Graph g;
