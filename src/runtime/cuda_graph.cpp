@@ -256,6 +256,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inp
   }
   Entry& e = it->second;
   ++e.calls;
+  if (e.no_graph) return exe.run(std::move(inputs));
   if (!e.graph) {
     std::vector<c10::IValue> graph_inputs = pad.rows > 0 ? padded(inputs, pad) : inputs;
     return capture(e, graph_inputs, std::move(inputs), pad);

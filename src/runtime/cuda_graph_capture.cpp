@@ -127,12 +127,31 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
     const Padding& pad, bool copy_nodes) {
   const size_t n = graph_inputs.size();
   e.in_place.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = graph_inputs[i];
+    // A parameter or buffer (the same tensor as at the warm-up): the graph reads it in place.
+    e.in_place[i] = v.isTensor() && !batched(i) && same_tensor(e.warmup_tensors[i], v);
+    // Any other tensor is copied into a buffer of the graph before each replay. An input the
+    // graph writes would then be written in that copy, and the caller's tensor would keep its
+    // old values (say, a cache passed as an argument that differs between the warm-up and this
+    // call, or a piece shared by layers with caches of their own): no graph for this signature.
+    if (v.isTensor() && !e.in_place[i] && exe.input_written(i)) {
+      if (!warned_written) {
+        warned_written = true;
+        MAGI_LOG_WARN("CUDA graphs: the graph writes input ", i,
+                      " in place, and the call's tensor is another one than at the warm-up; ",
+                      "this input signature runs without a graph (pass the same tensor on every "
+                      "call, e.g. a buffer of the module, to have one)");
+      }
+      e.no_graph = true;
+      return exe.run(std::move(inputs));
+    }
+  }
   e.static_inputs.clear();
   e.captured_ptrs.assign(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = graph_inputs[i];
-    if (v.isTensor() && !batched(i) && same_tensor(e.warmup_tensors[i], v)) {
-      e.in_place[i] = true;  // a parameter or buffer: the graph reads it where it is
+    if (e.in_place[i]) {
       e.captured_ptrs[i] = ptr_of(v);
       e.static_inputs.push_back(v);
     } else if (v.isTensor()) {

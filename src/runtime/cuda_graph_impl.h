@@ -143,6 +143,9 @@ struct CudaGraphRunner::Impl {
     // No kernel of the graph uses random numbers (Executable::draws_random_numbers): replays
     // launch it directly (see launch()).
     bool draws_no_rng = false;
+    // The graph would write an input that it reads from a copy of its own (not the caller's
+    // tensor, see capture()): this signature runs without a graph.
+    bool no_graph = false;
 
     void drop_graph() {
       slots.clear();  // before the graph: its executables came from the graph
@@ -175,6 +178,7 @@ struct CudaGraphRunner::Impl {
   const Signature* last_key = nullptr;
   Entry* last_entry = nullptr;
   bool warned_full = false;
+  bool warned_written = false;
   StageClock clock;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
   // graph uses it, so a new handle is taken whenever no captured graph is alive.

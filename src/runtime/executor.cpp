@@ -319,6 +319,9 @@ std::optional<OffloadReport> Executable::offload_report() const {
 }
 bool Executable::outputs_may_alias_inputs() const { return program_->outputs_alias_inputs; }
 bool Executable::writes_inputs() const { return program_->writes_inputs; }
+bool Executable::input_written(size_t i) const {
+  return i < program_->written_inputs.size() && program_->written_inputs[i];
+}
 
 std::vector<size_t> Executable::piece_call_sequence() const {
   std::vector<size_t> out;

@@ -202,8 +202,10 @@ void Executable::analyse_input_uses(Program& p, const ExecutorOptions& options) 
       case InstrKind::kCallPiece: {
         const Executable& piece = *p.pieces[instr.piece];
         aliasing = piece.outputs_may_alias_inputs();
-        if (piece.writes_inputs()) {
-          for (int32_t i : read) written[i] = true;
+        // The inputs the piece writes, through the registers passed as those.
+        for (size_t j = 0; j < instr.in.size(); ++j) {
+          if (instr.in[j] < 0 || !piece.input_written(j)) continue;
+          for (int32_t i : roots[instr.in[j]]) written[i] = true;
         }
         break;
       }
@@ -248,6 +250,7 @@ void Executable::analyse_input_uses(Program& p, const ExecutorOptions& options) 
     p.outputs_alias_inputs = p.outputs_alias_inputs || escapes[i];
     p.writes_inputs = p.writes_inputs || written[i];
   }
+  p.written_inputs = written;
   if (!options.offload) return;
   std::vector<OffloadInputUse> uses;
   for (size_t i = 0; i < n; ++i) {

@@ -162,6 +162,7 @@ struct Executable::Program {
   size_t private_outputs_from = std::numeric_limits<size_t>::max();  // ExecutorOptions
   bool outputs_alias_inputs = false;       // some output may be a view of some input
   bool writes_inputs = false;              // some operator writes an input in place
+  std::vector<bool> written_inputs;        // per input: an operator writes it (or a view of it)
   std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
   PaddingPlan padding;                     // plan_padding() of the graph
   std::unique_ptr<Arena> arena;            // null: no value is planned (or MAGI_MEMORY_ARENA=0)

@@ -406,6 +406,39 @@ TEST(CallPiece, VerifierChecksArityOwnershipAndKinds) {
   EXPECT_TRUE(test::has_error(ir::verify_errors(other), "calls a piece this graph does not own"));
 }
 
+// Which inputs a graph writes, through the pieces it calls: the piece writes its second input
+// (the caller's `cache`) and only reads its first (`x`), so the caller's `cache` is written
+// and `x` is not (what the CUDA graph runner and weight offload ask of each input).
+TEST(CallPiece, AnInputIsWrittenOnlyWhereAPieceWritesIt) {
+  Graph g;
+  Value* x = g.add_tensor_input("x", tensor_type({4}));
+  Value* cache = g.add_tensor_input("cache", tensor_type({4}));
+  Value* w = g.add_tensor_input("w", tensor_type({4}));
+  auto piece = std::make_unique<Graph>();
+  Value* px = piece->add_tensor_input("px", tensor_type({4}));
+  Value* pc = piece->add_tensor_input("pc", tensor_type({4}));
+  Node* relu = piece->add_op(op("aten::relu"), {px});
+  Node* write = piece->add_op(op("aten::copy_"),
+                              {pc, relu->output(), piece->add_constant(false, ValueKind::kBool)});
+  named(write, "copy_");
+  piece->set_outputs({named(relu, "r")});
+  Graph* owned = g.add_piece(std::move(piece));
+  Node* call = g.add_call_piece(owned, {x, cache});
+  Node* mul = g.add_op(op("aten::mul", "Tensor"), {call->output(), w});
+  g.set_outputs({named(mul, "out")});
+  ir::verify(g);
+
+  runtime::Executable exe(g);
+  EXPECT_TRUE(exe.writes_inputs());
+  EXPECT_FALSE(exe.input_written(0));
+  EXPECT_TRUE(exe.input_written(1));
+  EXPECT_FALSE(exe.input_written(2));
+  at::Tensor in = at::randn({4}), c = at::zeros({4}), weights = at::randn({4});
+  const at::Tensor out = exe.run({in, c, weights})[0].toTensor();
+  EXPECT_TRUE(at::allclose(out, at::relu(in) * weights));
+  EXPECT_TRUE(at::equal(c, at::relu(in)));  // the caller's tensor holds what the piece wrote
+}
+
 TEST(CallPiece, VerifierReportsErrorsInsidePieces) {
   Graph g;
   Value* x = g.add_tensor_input("x", tensor_type({4}));

@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _input_updates import IN_PLACE, run_steps  # noqa: E402
+from magi_compiler import magi_compile  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,3 +48,32 @@ def test_an_update_whose_old_values_are_read_stays_a_copy(assert_close_rel):
         {"cudagraph_mode": "FULL"},
     )
     assert text.count("aten::copy_(") == 1 and text.count("aten::index_copy_(") == 1, text
+
+
+def test_a_written_argument_is_the_callers_tensor_under_cuda_graphs(lowered, assert_close_rel):
+    """A function that writes a cache passed as an argument, under FULL CUDA graphs. With the
+    same cache on every call the graph writes it in place (replays); with a new cache on every
+    call a graph would write its own copy of the argument, so that signature runs without one
+    and every cache is updated as eager updates it."""
+
+    def step(x, pos, cache):
+        cache.index_copy_(0, pos, x * 2)
+        return cache.sum(0) + x[0]
+
+    compiled = magi_compile(step, dynamic_arg_dims={}, config_patch={"cudagraph_mode": "FULL"})
+    same = torch.zeros(8, 16, device="cuda")
+    same_eager = same.clone()
+    for i in range(4):  # one cache: warm-up, capture, replays
+        x, pos = torch.randn(1, 16, device="cuda"), torch.tensor([i], device="cuda")
+        assert_close_rel(compiled(x, pos, same), step(x, pos, same_eager), 1e-5)
+        assert_close_rel(same, same_eager, 1e-5)
+    assert lowered[0].magi_cuda_graphs.num_replays >= 2
+    for i in range(4):  # a new cache every call (another graph: 2 positions)
+        cache = torch.randn(8, 16, device="cuda")
+        cache_eager = cache.clone()
+        x, pos = torch.randn(2, 16, device="cuda"), torch.tensor([i, i + 4], device="cuda")
+        assert_close_rel(compiled(x, pos, cache), step(x, pos, cache_eager), 1e-5)
+        assert_close_rel(cache, cache_eager, 1e-5)
+    assert len(lowered) == 2
+    assert lowered[1].magi_cuda_graphs.num_graphs == 0  # it never captured one
+    assert lowered[1].magi_cuda_graphs.num_replays == 0

@@ -128,6 +128,8 @@ class Executable {
   /// operator writes an input in place (pieces included): what offload needs of a piece.
   bool outputs_may_alias_inputs() const;
   bool writes_inputs() const;
+  /// Whether an operator (in a piece too) writes input `i`, or a view of it, in place.
+  bool input_written(size_t i) const;
   /// Whether some operator may draw random numbers its results depend on (pieces included):
   /// random operators, attention with a dropout probability other than the constant 0, custom
   /// operators (opaque). A CUDA graph without such operators needs no generator refresh.
