@@ -313,6 +313,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly(
           "num_input_retargets", &runtime::CudaGraphRunner::num_input_retargets,
           "Times an input copy node was pointed at another tensor (per input and replay).")
+      .def_property_readonly("num_ungraphed_calls", &runtime::CudaGraphRunner::num_ungraphed_calls,
+                             "Calls run without a graph because the graph would have written "
+                             "its copy of an input (a written input passed as another tensor).")
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def("set_input_copy_nodes", &runtime::CudaGraphRunner::set_input_copy_nodes, py::arg("on"),
            "Diagnostics: False copies inputs on the stream before each launch instead of "

@@ -256,7 +256,6 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inp
   }
   Entry& e = it->second;
   ++e.calls;
-  if (e.no_graph) return exe.run(std::move(inputs));
   if (!e.graph) {
     std::vector<c10::IValue> graph_inputs = pad.rows > 0 ? padded(inputs, pad) : inputs;
     return capture(e, graph_inputs, std::move(inputs), pad);
@@ -299,6 +298,7 @@ size_t CudaGraphRunner::num_padded_calls() const { return impl_->padded_calls; }
 size_t CudaGraphRunner::num_direct_launches() const { return impl_->direct_launches; }
 size_t CudaGraphRunner::num_fresh_output_buffers() const { return impl_->fresh_buffers; }
 size_t CudaGraphRunner::num_input_retargets() const { return impl_->input_retargets; }
+size_t CudaGraphRunner::num_ungraphed_calls() const { return impl_->ungraphed_calls; }
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 void CudaGraphRunner::set_input_copy_nodes(bool on) { impl_->use_input_nodes = on; }
 void CudaGraphRunner::set_stage_timing(bool on) {
@@ -333,6 +333,7 @@ size_t CudaGraphRunner::num_padded_calls() const { return 0; }
 size_t CudaGraphRunner::num_direct_launches() const { return 0; }
 size_t CudaGraphRunner::num_fresh_output_buffers() const { return 0; }
 size_t CudaGraphRunner::num_input_retargets() const { return 0; }
+size_t CudaGraphRunner::num_ungraphed_calls() const { return 0; }
 bool CudaGraphRunner::pads() const { return false; }
 void CudaGraphRunner::set_input_copy_nodes(bool) {}
 void CudaGraphRunner::set_stage_timing(bool) {}

@@ -134,16 +134,21 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
     // Any other tensor is copied into a buffer of the graph before each replay. An input the
     // graph writes would then be written in that copy, and the caller's tensor would keep its
     // old values (say, a cache passed as an argument that differs between the warm-up and this
-    // call, or a piece shared by layers with caches of their own): no graph for this signature.
+    // call, or a piece shared by layers with caches of their own). Such a call runs without a
+    // graph and counts as the warm-up: a next call with the same tensor captures.
     if (v.isTensor() && !e.in_place[i] && exe.input_written(i)) {
       if (!warned_written) {
         warned_written = true;
-        MAGI_LOG_WARN("CUDA graphs: the graph writes input ", i,
-                      " in place, and the call's tensor is another one than at the warm-up; ",
-                      "this input signature runs without a graph (pass the same tensor on every "
-                      "call, e.g. a buffer of the module, to have one)");
+        MAGI_LOG_WARN("CUDA graphs: a graph would write its input ", i,
+                      " in place, and this call's tensor is another one than the last call's; "
+                      "calls like it run without a graph (pass the same tensor on every call, "
+                      "e.g. a buffer of the module, to have one)");
       }
-      e.no_graph = true;
+      ++ungraphed_calls;
+      e.static_inputs.clear();  // nothing of an earlier capture stays alive
+      e.captured_ptrs.clear();
+      e.scratch = at::Tensor();
+      remember(e, graph_inputs);
       return exe.run(std::move(inputs));
     }
   }

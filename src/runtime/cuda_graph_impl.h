@@ -143,9 +143,6 @@ struct CudaGraphRunner::Impl {
     // No kernel of the graph uses random numbers (Executable::draws_random_numbers): replays
     // launch it directly (see launch()).
     bool draws_no_rng = false;
-    // The graph would write an input that it reads from a copy of its own (not the caller's
-    // tensor, see capture()): this signature runs without a graph.
-    bool no_graph = false;
 
     void drop_graph() {
       slots.clear();  // before the graph: its executables came from the graph
@@ -179,6 +176,8 @@ struct CudaGraphRunner::Impl {
   Entry* last_entry = nullptr;
   bool warned_full = false;
   bool warned_written = false;
+  // Calls run without a graph because it would have written its copy of an input (capture()).
+  size_t ungraphed_calls = 0;
   StageClock clock;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
   // graph uses it, so a new handle is taken whenever no captured graph is alive.

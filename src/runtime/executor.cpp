@@ -322,6 +322,10 @@ bool Executable::writes_inputs() const { return program_->writes_inputs; }
 bool Executable::input_written(size_t i) const {
   return i < program_->written_inputs.size() && program_->written_inputs[i];
 }
+const std::vector<int32_t>& Executable::inputs_output_may_alias(size_t k) const {
+  static const std::vector<int32_t> kNone;
+  return k < program_->output_input_roots.size() ? program_->output_input_roots[k] : kNone;
+}
 
 std::vector<size_t> Executable::piece_call_sequence() const {
   std::vector<size_t> out;

@@ -201,11 +201,23 @@ void Executable::analyse_input_uses(Program& p, const ExecutorOptions& options) 
         break;
       case InstrKind::kCallPiece: {
         const Executable& piece = *p.pieces[instr.piece];
-        aliasing = piece.outputs_may_alias_inputs();
         // The inputs the piece writes, through the registers passed as those.
         for (size_t j = 0; j < instr.in.size(); ++j) {
           if (instr.in[j] < 0 || !piece.input_written(j)) continue;
           for (int32_t i : roots[instr.in[j]]) written[i] = true;
+        }
+        // Each output shares memory with the inputs the piece says it may (mapped here), not
+        // with everything the piece reads.
+        for (size_t k = 0; k < instr.out.size(); ++k) {
+          if (instr.out[k] == kUnused) continue;
+          std::vector<int32_t> shared;
+          for (int32_t j : piece.inputs_output_may_alias(k)) {
+            const Ref r = static_cast<size_t>(j) < instr.in.size() ? instr.in[j] : -1;
+            if (r >= 0) shared.insert(shared.end(), roots[r].begin(), roots[r].end());
+          }
+          std::sort(shared.begin(), shared.end());
+          shared.erase(std::unique(shared.begin(), shared.end()), shared.end());
+          roots[instr.out[k]] = std::move(shared);
         }
         break;
       }
@@ -251,6 +263,10 @@ void Executable::analyse_input_uses(Program& p, const ExecutorOptions& options) 
     p.writes_inputs = p.writes_inputs || written[i];
   }
   p.written_inputs = written;
+  p.output_input_roots.assign(p.output_refs.size(), {});
+  for (size_t k = 0; k < p.output_refs.size(); ++k) {
+    if (p.output_refs[k] >= 0) p.output_input_roots[k] = roots[p.output_refs[k]];
+  }
   if (!options.offload) return;
   std::vector<OffloadInputUse> uses;
   for (size_t i = 0; i < n; ++i) {

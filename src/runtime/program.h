@@ -160,9 +160,11 @@ struct Executable::Program {
   std::vector<bool> keep_folded;         // per register: a `once` result read by other instructions
   std::vector<std::pair<Ref, c10::IValue>> folded;
   size_t private_outputs_from = std::numeric_limits<size_t>::max();  // ExecutorOptions
-  bool outputs_alias_inputs = false;       // some output may be a view of some input
-  bool writes_inputs = false;              // some operator writes an input in place
-  std::vector<bool> written_inputs;        // per input: an operator writes it (or a view of it)
+  bool outputs_alias_inputs = false;  // some output may be a view of some input
+  bool writes_inputs = false;         // some operator writes an input in place
+  std::vector<bool> written_inputs;   // per input: an operator may write it (or a view of it)
+  // Per output: the inputs it may share memory with (it, or a list holding it, is a view).
+  std::vector<std::vector<int32_t>> output_input_roots;
   std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
   PaddingPlan padding;                     // plan_padding() of the graph
   std::unique_ptr<Arena> arena;            // null: no value is planned (or MAGI_MEMORY_ARENA=0)

@@ -439,6 +439,39 @@ TEST(CallPiece, AnInputIsWrittenOnlyWhereAPieceWritesIt) {
   EXPECT_TRUE(at::equal(c, at::relu(in)));  // the caller's tensor holds what the piece wrote
 }
 
+// A piece returning a view of its first input and a copy of its second: a write into the
+// copy after the call writes neither input (each output shares memory only with the inputs
+// it is a view of).
+TEST(CallPiece, AWriteIntoAPieceOutputWritesOnlyTheInputsItViews) {
+  Graph g;
+  Value* x = g.add_tensor_input("x", tensor_type({4}));
+  Value* y = g.add_tensor_input("y", tensor_type({4}));
+  auto piece = std::make_unique<Graph>();
+  Value* px = piece->add_tensor_input("px", tensor_type({4}));
+  Value* py = piece->add_tensor_input("py", tensor_type({4}));
+  Node* view = piece->add_op(op("aten::alias"), {px});
+  Node* copy =
+      piece->add_op(op("aten::clone"), {py, piece->add_constant(c10::IValue(), ValueKind::kNone)});
+  piece->set_outputs({named(view, "v"), named(copy, "c")});
+  Graph* owned = g.add_piece(std::move(piece));
+  Node* call = g.add_call_piece(owned, {x, y});
+  Node* write =
+      g.add_op(op("aten::copy_"), {call->output(1), x, g.add_constant(false, ValueKind::kBool)});
+  Node* sum = g.add_op(op("aten::add", "Tensor"),
+                       {call->output(0), write->output(), g.add_constant(1, ValueKind::kScalar)});
+  g.set_outputs({named(sum, "out")});
+  ir::verify(g);
+
+  runtime::Executable exe(g);
+  EXPECT_FALSE(exe.input_written(0));
+  EXPECT_FALSE(exe.input_written(1));
+  EXPECT_EQ(exe.inputs_output_may_alias(0), std::vector<int32_t>{});  // a new tensor
+  at::Tensor in_x = at::randn({4}), in_y = at::randn({4});
+  const at::Tensor before = in_y.clone();
+  EXPECT_TRUE(at::allclose(exe.run({in_x, in_y})[0].toTensor(), in_x * 2));
+  EXPECT_TRUE(at::equal(in_y, before));
+}
+
 TEST(CallPiece, VerifierReportsErrorsInsidePieces) {
   Graph g;
   Value* x = g.add_tensor_input("x", tensor_type({4}));

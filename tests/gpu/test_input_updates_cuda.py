@@ -51,13 +51,14 @@ def test_an_update_whose_old_values_are_read_stays_a_copy(assert_close_rel):
 
 
 def test_a_written_argument_is_the_callers_tensor_under_cuda_graphs(lowered, assert_close_rel):
-    """A function that writes a cache passed as an argument, under FULL CUDA graphs. With the
-    same cache on every call the graph writes it in place (replays); with a new cache on every
-    call a graph would write its own copy of the argument, so that signature runs without one
-    and every cache is updated as eager updates it."""
+    """A function that adds into a cache passed as an argument, under FULL CUDA graphs. With
+    the same cache on every call the graph writes it in place (replays). With a new cache on
+    every call a graph would write its own copy of the argument, so those calls run without
+    one and every cache is updated once, as eager updates it; a cache passed twice in a row
+    then gets a graph."""
 
     def step(x, pos, cache):
-        cache.index_copy_(0, pos, x * 2)
+        cache.index_add_(0, pos, x * 2)  # a write done twice, or not at all, shows
         return cache.sum(0) + x[0]
 
     compiled = magi_compile(step, dynamic_arg_dims={}, config_patch={"cudagraph_mode": "FULL"})
@@ -68,12 +69,15 @@ def test_a_written_argument_is_the_callers_tensor_under_cuda_graphs(lowered, ass
         assert_close_rel(compiled(x, pos, same), step(x, pos, same_eager), 1e-5)
         assert_close_rel(same, same_eager, 1e-5)
     assert lowered[0].magi_cuda_graphs.num_replays >= 2
-    for i in range(4):  # a new cache every call (another graph: 2 positions)
-        cache = torch.randn(8, 16, device="cuda")
+    assert lowered[0].magi_cuda_graphs.num_ungraphed_calls == 0
+    caches = [torch.randn(8, 16, device="cuda") for _ in range(4)]
+    caches.append(caches[-1])  # the last one twice in a row
+    for i, cache in enumerate(caches):  # another graph: 2 positions
         cache_eager = cache.clone()
-        x, pos = torch.randn(2, 16, device="cuda"), torch.tensor([i, i + 4], device="cuda")
+        x, pos = torch.randn(2, 16, device="cuda"), torch.tensor([i % 4, 4 + i % 4], device="cuda")
         assert_close_rel(compiled(x, pos, cache), step(x, pos, cache_eager), 1e-5)
         assert_close_rel(cache, cache_eager, 1e-5)
+    runner = lowered[1].magi_cuda_graphs
     assert len(lowered) == 2
-    assert lowered[1].magi_cuda_graphs.num_graphs == 0  # it never captured one
-    assert lowered[1].magi_cuda_graphs.num_replays == 0
+    assert runner.num_ungraphed_calls == 3  # calls 2-4: each cache another than the last
+    assert runner.num_graphs == 1  # call 5: the same cache as call 4, captured

@@ -70,6 +70,9 @@ class CudaGraphRunner {
   /// Times a replay pointed an input's copy node at another tensor than the one the
   /// executable's last launch read, one per input (the same tensor as last time sets nothing).
   size_t num_input_retargets() const;
+  /// Calls run without a graph because it would have written its own copy of an input the
+  /// caller passed (a written input that is another tensor than the last call's).
+  size_t num_ungraphed_calls() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
   /// Diagnostics of the host time of replays: with timing on, each replaying call adds the

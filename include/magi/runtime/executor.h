@@ -128,8 +128,10 @@ class Executable {
   /// operator writes an input in place (pieces included): what offload needs of a piece.
   bool outputs_may_alias_inputs() const;
   bool writes_inputs() const;
-  /// Whether an operator (in a piece too) writes input `i`, or a view of it, in place.
+  /// Whether an operator (in a piece too) may write input `i`, or a view of it, in place.
   bool input_written(size_t i) const;
+  /// The inputs output `k` may share memory with (it is a view of them, or a list of such).
+  const std::vector<int32_t>& inputs_output_may_alias(size_t k) const;
   /// Whether some operator may draw random numbers its results depend on (pieces included):
   /// random operators, attention with a dropout probability other than the constant 0, custom
   /// operators (opaque). A CUDA graph without such operators needs no generator refresh.
