@@ -44,73 +44,73 @@ class IndexCopyCache(nn.Module):
         return self.out(o.transpose(1, 2).reshape(b, s, HEADS * DIM))
 
 
-class IndexPutCache(nn.Module):
-    """A cache written by indexing assignment (``cache[:, pos] = v``: aten::index_put_)."""
+class _ProjectedBuffer(nn.Module):
+    """A projection of ``x`` to DIM values and one buffer of ``shape``, which the subclass's
+    ``update`` writes; a call returns a product of ``x`` with the updated buffer."""
 
-    def __init__(self, hidden: int = 16) -> None:
+    def __init__(self, shape: tuple[int, ...], hidden: int = 16) -> None:
         super().__init__()
         self.proj = nn.Linear(hidden, DIM, bias=False)
-        self.register_buffer("cache", torch.zeros(1, SLOTS, DIM), persistent=False)
+        self.register_buffer("buf", torch.zeros(shape), persistent=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        self.cache[:, pos] = self.proj(x)
-        return x.sum(-1, keepdim=True) * self.cache.mean(1, keepdim=True).sum(-1, keepdim=True)
+        self.update(self.proj(x)[0], pos)  # rows: (s, DIM)
+        return x @ self.proj.weight.t() @ self.read()
+
+    def read(self) -> torch.Tensor:  # (DIM, DIM) of the buffer
+        return self.buf[:DIM]
 
 
-class ScatterBuffer(nn.Module):
+class IndexPutCache(_ProjectedBuffer):
+    """A cache written by indexing assignment (``cache[pos] = v``: aten::index_put_)."""
+
+    def __init__(self) -> None:
+        super().__init__((SLOTS, DIM))
+
+    def update(self, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        self.buf[pos] = rows
+
+
+class ScatterBuffer(_ProjectedBuffer):
     """A running table updated with ``scatter_`` along dim 1."""
 
-    def __init__(self, hidden: int = 16) -> None:
-        super().__init__()
-        self.proj = nn.Linear(hidden, DIM, bias=False)
-        self.register_buffer("table", torch.zeros(DIM, SLOTS), persistent=False)
+    def __init__(self) -> None:
+        super().__init__((DIM, SLOTS))
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        rows = self.proj(x)[0].transpose(0, 1)  # (DIM, s)
-        self.table.scatter_(1, pos[None, :].expand(DIM, -1), rows)
-        return x @ self.proj.weight.t() @ self.table[:, :DIM]
+    def update(self, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        self.buf.scatter_(1, pos[None, :].expand(DIM, -1), rows.transpose(0, 1))
+
+    def read(self) -> torch.Tensor:
+        return self.buf[:, :DIM]
 
 
-class IndexAddTotals(nn.Module):
+class IndexAddTotals(_ProjectedBuffer):
     """Running totals per slot, accumulated with ``index_add_`` (positions may repeat)."""
 
-    def __init__(self, hidden: int = 16) -> None:
-        super().__init__()
-        self.proj = nn.Linear(hidden, DIM, bias=False)
-        self.register_buffer("totals", torch.zeros(SLOTS, DIM), persistent=False)
+    def __init__(self) -> None:
+        super().__init__((SLOTS, DIM))
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        self.totals.index_add_(0, pos % 3, self.proj(x)[0])
-        return x @ self.proj.weight.t() @ self.totals[:DIM]
+    def update(self, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        self.buf.index_add_(0, pos % 3, rows)
 
 
-class ScatterAddHistogram(nn.Module):
+class ScatterAddHistogram(ScatterBuffer):
     """A table of sums per slot, accumulated with ``scatter_add_``."""
 
-    def __init__(self, hidden: int = 16) -> None:
-        super().__init__()
-        self.proj = nn.Linear(hidden, DIM, bias=False)
-        self.register_buffer("table", torch.zeros(DIM, SLOTS), persistent=False)
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        rows = self.proj(x)[0].transpose(0, 1)  # (DIM, s)
-        self.table.scatter_add_(1, pos[None, :].expand(DIM, -1), rows)
-        return x @ self.proj.weight.t() @ self.table[:, :DIM]
+    def update(self, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        self.buf.scatter_add_(1, pos[None, :].expand(DIM, -1), rows.transpose(0, 1))
 
 
-class MaskedScatterSlots(nn.Module):
+class MaskedScatterSlots(_ProjectedBuffer):
     """The slots at ``pos`` filled from a projection with ``masked_scatter_``."""
 
-    def __init__(self, hidden: int = 16) -> None:
-        super().__init__()
-        self.proj = nn.Linear(hidden, DIM, bias=False)
-        self.register_buffer("slots", torch.zeros(SLOTS, DIM), persistent=False)
+    def __init__(self) -> None:
+        super().__init__((SLOTS, DIM))
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        mask = torch.zeros(SLOTS, 1, dtype=torch.bool, device=x.device)
+    def update(self, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        mask = torch.zeros(SLOTS, 1, dtype=torch.bool, device=rows.device)
         mask[pos] = True
-        self.slots.masked_scatter_(mask.expand(SLOTS, DIM), self.proj(x)[0])
-        return x @ self.proj.weight.t() @ self.slots[:DIM]
+        self.buf.masked_scatter_(mask.expand(SLOTS, DIM), rows)
 
 
 class ReadsOldValues(IndexCopyCache):

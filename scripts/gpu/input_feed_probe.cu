@@ -26,14 +26,13 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t err_ = (x);                                                           \
-    if (err_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,                  \
-                   cudaGetErrorString(err_));                                         \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define CHECK(x)                                                                                \
+  do {                                                                                          \
+    cudaError_t err_ = (x);                                                                     \
+    if (err_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
   } while (0)
 
 constexpr size_t kBytes = 4 * 32 * 2048 * 2;
@@ -222,8 +221,7 @@ int main() {
     std::printf("== graph of %d kernels after the input copy\n", n);
     cudaGraphNode_t node;
     cudaGraphExec_t plain = p.build(0, n, &node);
-    const double launch_only =
-        p.host_us([&](int) { CHECK(cudaGraphLaunch(plain, p.stream)); });
+    const double launch_only = p.host_us([&](int) { CHECK(cudaGraphLaunch(plain, p.stream)); });
     std::printf("  launch alone (no input)        %6.2f us host\n", launch_only);
 
     cudaGraphNode_t mnode;
@@ -293,8 +291,8 @@ int main() {
     mailbox(2);
     CHECK(cudaStreamSynchronize(p.stream));
     unsigned char probe_byte = 0;
-    CHECK(cudaMemcpy(&probe_byte, static_cast<char*>(p.dst) + kBytes - 1, 1,
-                     cudaMemcpyDeviceToHost));
+    CHECK(
+        cudaMemcpy(&probe_byte, static_cast<char*>(p.dst) + kBytes - 1, 1, cudaMemcpyDeviceToHost));
     std::printf("  mailbox copied the named input: %s\n", probe_byte == 7 ? "yes" : "NO");
     CHECK(cudaMemset(p.inputs[2], 1, kBytes));
     const double d_same = p.device_us([&](int) { CHECK(cudaGraphLaunch(mexec, p.stream)); });
@@ -304,9 +302,10 @@ int main() {
                             p.stream));
       CHECK(cudaGraphLaunch(plain, p.stream));
     });
-    std::printf("  device span, GPU idle before: memcpy node %.2f us, mailbox %.2f us, "
-                "stream copy %.2f us\n",
-                d_same, d_mail, d_stream);
+    std::printf(
+        "  device span, GPU idle before: memcpy node %.2f us, mailbox %.2f us, "
+        "stream copy %.2f us\n",
+        d_same, d_mail, d_stream);
   }
   return 0;
 }

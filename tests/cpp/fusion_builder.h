@@ -223,4 +223,11 @@ inline std::string op_list(const Graph& g) {
   return s;
 }
 
+// How many calls of operator `name` ("aten::copy_", "aten::scatter.src") `g` makes.
+inline size_t count_ops(const Graph& g, const std::string& name) {
+  size_t n = 0;
+  for (const Node* node : g.nodes()) n += node->is_operator() && node->op_name() == name;
+  return n;
+}
+
 }  // namespace magi::test
