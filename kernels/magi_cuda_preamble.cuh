@@ -81,6 +81,25 @@ __device__ __forceinline__ A magi_to_acc(magi_f16 v) {
   return static_cast<A>(magi_f16_to_float(v.x));
 }
 
+// The bf16 value in half `j & 1` of word `w` (half 0 the low one), as a float: one instruction
+// (a shift or a mask), where extracting the 16-bit value first and then shifting it took two.
+// Row kernels read each held element once per pass, so on the H200 (more bytes per SM cycle
+// than the H100) they were bound by instruction issue: reading bf16 from words took 11% of the
+// LayerNorm kernel's instructions off and lifted it from 93.5% to 96.5-97.0% of copy bandwidth,
+// softmax from 95% to 97.6-98.7% (16384 x 8192; benchmarks/RESULTS.md, 2026-11-28).
+__device__ __forceinline__ float magi_bf16_half(unsigned w, int j) {
+  return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
+}
+
+template <typename X, typename Y>
+struct MagiSame {
+  static constexpr bool value = false;
+};
+template <typename X>
+struct MagiSame<X, X> {
+  static constexpr bool value = true;
+};
+
 template <typename T>
 struct MagiStore;
 template <>
@@ -171,8 +190,15 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
     for (int c = 0; c < kBytes / 16; ++c) {
       uint4 raw = magi_load16<kKeep>(reinterpret_cast<const uint4*>(p) + c);
       const T* e = reinterpret_cast<const T*>(&raw);
+      const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) out[c * kPer + j] = magi_to_acc<A>(e[j]);
+      for (int j = 0; j < kPer; ++j) {
+        if constexpr (MagiSame<T, magi_bf16>::value) {
+          out[c * kPer + j] = static_cast<A>(magi_bf16_half(w[j >> 1], j));
+        } else {
+          out[c * kPer + j] = magi_to_acc<A>(e[j]);
+        }
+      }
     }
   } else {
 #pragma unroll
@@ -279,6 +305,16 @@ template <typename T, int V>
 struct alignas(sizeof(T) * V >= 16 ? 16 : alignof(T)) MagiVec {
   T v[V];
 };
+// Element j (a constant once the caller's lane loop unrolls) of `c` in the accumulation type.
+template <typename A, typename T, int V>
+__device__ __forceinline__ A magi_vec_get(const MagiVec<T, V>& c, int j) {
+  if constexpr (MagiSame<T, magi_bf16>::value && V % 8 == 0) {  // 16-byte aligned words
+    return static_cast<A>(magi_bf16_half(reinterpret_cast<const unsigned*>(c.v)[j >> 1], j));
+  } else {
+    return magi_to_acc<A>(c.v[j]);
+  }
+}
+
 template <bool kKeep = false, typename T, int V>
 __device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T, V>& out) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;

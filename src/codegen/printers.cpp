@@ -212,10 +212,10 @@ std::string print_cuda(const KernelVariant& v) {
         << "[row] = MagiStore<" << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
     t.element_load = [&v, cached, cached_input, column_mode, streamed](int i) {
-      if (cached && cached_input(i)) return "magi_to_acc<A>(c" + std::to_string(i) + "[k].v[j])";
+      if (cached && cached_input(i)) return "magi_vec_get<A>(c" + std::to_string(i) + "[k], j)";
       if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l')
-        return "magi_to_acc<A>(w" + std::to_string(i) + "[k].v[j])";
-      if (!cached && streamed(i)) return "magi_to_acc<A>(s" + std::to_string(i) + "[k].v[j])";
+        return "magi_vec_get<A>(w" + std::to_string(i) + "[k], j)";
+      if (!cached && streamed(i)) return "magi_vec_get<A>(s" + std::to_string(i) + "[k], j)";
       return "t" + std::to_string(i) + "[j]";
     };
     t.prepare_chunk = [&v, cached, cached_input, column_mode, streamed](

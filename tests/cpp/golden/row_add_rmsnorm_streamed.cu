@@ -42,8 +42,8 @@ extern "C" __global__ void __launch_bounds__(512) fused_row_add_rmsnorm_streamed
         const long long col0 = step + (long long)k * blockDim.x * V;
         if (col0 < cols) {
           _Pragma("unroll") for (int j = 0; j < V; ++j) {
-            const A e0 = magi_to_acc<A>(s0[k].v[j]);
-            const A e1 = magi_to_acc<A>(s1[k].v[j]);
+            const A e0 = magi_vec_get<A>(s0[k], j);
+            const A e1 = magi_vec_get<A>(s1[k], j);
             const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
             const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
             const A e10 = (e5 * e5);  // aten::pow.Tensor_Scalar @ model.py:32 in forward
@@ -76,9 +76,9 @@ extern "C" __global__ void __launch_bounds__(512) fused_row_add_rmsnorm_streamed
           A o0[V];
           A o1[V];
           _Pragma("unroll") for (int j = 0; j < V; ++j) {
-            const A e0 = magi_to_acc<A>(s0[k].v[j]);
-            const A e1 = magi_to_acc<A>(s1[k].v[j]);
-            const A e2 = magi_to_acc<A>(s2[k].v[j]);
+            const A e0 = magi_vec_get<A>(s0[k], j);
+            const A e1 = magi_vec_get<A>(s1[k], j);
+            const A e2 = magi_vec_get<A>(s2[k], j);
             const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
             const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
             const A e19 = (e5 * r18);  // aten::mul.Tensor @ model.py:33 in forward

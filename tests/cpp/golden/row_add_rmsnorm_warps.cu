@@ -45,8 +45,8 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_warps_cc
       const long long col0 = ((long long)k * blockDim.x + threadIdx.x) * V;
       if (col0 < cols) {
         _Pragma("unroll") for (int j = 0; j < V; ++j) {
-          const A e0 = magi_to_acc<A>(c0[k].v[j]);
-          const A e1 = magi_to_acc<A>(c1[k].v[j]);
+          const A e0 = magi_vec_get<A>(c0[k], j);
+          const A e1 = magi_vec_get<A>(c1[k], j);
           const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
           const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
           const A e10 = (e5 * e5);  // aten::pow.Tensor_Scalar @ model.py:32 in forward
@@ -65,9 +65,9 @@ extern "C" __global__ void __launch_bounds__(256) fused_row_add_rmsnorm_warps_cc
         A o0[V];
         A o1[V];
         _Pragma("unroll") for (int j = 0; j < V; ++j) {
-          const A e0 = magi_to_acc<A>(c0[k].v[j]);
-          const A e1 = magi_to_acc<A>(c1[k].v[j]);
-          const A e2 = magi_to_acc<A>(w2[k].v[j]);
+          const A e0 = magi_vec_get<A>(c0[k], j);
+          const A e1 = magi_vec_get<A>(c1[k], j);
+          const A e2 = magi_vec_get<A>(w2[k], j);
           const A e4 = (e0 + e1);  // aten::add.Tensor @ model.py:30 in forward
           const A e5 = magi_round_bf16(e4);  // aten::add.Tensor @ model.py:30 in forward
           const A e19 = (e5 * r18);  // aten::mul.Tensor @ model.py:33 in forward
