@@ -5,6 +5,9 @@
 # each in its own process beside torch.compile; then the CUDA row-kernel tests and the CUDA
 # input-update tests (first GPU run of the last session's runner and PIECEWISE cases).
 # Logs and JSON in $OUT.   (carry .deps)
+# Ran at 2f8921e + the word loads (H200, 2026-11-28). The word loads were kept (60a50f5), the
+# butterfly was not (level within the spread), and MAGI_AB_OLD no longer exists: kept as the
+# record of that measurement.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"

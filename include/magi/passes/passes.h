@@ -16,6 +16,13 @@ namespace magi::passes {
 /// in-place writes).
 bool eliminate_dead_code(ir::Graph& graph);
 
+/// Gives an op that copies a tensor argument into its first argument's memory (index_put's
+/// values, index_copy's source, copy_'s src, ...) a copy on that argument's device of the host
+/// tensor constant it would copy each call (`mask[pos] = True` on a CUDA mask): no copy from
+/// host memory per call, and none for CUDA graph capture to refuse.
+/// See src/passes/constants_to_device.cpp.
+bool constants_to_device(ir::Graph& graph);
+
 /// Hands CUDA flash and cuDNN attention calls whose key and value are repeated grouped-query
 /// heads (repeat_interleave along dim 1, Hugging Face's repeat_kv) the unrepeated tensors;
 /// both backends read grouped heads themselves. Forward calls whose logsumexp or RNG state is

@@ -1,0 +1,103 @@
+// constants_to_device: a host constant that an update copies into device memory becomes a
+// constant on that device.
+//
+// `mask[pos] = True` on a CUDA tensor reaches the pipeline as
+//
+//   c = constant(tensor(True))       # a 0-dim tensor in host memory
+//   v = lift_fresh_copy(c)
+//   m = index_put(mask, [pos], v)    # copies v to the GPU, then scatters it
+//
+// so every call copies the value from pageable host memory, and CUDA graph capture refuses the
+// copy ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"): the compiled model
+// failed on its first captured call. The pass gives the update a copy of the constant on the
+// device of the tensor it writes, made once here, when the graph is compiled.
+//
+// Applies to the argument of each op in kCopiedArguments that the op copies into its first
+// argument's memory (index_put's values, index_copy's source, copy_'s src, ...) when that first
+// argument is a tensor outside host memory and the argument is a host tensor constant, directly or
+// through lift_fresh_copy. The ops only read the argument, so the fresh copy lift_fresh_copy makes
+// is not needed. The constant's other readers keep the host tensor (an op that takes a 0-dim host
+// tensor as a number, such as add, reads it without a copy).
+//
+// Requires: a verified graph. Guarantees: a verified graph computing the same values, without
+// the lift_fresh_copy nodes and host constants the rewrite left unread.
+#include <map>
+#include <string>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+
+#include "magi/common/log.h"
+#include "magi/ir/node.h"
+#include "magi/passes/passes.h"
+
+namespace magi::passes {
+namespace {
+
+// Ops that copy one tensor argument (by position) into the memory of their first.
+const std::map<std::string, size_t>& copied_arguments() {
+  static const std::map<std::string, size_t> table = {
+      {"aten::index_put", 2},       {"aten::index_put_", 2},     {"aten::_index_put_impl_", 2},
+      {"aten::index_copy", 3},      {"aten::index_copy_", 3},    {"aten::index_add", 3},
+      {"aten::index_add_", 3},      {"aten::scatter.src", 3},    {"aten::scatter_.src", 3},
+      {"aten::scatter_add", 3},     {"aten::scatter_add_", 3},   {"aten::masked_scatter", 2},
+      {"aten::masked_scatter_", 2}, {"aten::copy", 1},           {"aten::copy_", 1},
+  };
+  return table;
+}
+
+// The host tensor constant `v` is, or is a lift_fresh_copy of; nullptr otherwise.
+const ir::Node* host_constant(const ir::Value* v) {
+  const ir::Node* p = v->producer();
+  if (p->kind() == ir::NodeKind::kAtenOp && p->op_name() == "aten::lift_fresh_copy") {
+    p = p->input(0)->producer();
+  }
+  if (p->kind() != ir::NodeKind::kConstant || !p->constant().isTensor()) return nullptr;
+  return p->constant().toTensor().device().is_cpu() ? p : nullptr;
+}
+
+}  // namespace
+
+bool constants_to_device(ir::Graph& graph) {
+  // One device copy per constant and device, shared by all the updates reading it.
+  std::map<std::pair<const ir::Node*, std::string>, ir::Value*> moved;
+  bool changed = false;
+  for (ir::Node* node : graph.nodes()) {
+    if (node->kind() != ir::NodeKind::kAtenOp) continue;
+    const auto entry = copied_arguments().find(node->op_name());
+    if (entry == copied_arguments().end()) continue;
+    const size_t arg = entry->second;
+    const auto& dest = node->input(0)->tensor_type();
+    if (!dest || dest->device.is_cpu() || node->input(arg)->kind() != ir::ValueKind::kTensor) {
+      continue;
+    }
+    const ir::Node* constant = host_constant(node->input(arg));
+    if (constant == nullptr) continue;
+    ir::Value*& copy = moved[{constant, dest->device.str()}];
+    if (copy == nullptr) {
+      graph.set_insert_point(node);
+      copy = graph.add_constant(c10::IValue(constant->constant().toTensor().to(dest->device)),
+                                ir::ValueKind::kTensor);
+      graph.set_insert_point(nullptr);
+      if (const auto& t = constant->output()->tensor_type()) {
+        ir::TensorType type = *t;
+        type.device = dest->device;
+        copy->set_tensor_type(std::move(type));
+      }
+    }
+    MAGI_LOG_DEBUG("constants_to_device: ", node->op_name(), " reads its argument ", arg,
+                   " from a constant on ", dest->device.str(), " instead of host memory");
+    ir::Value* old = node->input(arg);
+    node->set_input(arg, copy);
+    changed = true;
+    // The lift_fresh_copy and the host constant, when nothing else reads them.
+    for (ir::Node* p = old->producer(); p != nullptr && p->output()->users().empty();) {
+      ir::Node* next = p->kind() == ir::NodeKind::kConstant ? nullptr : p->input(0)->producer();
+      graph.erase(p);
+      p = next;
+    }
+  }
+  return changed;
+}
+
+}  // namespace magi::passes
