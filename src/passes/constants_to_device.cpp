@@ -26,6 +26,7 @@
 #include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "magi/common/log.h"
 #include "magi/ir/node.h"
@@ -75,6 +76,10 @@ bool constants_to_device(ir::Graph& graph) {
     if (constant == nullptr) continue;
     ir::Value*& copy = moved[{constant, dest->device.str()}];
     if (copy == nullptr) {
+      // Past Python's dispatch modes: the pipeline may run while AOTAutograd's FakeTensorMode is
+      // active, which would make the copy a fake tensor.
+      const c10::impl::ExcludeDispatchKeyGuard no_modes(c10::DispatchKeySet(
+          {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
       graph.set_insert_point(node);
       copy = graph.add_constant(c10::IValue(constant->constant().toTensor().to(dest->device)),
                                 ir::ValueKind::kTensor);
