@@ -188,16 +188,16 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
     constexpr int kPer = 16 / static_cast<int>(sizeof(T));
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
-      uint4 raw = magi_load16<kKeep>(reinterpret_cast<const uint4*>(p) + c);
-      const T* e = reinterpret_cast<const T*>(&raw);
-      const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+      const uint4 raw = magi_load16<kKeep>(reinterpret_cast<const uint4*>(p) + c);
+      if constexpr (MagiSame<T, magi_bf16>::value) {
+        const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if constexpr (MagiSame<T, magi_bf16>::value) {
+        for (int j = 0; j < kPer; ++j)
           out[c * kPer + j] = static_cast<A>(magi_bf16_half(w[j >> 1], j));
-        } else {
-          out[c * kPer + j] = magi_to_acc<A>(e[j]);
-        }
+      } else {
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) out[c * kPer + j] = magi_to_acc<A>(e[j]);
       }
     }
   } else {
@@ -309,7 +309,9 @@ struct alignas(sizeof(T) * V >= 16 ? 16 : alignof(T)) MagiVec {
 template <typename A, typename T, int V>
 __device__ __forceinline__ A magi_vec_get(const MagiVec<T, V>& c, int j) {
   if constexpr (MagiSame<T, magi_bf16>::value && V % 8 == 0) {  // 16-byte aligned words
-    return static_cast<A>(magi_bf16_half(reinterpret_cast<const unsigned*>(c.v)[j >> 1], j));
+    unsigned w;  // copied, not read through a cast: the elements may have been written one by one
+    memcpy(&w, c.v + (j & ~1), sizeof(w));
+    return static_cast<A>(magi_bf16_half(w, j));
   } else {
     return magi_to_acc<A>(c.v[j]);
   }

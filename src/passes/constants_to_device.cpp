@@ -12,7 +12,7 @@
 // failed on its first captured call. The pass gives the update a copy of the constant on the
 // device of the tensor it writes, made once here, when the graph is compiled.
 //
-// Applies to the argument of each op in kCopiedArguments that the op copies into its first
+// Applies to the argument of each op in copied_arguments() that the op copies into its first
 // argument's memory (index_put's values, index_copy's source, copy_'s src, ...) when that first
 // argument is a tensor outside host memory and the argument is a host tensor constant, directly or
 // through lift_fresh_copy. The ops only read the argument, so the fresh copy lift_fresh_copy makes
@@ -22,6 +22,7 @@
 // Requires: a verified graph. Guarantees: a verified graph computing the same values, without
 // the lift_fresh_copy nodes and host constants the rewrite left unread.
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -38,30 +39,78 @@ namespace {
 // Ops that copy one tensor argument (by position) into the memory of their first.
 const std::map<std::string, size_t>& copied_arguments() {
   static const std::map<std::string, size_t> table = {
-      {"aten::index_put", 2},       {"aten::index_put_", 2},     {"aten::_index_put_impl_", 2},
-      {"aten::index_copy", 3},      {"aten::index_copy_", 3},    {"aten::index_add", 3},
-      {"aten::index_add_", 3},      {"aten::scatter.src", 3},    {"aten::scatter_.src", 3},
-      {"aten::scatter_add", 3},     {"aten::scatter_add_", 3},   {"aten::masked_scatter", 2},
-      {"aten::masked_scatter_", 2}, {"aten::copy", 1},           {"aten::copy_", 1},
+      {"aten::index_put", 2},
+      {"aten::index_put_", 2},
+      {"aten::_index_put_impl_", 2},
+      {"aten::_unsafe_index_put", 2},
+      {"aten::index_copy", 3},
+      {"aten::index_copy_", 3},
+      {"aten::index_add", 3},
+      {"aten::index_add_", 3},
+      {"aten::index_reduce", 3},
+      {"aten::index_reduce_", 3},
+      {"aten::scatter.src", 3},
+      {"aten::scatter_.src", 3},
+      {"aten::scatter.reduce", 3},
+      {"aten::scatter_.reduce", 3},
+      {"aten::scatter_add", 3},
+      {"aten::scatter_add_", 3},
+      {"aten::scatter_reduce.two", 3},
+      {"aten::scatter_reduce_.two", 3},
+      {"aten::masked_scatter", 2},
+      {"aten::masked_scatter_", 2},
+      {"aten::copy", 1},
+      {"aten::copy_", 1},
   };
   return table;
 }
 
-// The host tensor constant `v` is, or is a lift_fresh_copy of; nullptr otherwise.
+// The host tensor constant `v` is, or is a lift_fresh_copy of; nullptr otherwise (and for a
+// tensor subclass, such as a fake tensor, whose copy only its Python code knows how to make).
 const ir::Node* host_constant(const ir::Value* v) {
   const ir::Node* p = v->producer();
   if (p->kind() == ir::NodeKind::kAtenOp && p->op_name() == "aten::lift_fresh_copy") {
     p = p->input(0)->producer();
   }
   if (p->kind() != ir::NodeKind::kConstant || !p->constant().isTensor()) return nullptr;
-  return p->constant().toTensor().device().is_cpu() ? p : nullptr;
+  const at::Tensor& t = p->constant().toTensor();
+  return t.device().is_cpu() && !t.key_set().has(c10::DispatchKey::Python) ? p : nullptr;
+}
+
+// Equal small constants (the `True` of every layer's `mask[pos] = True`, each its own
+// `_tensor_constant`) get one key, so that they share one device copy and identical layers
+// still make identical pieces (split_at_boundaries stores those once); others key by identity.
+std::string value_key(const at::Tensor& t) {
+  constexpr int64_t kMaxBytesByValue = 256;
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  std::ostringstream os;
+  if (!t.is_contiguous() || t.layout() != c10::kStrided || bytes > kMaxBytesByValue) {
+    os << "tensor@" << static_cast<const void*>(t.unsafeGetTensorImpl());
+    return os.str();
+  }
+  os << c10::toString(t.scalar_type()) << t.sizes() << ':' << std::hex;
+  const auto* data = static_cast<const unsigned char*>(t.const_data_ptr());
+  for (int64_t i = 0; i < bytes; ++i) os << static_cast<int>(data[i]) << '.';
+  return os.str();
+}
+
+// The type of constant tensor `t`.
+ir::TensorType type_of(const at::Tensor& t) {
+  ir::TensorType type;
+  type.dtype = t.scalar_type();
+  type.device = t.device();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    type.sizes.emplace_back(t.size(d));
+    type.strides.emplace_back(t.stride(d));
+  }
+  return type;
 }
 
 }  // namespace
 
 bool constants_to_device(ir::Graph& graph) {
-  // One device copy per constant and device, shared by all the updates reading it.
-  std::map<std::pair<const ir::Node*, std::string>, ir::Value*> moved;
+  // One device copy per constant value and device, shared by all the updates reading it.
+  std::map<std::pair<std::string, std::string>, ir::Value*> moved;
   bool changed = false;
   for (ir::Node* node : graph.nodes()) {
     if (node->kind() != ir::NodeKind::kAtenOp) continue;
@@ -74,21 +123,19 @@ bool constants_to_device(ir::Graph& graph) {
     }
     const ir::Node* constant = host_constant(node->input(arg));
     if (constant == nullptr) continue;
-    ir::Value*& copy = moved[{constant, dest->device.str()}];
+    const at::Tensor& host = constant->constant().toTensor();
+    ir::Value*& copy = moved[{value_key(host), dest->device.str()}];
     if (copy == nullptr) {
       // Past Python's dispatch modes: the pipeline may run while AOTAutograd's FakeTensorMode is
       // active, which would make the copy a fake tensor.
-      const c10::impl::ExcludeDispatchKeyGuard no_modes(c10::DispatchKeySet(
-          {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      const c10::impl::ExcludeDispatchKeyGuard no_modes(
+          c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      const at::Tensor on_device = host.to(dest->device);
+      // Before this update, the first to read it: the later ones follow it.
       graph.set_insert_point(node);
-      copy = graph.add_constant(c10::IValue(constant->constant().toTensor().to(dest->device)),
-                                ir::ValueKind::kTensor);
+      copy = graph.add_constant(c10::IValue(on_device), ir::ValueKind::kTensor);
       graph.set_insert_point(nullptr);
-      if (const auto& t = constant->output()->tensor_type()) {
-        ir::TensorType type = *t;
-        type.device = dest->device;
-        copy->set_tensor_type(std::move(type));
-      }
+      copy->set_tensor_type(type_of(on_device));
     }
     MAGI_LOG_DEBUG("constants_to_device: ", node->op_name(), " reads its argument ", arg,
                    " from a constant on ", dest->device.str(), " instead of host memory");

@@ -2,7 +2,8 @@
 makes index_copy_, index_put_ and scatter_ write the buffer itself instead of a copy written
 back at the end of the call; results and buffers match eager after a prefill and several
 decode steps, in float32 and bfloat16. A buffer whose old values are also read keeps the copy
-and still matches."""
+and still matches. A host constant an update copies into device memory (constants_to_device)
+becomes a device constant, tried on the meta device."""
 
 from __future__ import annotations
 
@@ -77,3 +78,33 @@ def test_the_layers_mask_selects_fuse_across_the_cache_updates(assert_close_rel)
     assert any(
         all(n in line for n in names) and "= piece_" in line for line in text.splitlines()
     ), text
+
+
+class _HostValueMask(torch.nn.Module):
+    """A mask set from a host constant: ``mask.index_put_((pos,), torch.tensor(True))``."""
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(x.shape[0], 1, dtype=torch.bool, device=x.device)
+        mask.index_put_((pos,), torch.tensor(True))
+        return x.masked_fill(mask, 0.0)
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["pass", "disabled"])
+def test_a_host_constant_an_update_copies_becomes_a_device_constant(disabled, monkeypatch):
+    """constants_to_device without a GPU: tensors on the meta device. The index_put reads a
+    constant on the mask's device instead of copying the host tensor each call (which CUDA graph
+    capture refuses). The pipeline runs under AOTAutograd's FakeTensorMode, and the device copy
+    must still be a real tensor: a fake one failed the first call."""
+    from magi_compiler import inspection, magi_compile
+
+    if disabled:
+        monkeypatch.setenv("MAGI_DISABLE_PASSES", "constants_to_device")
+    compiled = magi_compile(_HostValueMask(), dynamic_arg_dims={})
+    x = torch.randn(8, 4, device="meta")
+    with torch.no_grad():
+        out = compiled(x, torch.tensor([2], device="meta"))
+    assert out.shape == (8, 4) and out.device.type == "meta"
+    text = str(inspection.last_compiled("inference").graph)
+    (update,) = [line for line in text.splitlines() if "aten::index_put(" in line]
+    assert ("aten::lift_fresh_copy(" in text) == disabled, text
+    assert ("@meta)" in update.split("aten::index_put(")[1]) == (not disabled), update
