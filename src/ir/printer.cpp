@@ -82,7 +82,8 @@ std::string format_ivalue(const c10::IValue& v, ValueKind kind) {
     const auto& t = v.toTensor();
     std::string s = "tensor(" + dtype_short_name(t.scalar_type()) + "[";
     for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-    return s + "]" + (t.device().is_cpu() ? "" : "@" + t.device().str()) + ")";
+    const bool elsewhere = t.defined() && !t.device().is_cpu();  // undefined: no device
+    return s + "]" + (elsewhere ? "@" + t.device().str() : "") + ")";
   }
   if (v.isList()) {
     std::string s = "[";
