@@ -127,27 +127,7 @@ class KeyWriter {
     }
   }
 
-  // Small CPU tensors (the 0-dim "wrapped numbers" the importer makes of literals such as the
-  // eps in `x + 1e-6`) match by value; any other tensor only matches itself.
-  void write_tensor(const at::Tensor& t) {
-    if (!t.defined()) {
-      os_ << "undefined";
-      return;
-    }
-    constexpr int64_t kMaxBytesByValue = 256;
-    if (t.device().is_cpu() && t.is_contiguous() && t.layout() == c10::kStrided &&
-        t.numel() * static_cast<int64_t>(t.element_size()) <= kMaxBytesByValue) {
-      os_ << "tensor:" << dtype_short_name(t.scalar_type()) << t.sizes()
-          << (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "") << ':' << std::hex;
-      const auto* bytes = static_cast<const unsigned char*>(t.const_data_ptr());
-      for (int64_t i = 0; i < t.numel() * static_cast<int64_t>(t.element_size()); ++i) {
-        os_ << static_cast<int>(bytes[i]) << '.';
-      }
-      os_ << std::dec;
-      return;
-    }
-    os_ << "tensor@" << static_cast<const void*>(t.unsafeGetTensorImpl());
-  }
+  void write_tensor(const at::Tensor& t) { os_ << tensor_key(t); }
 
   std::ostringstream os_;
   std::unordered_map<const Value*, int64_t> ids_;
@@ -155,6 +135,24 @@ class KeyWriter {
 };
 
 }  // namespace
+
+std::string tensor_key(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::ostringstream os;
+  constexpr int64_t kMaxBytesByValue = 256;
+  if (t.device().is_cpu() && t.is_contiguous() && t.layout() == c10::kStrided &&
+      t.numel() * static_cast<int64_t>(t.element_size()) <= kMaxBytesByValue) {
+    os << "tensor:" << dtype_short_name(t.scalar_type()) << t.sizes()
+       << (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "") << ':' << std::hex;
+    const auto* bytes = static_cast<const unsigned char*>(t.const_data_ptr());
+    for (int64_t i = 0; i < t.numel() * static_cast<int64_t>(t.element_size()); ++i) {
+      os << static_cast<int>(bytes[i]) << '.';
+    }
+    return os.str();
+  }
+  os << "tensor@" << static_cast<const void*>(t.unsafeGetTensorImpl());
+  return os.str();
+}
 
 std::string structural_key(const Graph& graph) { return KeyWriter().run(graph); }
 

@@ -22,7 +22,6 @@
 // Requires: a verified graph. Guarantees: a verified graph computing the same values, without
 // the lift_fresh_copy nodes and host constants the rewrite left unread.
 #include <map>
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -31,6 +30,7 @@
 
 #include "magi/common/log.h"
 #include "magi/ir/node.h"
+#include "magi/ir/structural_hash.h"
 #include "magi/passes/passes.h"
 
 namespace magi::passes {
@@ -77,23 +77,6 @@ const ir::Node* host_constant(const ir::Value* v) {
   return t.device().is_cpu() && !t.key_set().has(c10::DispatchKey::Python) ? p : nullptr;
 }
 
-// Equal small constants (the `True` of every layer's `mask[pos] = True`, each its own
-// `_tensor_constant`) get one key, so that they share one device copy and identical layers
-// still make identical pieces (split_at_boundaries stores those once); others key by identity.
-std::string value_key(const at::Tensor& t) {
-  constexpr int64_t kMaxBytesByValue = 256;
-  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-  std::ostringstream os;
-  if (!t.is_contiguous() || t.layout() != c10::kStrided || bytes > kMaxBytesByValue) {
-    os << "tensor@" << static_cast<const void*>(t.unsafeGetTensorImpl());
-    return os.str();
-  }
-  os << c10::toString(t.scalar_type()) << t.sizes() << ':' << std::hex;
-  const auto* data = static_cast<const unsigned char*>(t.const_data_ptr());
-  for (int64_t i = 0; i < bytes; ++i) os << static_cast<int>(data[i]) << '.';
-  return os.str();
-}
-
 // The type of constant tensor `t`.
 ir::TensorType type_of(const at::Tensor& t) {
   ir::TensorType type;
@@ -109,7 +92,10 @@ ir::TensorType type_of(const at::Tensor& t) {
 }  // namespace
 
 bool constants_to_device(ir::Graph& graph) {
-  // One device copy per constant value and device, shared by all the updates reading it.
+  // One device copy per constant and device, shared by all the updates reading it. Equal small
+  // constants (the `True` of every layer's `mask[pos] = True`, each its own `_tensor_constant`)
+  // are one constant here, as in structural_key: they share one copy, so identical layers still
+  // make identical pieces, which split_at_boundaries stores once.
   std::map<std::pair<std::string, std::string>, ir::Value*> moved;
   bool changed = false;
   for (ir::Node* node : graph.nodes()) {
@@ -124,7 +110,7 @@ bool constants_to_device(ir::Graph& graph) {
     const ir::Node* constant = host_constant(node->input(arg));
     if (constant == nullptr) continue;
     const at::Tensor& host = constant->constant().toTensor();
-    ir::Value*& copy = moved[{value_key(host), dest->device.str()}];
+    ir::Value*& copy = moved[{ir::tensor_key(host), dest->device.str()}];
     if (copy == nullptr) {
       // Past Python's dispatch modes: the pipeline may run while AOTAutograd's FakeTensorMode is
       // active, which would make the copy a fake tensor.

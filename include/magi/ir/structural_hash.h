@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include <ATen/core/Tensor.h>
+
 #include "magi/ir/graph.h"
 
 namespace magi::ir {
@@ -17,6 +19,11 @@ namespace magi::ir {
 /// constants (literals) match by value, others only when they are the same tensor. Called
 /// pieces contribute their own keys.
 std::string structural_key(const Graph& graph);
+
+/// The part of structural_key naming a tensor constant: small contiguous CPU tensors (literals
+/// such as the eps in `x + 1e-6`, the True of `mask[pos] = True`) by dtype, sizes and bytes,
+/// others by identity. Equal keys: the constants are interchangeable.
+std::string tensor_key(const at::Tensor& t);
 
 /// A hash of structural_key(graph).
 uint64_t structural_hash(const Graph& graph);
