@@ -10,7 +10,12 @@
 // executable) with the GIL released. Any check that fails returns None, and the caller makes an
 // ordinary call. With `memoize` (fast_dispatch_guards="arguments") Dynamo's guards run once per
 // fingerprint of the arguments, the gathered parameters and the process state, and their
-// verdict is reused; Python state outside those is then assumed fixed (docs/api.md).
+// verdict is reused; Python state outside those is then assumed fixed (docs/api.md). In the
+// default mode the verdict is reused the same way while the Python state the guard tree reads
+// is also unchanged: after each check that passed, _guard_watch.py lists that state (dict
+// version tags with the objects at the keys read, identities, tensor layouts) and the call
+// compares it, which costs far less than the tree; a tree it cannot list is evaluated on every
+// call.
 //
 // A DirectEntry is what a compiled module's `forward` calls first: the direct calls learned
 // for that module instance, tried in C++ without a Python frame between the module call and
@@ -26,6 +31,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/SavedTensorHooks.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -123,6 +129,184 @@ struct Slot {
   TensorState state;
 };
 
+/// An object a watch compares by identity, held without keeping it alive where it takes a
+/// weak reference (modules, functions, tensors: a module tree must stay freeable while its
+/// direct calls exist), else held strongly (dicts, ints, strings): either way a later
+/// identity test cannot meet a new object at a freed one's address.
+struct Held {
+  py::object ref;
+  bool weak = false;
+
+  static Held of(py::handle obj) {
+    Held h;
+    PyObject* ref = PyWeakref_NewRef(obj.ptr(), nullptr);
+    if (ref != nullptr) {
+      h.ref = py::reinterpret_steal<py::object>(ref);
+      h.weak = true;
+    } else if (PyErr_ExceptionMatches(PyExc_TypeError)) {  // takes no weak references
+      PyErr_Clear();
+      h.ref = py::reinterpret_borrow<py::object>(obj);
+    } else {
+      throw py::error_already_set();
+    }
+    return h;
+  }
+  /// The object (borrowed), or nullptr once it was freed.
+  PyObject* get() const {
+    if (!weak) return ref.ptr();
+    PyObject* obj = PyWeakref_GetObject(ref.ptr());
+    return obj == Py_None ? nullptr : obj;
+  }
+};
+
+/// The instance dict of `obj` (borrowed), or nullptr when it has none.
+PyObject* instance_dict(PyObject* obj) {
+  PyObject** slot = _PyObject_GetDictPtr(obj);
+  return slot == nullptr ? nullptr : *slot;
+}
+
+/// Python state a Dynamo guard tree reads, as _guard_watch.plan lists it: unchanged, the tree
+/// decides as it did at the last check (for the same fingerprint of arguments and process
+/// state).
+struct Watch {
+  struct Key {
+    py::object key;
+    Held value;            ///< the object the dict held at the key
+    bool missing = false;  ///< the key was absent
+  };
+  struct Dict {
+    // Dicts take no weak references. A module's __dict__ (which holds its compiled forward,
+    // whose closure holds the module) is reached through its module on every call instead;
+    // other dicts are held.
+    py::object dict;
+    Held holder;               ///< the object whose __dict__ it is, or none
+    PyObject* seen = nullptr;  ///< that __dict__ when listed (compared, never dereferenced)
+    uint64_t version = 0;
+    bool whole = false;  ///< its keys or size are read: any write counts
+    std::vector<Key> keys;
+
+    /// The dict now (borrowed), or nullptr when its holder is gone or has another __dict__.
+    PyObject* get() const {
+      if (seen == nullptr) return dict.ptr();
+      PyObject* obj = holder.get();
+      if (obj == nullptr) return nullptr;
+      PyObject* now = instance_dict(obj);
+      return now == seen ? now : nullptr;
+    }
+  };
+  enum PinKind { kCode = 0, kType = 1, kCell = 2 };
+  struct Pin {
+    int kind = kCode;
+    Held obj;
+    Held expected;
+  };
+  struct Absent {  ///< an attribute a guard says an object (or argument) lacks
+    Held obj;
+    int64_t arg = -1;  ///< or the call's argument at this index
+    py::object name;
+  };
+  std::vector<Dict> dicts;
+  std::vector<Pin> pins;
+  std::vector<std::pair<Held, TensorState>> tensors;
+  std::vector<Absent> absent;
+  bool saved_hooks = false;  ///< no saved-tensor hooks may be set (Dynamo's root lambda)
+
+  /// Loads _guard_watch.plan's tuple; false when a dict has no version tag to compare.
+  bool load(const py::tuple& plan) {
+    *this = Watch();
+    for (py::handle item : plan[0].cast<py::list>()) {
+      const py::tuple pair = py::reinterpret_borrow<py::tuple>(item);
+      Dict d;
+      if (pair[2].cast<bool>()) {
+        d.holder = Held::of(pair[0]);
+        d.seen = instance_dict(pair[0].ptr());
+        if (d.seen == nullptr) return false;
+      } else {
+        d.dict = py::reinterpret_borrow<py::object>(pair[0]);
+      }
+      PyObject* dict = d.get();
+      d.version = dict_version(dict);
+      if (d.version == 0) return false;
+      d.whole = pair[1].is_none();
+      if (!d.whole) {
+        for (py::handle key : pair[1].cast<py::list>()) {
+          PyObject* now = PyDict_GetItemWithError(dict, key.ptr());
+          if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+          Key k;
+          k.key = py::reinterpret_borrow<py::object>(key);
+          k.missing = now == nullptr;
+          if (now != nullptr) k.value = Held::of(now);
+          d.keys.push_back(std::move(k));
+        }
+      }
+      dicts.push_back(std::move(d));
+    }
+    for (py::handle item : plan[1].cast<py::list>()) {
+      const py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+      pins.push_back(Pin{t[0].cast<int>(), Held::of(t[1]), Held::of(t[2])});
+    }
+    for (py::handle item : plan[2].cast<py::list>()) {
+      if (!THPVariable_Check(item.ptr())) return false;
+      TensorState state;
+      state.take(THPVariable_Unpack(item.ptr()), Py_TYPE(item.ptr()));
+      tensors.emplace_back(Held::of(item), std::move(state));
+    }
+    for (py::handle item : plan[3].cast<py::list>()) {
+      const py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+      Absent a;
+      a.arg = t[1].cast<int64_t>();
+      if (a.arg < 0) a.obj = Held::of(t[0]);
+      a.name = py::reinterpret_borrow<py::object>(t[2]);
+      absent.push_back(std::move(a));
+    }
+    saved_hooks = plan[4].cast<bool>();
+    return true;
+  }
+
+  /// Whether everything listed is as it was. Dicts come first: a dict that moved is read
+  /// again at its keys and, when they hold the same objects, taken at its new version.
+  bool holds(PyObject* const* argv, size_t n) {
+    for (Dict& d : dicts) {
+      PyObject* dict = d.get();
+      if (dict == nullptr) return false;
+      const uint64_t version = dict_version(dict);
+      if (version == d.version) continue;
+      if (d.whole || version == 0) return false;
+      for (const Key& k : d.keys) {
+        PyObject* now = PyDict_GetItemWithError(dict, k.key.ptr());
+        if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+        if (k.missing ? now != nullptr : (now == nullptr || now != k.value.get())) return false;
+      }
+      d.version = version;
+    }
+    for (const Pin& pin : pins) {
+      PyObject* obj = pin.obj.get();
+      PyObject* expected = pin.expected.get();
+      if (obj == nullptr || expected == nullptr) return false;
+      PyObject* now = nullptr;
+      if (pin.kind == kCode) {
+        now = PyFunction_GET_CODE(obj);
+      } else if (pin.kind == kType) {
+        now = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+      } else {
+        now = PyCell_GET(obj);
+      }
+      if (now != expected) return false;
+    }
+    for (const auto& [held, state] : tensors) {
+      PyObject* obj = held.get();
+      if (obj == nullptr || !state.same(THPVariable_Unpack(obj), Py_TYPE(obj))) return false;
+    }
+    for (const Absent& a : absent) {
+      PyObject* obj =
+          a.arg >= 0 ? (static_cast<size_t>(a.arg) < n ? argv[a.arg] : nullptr) : a.obj.get();
+      if (obj == nullptr || PyObject_HasAttr(obj, a.name.ptr()) != 0) return false;
+    }
+    if (saved_hooks && at::SavedTensorDefaultHooks::get_hooks(true).has_value()) return false;
+    return true;
+  }
+};
+
 /// Appends what Dynamo's tensor guards compare of `t` (its Python type `type`, when known).
 void append_tensor(const at::Tensor& t, PyTypeObject* type, std::vector<int64_t>* key) {
   key->push_back(reinterpret_cast<intptr_t>(type));
@@ -201,11 +385,13 @@ class DirectCall {
  public:
   DirectCall(py::object signature, py::object guard_check, std::vector<std::string> frame_names,
              std::vector<std::pair<std::string, py::object>> cells, py::object target,
-             const py::list& slots, const std::string& result, bool method, bool memoize)
+             const py::list& slots, const std::string& result, bool method, bool memoize,
+             py::object planner)
       : signature_obj_(std::move(signature)),
         guard_check_(std::move(guard_check)),
         cells_(std::move(cells)),
         target_(std::move(target)),
+        planner_(std::move(planner)),
         method_(method),
         memoize_(memoize) {
     signature_ = signature_obj_.cast<const runtime::GuardSignature*>();
@@ -244,6 +430,14 @@ class DirectCall {
 
   size_t arity() const { return frame_names_.size(); }
   size_t num_guard_checks() const { return guard_checks_; }
+  /// "arguments", "watched" (verdicts reused while the watched state holds), "unwatched"
+  /// (the tree could not be listed: checked on every call) or "unplanned" (no check passed
+  /// yet, or the state moved since the last).
+  std::string guard_reuse() const {
+    if (memoize_) return "arguments";
+    if (planner_.is_none() || unwatchable_) return "unwatched";
+    return watching_ ? "watched" : "unplanned";
+  }
 
   /// The call's result, or None when this path does not apply to `args` (the caller then
   /// makes an ordinary call).
@@ -309,18 +503,31 @@ class DirectCall {
     // memoize, once per fingerprint of the arguments, the parameters and the process state.
     // The fingerprint is built in a buffer kept across calls, and compared with the last
     // verified one before the set (a loop calls with one layout).
+    // In the default mode a verdict is reused only while the watched Python state holds; when
+    // it moved, every verdict is dropped and the next check that passes lists it again.
     key.clear();
     bool have_key = false;
-    if (memoize_) {
+    const bool watch = !memoize_ && !planner_.is_none() && !unwatchable_;
+    if (memoize_ || watch) {
       // The fixed inputs enter as their generation: it changes whenever one of them does.
       have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
       key.push_back(static_cast<int64_t>(fixed_generation_));
     }
-    if (!have_key || (key != last_verified_ && verified_.count(key) == 0)) {
-      if (!guards_pass(argv, n)) return py::none();
-      if (have_key && verified_.size() < kMaxVerified) verified_.insert(key);
+    if (have_key && watch && watching_ && !watch_.holds(argv, n)) {
+      watching_ = false;
+      verified_.clear();
+      last_verified_.clear();
     }
-    if (have_key && key != last_verified_) last_verified_ = key;
+    const bool reusable = have_key && (memoize_ || watching_);
+    if (!reusable || (key != last_verified_ && verified_.count(key) == 0)) {
+      py::dict frame;
+      if (!guards_pass(argv, n, &frame)) return py::none();
+      if (have_key && watch && !watching_ && !start_watching(frame)) return py::none();
+      if (have_key && (memoize_ || watching_) && verified_.size() < kMaxVerified) {
+        verified_.insert(key);
+      }
+    }
+    if (have_key && (memoize_ || watching_) && key != last_verified_) last_verified_ = key;
 
     std::vector<c10::IValue> outputs;
     {
@@ -392,9 +599,40 @@ class DirectCall {
     return obj;
   }
 
-  bool guards_pass(PyObject* const* argv, size_t n) {
+  /// Asks the planner what the guard tree just passed on `frame` reads; a tree it cannot
+  /// list is evaluated on every call from now on.
+  /// Returns false when a dict this call gathers parameters or buffers from is no longer the
+  /// one the frame reaches (a submodule replaced without a registration hook): every direct
+  /// call is then dropped, as a registration drops them, and this call is made ordinarily.
+  bool start_watching(const py::dict& frame) {
+    py::object plan = planner_(frame);
+    if (plan.is_none()) {
+      unwatchable_ = true;
+      watch_ = Watch();
+      return true;
+    }
+    const py::tuple parts = plan.cast<py::tuple>();
+    const py::list containers = parts[5].cast<py::list>();
+    size_t i = 0;
+    for (const Slot& slot : slots_) {
+      if (slot.kind != Slot::kFixed) continue;
+      if (i >= containers.size() || containers[i++].ptr() != slot.dict.ptr()) {
+        ++g_registration_epoch;
+        return false;
+      }
+    }
+    if (!watch_.load(parts)) {
+      unwatchable_ = true;
+      watch_ = Watch();
+      return true;
+    }
+    watching_ = true;
+    return true;
+  }
+
+  bool guards_pass(PyObject* const* argv, size_t n, py::dict* frame_out) {
     ++guard_checks_;
-    py::dict frame;
+    py::dict& frame = *frame_out;
     for (size_t i = 0; i < n; ++i) {
       if (PyDict_SetItem(frame.ptr(), frame_names_[i].ptr(), argv[i]) < 0) {
         throw py::error_already_set();
@@ -420,7 +658,11 @@ class DirectCall {
   py::object guard_check_;
   std::vector<py::str> frame_names_;
   std::vector<std::pair<std::string, py::object>> cells_;
-  py::object target_;  // keeps the runner or executable alive
+  py::object target_;   // keeps the runner or executable alive
+  py::object planner_;  // _guard_watch.planner's callable, or None
+  Watch watch_;
+  bool watching_ = false;     // watch_ lists the state of the verdicts in verified_
+  bool unwatchable_ = false;  // the planner could not list the tree: check every call
   runtime::CudaGraphRunner* runner_ = nullptr;
   const runtime::Executable* executable_ = nullptr;
   std::vector<Slot> slots_;
@@ -504,20 +746,25 @@ void bind_dispatch(py::module_& m) {
                          "C++ (_fast_dispatch.py).")
       .def(py::init<py::object, py::object, std::vector<std::string>,
                     std::vector<std::pair<std::string, py::object>>, py::object, const py::list&,
-                    const std::string&, bool, bool>(),
+                    const std::string&, bool, bool, py::object>(),
            py::arg("signature"), py::arg("guard_check"), py::arg("frame_names"), py::arg("cells"),
            py::arg("target"), py::arg("slots"), py::arg("result"), py::arg("method"),
-           py::arg("memoize") = false,
+           py::arg("memoize") = false, py::arg("planner") = py::none(),
            "signature: the GuardSignature; guard_check: Dynamo's guard check of the cache "
            "entry, called with the frame's locals; frame_names: the function's parameters, "
            "self included; cells: (name, cell) of its closure; target: a CudaGraphRunner or "
            "Executable; slots: per graph input ('arg', i) | ('size', i, dim) | ('fixed', dict, "
            "key); result: 'tensor', 'tuple' or 'list'; method: argument 0 is the "
            "module; memoize: evaluate Dynamo's guards once per argument layout and process "
-           "state (fast_dispatch_guards='arguments').")
+           "state (fast_dispatch_guards='arguments'); planner: (frame) -> what the guard tree "
+           "reads (_guard_watch.py) or None, run after each check that passed when not "
+           "memoize: verdicts are then reused while that state holds.")
       .def_property_readonly("arity", &DirectCall::arity)
       .def_property_readonly("num_guard_checks", &DirectCall::num_guard_checks,
                              "Calls that evaluated Dynamo's guards.")
+      .def_property_readonly("guard_reuse", &DirectCall::guard_reuse,
+                             "How verdicts of Dynamo's guards are reused: 'arguments', "
+                             "'watched', 'unwatched' or 'unplanned'.")
       .def("__call__", &DirectCall::call, py::arg("args"),
            "The result of the call with these positional arguments (self first for a method), "
            "or None when the path does not apply and an ordinary call must be made.");

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from magi_compiler import _guard_watch
 from magi_compiler._logging import logger
 
 
@@ -246,6 +247,7 @@ def build_native(
     index = {name: i for i, name in enumerate(names)}
     namespace = {"__magi_G": fn.__globals__, **bound}
     slots: list[tuple] = []
+    containers: list[str] = []  # per fixed slot, the expression of its dict
     for source in sources:
         if (m := _ARG.match(source)) and m[1] in index:
             slots.append(("arg", index[m[1]]))
@@ -265,6 +267,7 @@ def build_native(
         if not isinstance(table, dict) or not isinstance(table.get(name), torch.Tensor):
             return None, f"{container}{key} is not a tensor in a dict"
         slots.append(("fixed", table, name))
+        containers.append(container)
     result = {_first: "tensor", tuple: "tuple", list: "list"}.get(rebuild)
     if result is None:
         return None, "the result is not built from the outputs as they are"
@@ -275,9 +278,26 @@ def build_native(
         (name, cell)
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)
     ]
+    planner = None
+    if not memoize:
+        fixed = [(slot[1], slot[2]) for slot in slots if slot[0] == "fixed"]
+        planner = _guard_watch.planner(
+            guards.root,
+            fn.__globals__,
+            names,
+            dict(cells),
+            lambda: [table.get(name) for table, name in fixed],
+            containers,
+            owner_name is not None,
+            lambda why: logger.debug(
+                "%s: Dynamo's guards are evaluated on every direct call: %s",
+                fn.__qualname__,
+                why,
+            ),
+        )
     native = _C.DirectCall(
         signature,
-        guards.check,
+        guards.root.check,
         names,
         cells,
         target,
@@ -285,6 +305,7 @@ def build_native(
         result,
         owner_name is not None,
         memoize,
+        planner,
     )
     return native, ""
 

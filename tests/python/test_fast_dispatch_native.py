@@ -54,19 +54,35 @@ def llama_with_native(assert_close_rel, seed: int, **config):
     return model, eager, native_of(model)
 
 
-def test_positional_calls_run_from_cpp_and_check_dynamos_guards_each_time(assert_close_rel):
+def test_positional_calls_run_from_cpp_and_reuse_dynamos_verdict_while_nothing_moved(
+    assert_close_rel,
+):
+    """Default mode: Dynamo's guards run for each new argument layout, and again whenever
+    Python state the guard tree reads moved; in between their verdict is reused."""
     with torch.no_grad():
         model, eager, native = llama_with_native(assert_close_rel, seed=4)
         assert (native.arity, native.num_guard_checks) == (2, 1)  # (self, x); call 3
-        for n, b in enumerate((5, 2, 5, 9), start=2):
+        assert native.guard_reuse == "watched"
+        # Batch 4 was checked by the first direct call; 2 was the capture's, never checked here.
+        for n, (b, checks) in enumerate(
+            zip((4, 5, 2, 5, 9, 4), (1, 2, 3, 3, 4, 4), strict=True), start=2
+        ):
             x = llama_inputs(b)
             assert_close_rel(model(x), eager(x), RTOL)
-            assert native.num_guard_checks == n
+            assert native.num_guard_checks == checks, (b, native.num_guard_checks)
             assert direct_calls() == n
         # A keyword call takes the Python direct path: counted, but no C++ guard check.
         x = llama_inputs(3)
         assert_close_rel(model(x=x), eager(x), RTOL)
-        assert (direct_calls(), native.num_guard_checks) == (6, 5)
+        assert (direct_calls(), native.num_guard_checks) == (8, 4)
+        # A module attribute the guards compare moved: checked again (and passed: same value).
+        model.layers[1].n_rep = eager.layers[1].n_rep = int(model.layers[1].n_rep)
+        model.layers[0].input_norm.eps = eager.layers[0].input_norm.eps = 1e-6
+        x = llama_inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert (direct_calls(), native.num_guard_checks) == (9, 5)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert (direct_calls(), native.num_guard_checks) == (10, 5)
 
 
 def test_arguments_mode_checks_dynamos_guards_once_per_argument_layout(assert_close_rel):
@@ -113,6 +129,107 @@ def test_dynamo_mode_sees_a_module_attribute_the_forward_reads(assert_close_rel)
         for b in (3, 3, 3):
             x = inputs(b)
             assert_close_rel(model(x), eager(x), RTOL)
+
+
+SHIFT = 1.0  # a global the next test's forward reads
+
+
+def test_default_mode_sees_a_global_the_forward_reads(assert_close_rel):
+    global SHIFT
+
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x):
+            return self.fc(x) + SHIFT
+
+    model, eager = compiled_with_eager(Shifted())
+    try:
+        with torch.no_grad():
+            warm_up(model, eager, assert_close_rel)
+            (path,) = model._magi_compiled._direct.get(model).paths
+            assert path.native.guard_reuse == "watched"
+            SHIFT = 5.0
+            for b in (3, 4, 4):
+                x = inputs(b)
+                assert_close_rel(model(x), eager(x), RTOL)
+    finally:
+        SHIFT = 1.0
+
+
+def test_a_guard_tree_read_through_a_list_is_checked_on_every_call(assert_close_rel):
+    """The forward reads a float from a list attribute: the watch cannot follow a list's
+    items, so Dynamo's guards run on every direct call and see the in-place change."""
+
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+            self.scales = [2.0]
+
+        def forward(self, x):
+            return self.fc(x) * self.scales[0]
+
+    model, eager = compiled_with_eager(Listed())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native.guard_reuse == "unwatched"
+        checks = path.native.num_guard_checks
+        x = inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert path.native.num_guard_checks == checks + 1
+        model.scales[0] = eager.scales[0] = 3.0
+        for b in (4, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+
+
+def test_a_submodule_replaced_in_its_dict_is_computed_with(assert_close_rel):
+    """``model._modules['fc'] = other`` runs no registration hook. Dynamo's guards pass (the
+    same type and shapes), but the direct call gathered the old module's weights: the watch
+    sees the dict move and drops the direct calls, so the new weights are used."""
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x):
+            return self.fc(x) * 2.0
+
+    other = nn.Linear(H, H)  # built before the warm-up: building registers parameters
+    other_eager = copy.deepcopy(other)
+    model, eager = compiled_with_eager(Wrapped())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        model._modules["fc"] = other
+        eager._modules["fc"] = other_eager
+        for b in (4, 4, 5, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+
+
+def test_guard_watch_keeps_no_module_alive():
+    """The watch reaches module dicts through their modules and holds modules weakly: a
+    freed module's weights are freed."""
+    import gc
+    import weakref
+
+    def run_once() -> weakref.ref:
+        model = magi_compile(LlamaStack(1, **LLAMA))
+        with torch.no_grad():
+            for b in (2, 3, 4, 4):
+                model(llama_inputs(b))
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native.guard_reuse == "watched"
+        return weakref.ref(model.layers[0].q_proj.weight)
+
+    refs = [run_once() for _ in range(3)]
+    gc.collect()
+    assert sum(r() is not None for r in refs[:-1]) == 0  # the last may stay in Dynamo's cache
 
 
 def test_fast_dispatch_guards_must_be_a_known_mode():

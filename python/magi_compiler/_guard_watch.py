@@ -1,0 +1,329 @@
+"""What Python state a Dynamo guard tree reads, so a direct call can reuse its verdict.
+
+In the default ``fast_dispatch_guards="dynamo"`` mode a C++ direct call (``_C.DirectCall``)
+evaluates the guards of the Dynamo cache entry its learning call ran. Their verdict is a
+function of three things: the call's arguments, process state, and the Python objects the tree
+reaches from the frame's locals and the function's globals. The first two are the fingerprint
+``fast_dispatch_guards="arguments"`` already keys verdicts by. This module walks the tree once
+after it passed and lists how to tell, cheaply and from C++, that the third did not change
+either:
+
+- a dict read at a key (``_parameters['weight']``, a global, a module's attribute): the dict's
+  version tag, and when it moved, the object now at that key against the one the walk saw;
+- a dict whose keys or size a guard reads (``DICT_CONTAINS``, the ordered keys of
+  ``_modules``): the version tag alone;
+- a function's ``__code__``, an object's type, a closure cell's contents: the object the walk
+  saw, by identity;
+- a tensor the tree guards that is neither an argument nor a gathered parameter or buffer: its
+  layout (the direct call checks gathered ones on every call already);
+- an attribute a guard says an object lacks (``hasattr(x, '_dynamo_dynamic_indices')``):
+  looked up on every call.
+
+While all of them hold and the fingerprint is one the guards passed, the guards would pass
+again, so the direct call skips them. Anything the tree reads another way (a list's items, an
+attribute of an arbitrary object, a Python lambda guard below the root) makes the tree
+unwatchable; the direct call then evaluates the guards on every call, as before. ``plan``
+returns the lists, or a reason when the tree cannot be watched.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# Kinds of identity pins, as _C.DirectCall reads them.
+PIN_CODE, PIN_TYPE, PIN_CELL = 0, 1, 2
+
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
+_SAVED_HOOKS = "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+_HASATTR = re.compile(r"^hasattr\(.*, '([A-Za-z_][A-Za-z0-9_]*)'\) == False$")
+_DICT_KEY = re.compile(r"^DictGetItemGuardAccessor\((.*)\)$")
+_GETATTR = re.compile(r"^GetAttrGuardAccessor\(([A-Za-z_][A-Za-z0-9_]*)\)$")
+_FRAME = re.compile(r"^FrameLocalsGuardAccessor\(key='([A-Za-z_][A-Za-z0-9_]*)'")
+_TUPLE = re.compile(r"^TupleGetItemGuardAccessor\((\d+)\)$")
+# An epilogue guard over the arguments' sizes, strides and identities only (the shape
+# environment's relations, aliasing between arguments): the fingerprint decides it.
+_ARG_TERM = re.compile(
+    r"L\['([A-Za-z_][A-Za-z0-9_]*)'\](?:\.size\(\)\[\d+\]|\.stride\(\)\[\d+\]"
+    r"|\.storage_offset\(\))?"
+)
+_ARITHMETIC = re.compile(r"^(?:[\s\d()<>=!+\-*/%]|\band\b|\bor\b|\bnot\b|\bis\b)*$")
+# G['a'].b['c'] ... as an epilogue guard names objects it compares by identity.
+_GLOBAL_CHAIN = re.compile(r"G(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)+")
+_CHAIN_STEP = re.compile(r"\['([^']*)'\]|\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+_NO_KEY = object()  # watch() with no key of its own: registers the dict's holder only
+
+
+class Unwatchable(Exception):
+    """The tree reads Python state in a way the plan cannot follow."""
+
+
+def _text(guard: Any) -> str:
+    parts = guard.verbose_code_parts()
+    return parts[0].split("  #")[0].strip() if parts else ""
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v) for v in value)
+    return type(value) in _IMMUTABLE or isinstance(value, type)
+
+
+class _Plan:
+    def __init__(self, arg_index: dict[str, int], gathered: set[int]):
+        self.arg_index = arg_index
+        self.gathered = gathered  # ids of the tensors the direct call gathers and checks
+        # id -> (dict, keys or None for the whole dict, the object whose __dict__ it is)
+        self.dicts: dict[int, tuple[dict, set[Any] | None, Any]] = {}
+        self.pins: list[tuple[int, Any, Any]] = []
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.absent: list[tuple[Any, int, str]] = []  # (object or None, argument index, name)
+        self.saved_hooks = False
+
+    def watch(self, d: Any, key: Any = None, whole: bool = False, holder: Any = None) -> None:
+        """Watches ``d`` at ``key``, or ``whole``. ``holder``: the object ``d`` is the
+        ``__dict__`` of, through which the direct call reaches it (an instance dict may hold
+        the module itself, as its compiled ``forward`` does: held directly, the module could
+        never be freed)."""
+        if type(d) is not dict and not isinstance(d, dict):
+            raise Unwatchable(f"a read of a {type(d).__name__} by key")
+        if type(d).__getitem__ is not dict.__getitem__ and not (
+            type(d).__module__ == "collections" and type(d).__name__ == "OrderedDict"
+        ):
+            raise Unwatchable(f"a {type(d).__name__} with its own __getitem__")
+        held, keys, known = self.dicts.get(id(d), (d, set(), None))
+        if whole or keys is None:
+            keys = None
+        elif key is not _NO_KEY:
+            keys.add(key)
+        self.dicts[id(d)] = (held, keys, holder if holder is not None else known)
+
+    def result(self) -> tuple:
+        dicts = [
+            (
+                d if holder is None else holder,
+                None if keys is None else list(keys),
+                holder is not None,
+            )
+            for d, keys, holder in self.dicts.values()
+        ]
+        return dicts, self.pins, list(self.tensors.values()), self.absent, self.saved_hooks
+
+
+def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
+    """Checks that the leaf guards of ``manager`` decide the same while ``value`` (an argument
+    when ``arg`` is its index) and what is watched stay as they are."""
+    for guard in manager.get_leaf_guards():
+        kind = type(guard).__name__
+        if kind in ("ID_MATCH", "NONE_MATCH", "NOT_NONE"):
+            continue  # the value's identity, which the path to it pins
+        if kind == "TYPE_MATCH":
+            if arg is None:
+                plan.pins.append((PIN_TYPE, value, type(value)))
+            continue  # an argument's type is in the fingerprint
+        if kind == "EQUALS_MATCH":
+            if arg is None and not _immutable(value):
+                raise Unwatchable(f"EQUALS_MATCH on a {type(value).__name__}")
+            continue  # scalar arguments' values are in the signature
+        if kind == "TENSOR_MATCH":
+            if arg is None and id(value) not in plan.gathered:
+                plan.tensors[id(value)] = value
+            continue  # arguments and gathered tensors are checked on every call
+        if kind == "NO_HASATTR":
+            m = _HASATTR.match(_text(guard))
+            if m is None:
+                raise Unwatchable(f"NO_HASATTR {_text(guard)!r}")
+            plan.absent.append(
+                (None if arg is not None else value, -1 if arg is None else arg, m[1])
+            )
+            continue
+        if kind in ("DICT_CONTAINS", "DICT_VERSION", "DICT_LENGTH", "LENGTH_CHECK"):
+            if isinstance(value, tuple) and kind == "LENGTH_CHECK":
+                continue
+            if arg is not None:
+                raise Unwatchable(f"{kind} on an argument")
+            plan.watch(value, whole=True)
+            continue
+        raise Unwatchable(f"a {kind} guard on {manager.get_source()}")
+
+
+def _children(plan: _Plan, manager: Any, value: Any) -> None:
+    """Walks the managers below ``manager``, whose guarded object is ``value``."""
+    if type(manager).__name__ == "DictGuardManager":
+        plan.watch(value, whole=True)  # keys by position
+        keys = list(value.keys())
+        for index, (key_manager, value_manager) in manager.get_key_value_managers().items():
+            if key_manager is not None:
+                _walk(plan, key_manager, keys[index])
+            if value_manager is not None:
+                _walk(plan, value_manager, value[keys[index]])
+    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers(), strict=True):
+        how = accessor.repr()
+        if _empty(child):
+            continue  # nothing is checked of the object it reaches
+        if m := _DICT_KEY.match(how):
+            try:
+                key = ast.literal_eval(m[1])
+            except (ValueError, SyntaxError) as e:
+                raise Unwatchable(f"a dict key written {m[1]}") from e
+            plan.watch(value, key)
+            _walk(plan, child, value[key])
+        elif m := _GETATTR.match(how):
+            if not isinstance(value, types.ModuleType) or m[1] not in vars(value):
+                raise Unwatchable(f"attribute {m[1]} of a {type(value).__name__}")
+            plan.watch(vars(value), m[1])
+            _walk(plan, child, vars(value)[m[1]])
+        elif how == "GetGenericDictGuardAccessor":
+            plan.watch(vars(value), _NO_KEY, holder=value)
+            _walk(plan, child, vars(value))
+        elif how == "CodeGuardAccessor":
+            if not isinstance(value, types.FunctionType):
+                raise Unwatchable(f"__code__ of a {type(value).__name__}")
+            plan.pins.append((PIN_CODE, value, value.__code__))
+            _walk(plan, child, value.__code__)
+        elif (m := _TUPLE.match(how)) and type(value) is tuple:
+            _walk(plan, child, value[int(m[1])])
+        else:
+            raise Unwatchable(f"{how} on {manager.get_source()}")
+
+
+def _empty(manager: Any) -> bool:
+    return (
+        not manager.get_leaf_guards()
+        and not manager.get_accessors()
+        and type(manager).__name__ != "DictGuardManager"
+    )
+
+
+def _walk(plan: _Plan, manager: Any, value: Any) -> None:
+    _leaves(plan, manager, value, None)
+    _children(plan, manager, value)
+
+
+def _argument(plan: _Plan, manager: Any, index: int, value: Any) -> None:
+    _leaves(plan, manager, value, index)
+    if manager.get_accessors():
+        raise Unwatchable(f"guards below the argument {manager.get_source()}")
+
+
+def _epilogue(plan: _Plan, guard: Any, frame: dict[str, Any], globals_: dict) -> None:
+    text = _text(guard)
+    rest = text
+    for m in _ARG_TERM.finditer(text):
+        if m[1] not in plan.arg_index:
+            raise Unwatchable(f"epilogue guard {text!r}")
+        rest = rest.replace(m[0], " ")
+    if "G[" not in text and _ARITHMETIC.match(rest):
+        return  # the fingerprint (sizes, strides, offsets, aliasing) decides it
+    chains = _GLOBAL_CHAIN.findall(text)
+    leftover = _GLOBAL_CHAIN.sub(" ", text)
+    if not chains or not re.fullmatch(r"\s*is\s*(?:not\s*)?", leftover):
+        raise Unwatchable(f"epilogue guard {text!r}")
+    for chain in chains:
+        value: Any = globals_
+        for step in _CHAIN_STEP.finditer(chain[1:]):
+            if step[1] is not None:
+                plan.watch(value, step[1])
+                value = value[step[1]]
+            elif isinstance(value, types.ModuleType) and step[2] in vars(value):
+                plan.watch(vars(value), step[2])
+                value = vars(value)[step[2]]
+            else:
+                raise Unwatchable(f"epilogue guard {text!r}")
+
+
+def plan(
+    root: Any,
+    frame: dict[str, Any],
+    globals_: dict,
+    arg_names: list[str],
+    cells: dict[str, Any],
+    gathered: list[Any],
+    method: bool,
+) -> tuple | str:
+    """What the guard tree ``root`` reads, for the direct call to watch (see the module's
+    docstring), or why it cannot be watched. ``frame``: the locals the guards just passed on;
+    ``arg_names``: the function's parameters, the first the module when ``method`` (the same
+    object on every call of the direct call's owner: walked, not fingerprinted); ``cells``: the
+    closure's cells by name; ``gathered``: the tensors the direct call gathers from parameter
+    and buffer dicts (it compares their layouts on every call itself)."""
+    first = 1 if method else 0
+    p = _Plan(
+        {name: i for i, name in enumerate(arg_names) if i >= first},
+        {id(t) for t in gathered if isinstance(t, torch.Tensor)},
+    )
+    try:
+        for guard in root.get_leaf_guards():
+            kind = type(guard).__name__
+            if kind in ("GLOBAL_STATE", "TORCH_FUNCTION_MODE_STACK"):
+                continue  # the fingerprint's process state
+            if kind == "DEFAULT_DEVICE":
+                import torch.utils._device as device_module
+
+                p.watch(vars(device_module), "CURRENT_DEVICE")
+                continue
+            if kind == "LAMBDA_GUARD" and _text(guard) == _SAVED_HOOKS:
+                p.saved_hooks = True
+                continue
+            raise Unwatchable(f"the root guard {kind} {_text(guard)!r}")
+        for guard in root.get_epilogue_lambda_guards():
+            _epilogue(p, guard, frame, globals_)
+        for accessor, child in zip(root.get_accessors(), root.get_child_managers(), strict=True):
+            how = accessor.repr()
+            if how == "GlobalsGuardAccessor":
+                _walk(p, child, globals_)
+            elif (m := _FRAME.match(how)) and m[1] in p.arg_index:
+                _argument(p, child, p.arg_index[m[1]], frame[m[1]])
+            elif m and method and m[1] == arg_names[0]:
+                _walk(p, child, frame[m[1]])
+            elif m and m[1] in cells:
+                p.pins.append((PIN_CELL, cells[m[1]], frame[m[1]]))
+                _walk(p, child, frame[m[1]])
+            else:
+                raise Unwatchable(f"{how} at the root")
+    except Unwatchable as e:
+        return str(e)
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        return f"the tree's objects moved while it was walked: {e!r}"
+    return p.result()
+
+
+def planner(
+    root: Any,
+    globals_: dict,
+    arg_names: list[str],
+    cells: dict[str, Any],
+    gathered: Callable[[], list[Any]],
+    containers: list[str],
+    method: bool,
+    log: Callable[[str], None],
+) -> Callable:
+    """The callable a direct call runs after each guard check that passed, to learn what to
+    watch: ``(frame) -> plan | None``; ``log`` gets the reason when there is none.
+    ``containers``: per gathered parameter or buffer, the expression of the dict the direct
+    call reads it from (``self._modules['fc']._parameters``); the plan ends with those dicts
+    as the frame reaches them now, so that a call can tell when a submodule was replaced by a
+    write that no registration hook saw (``model._modules['fc'] = other``)."""
+    codes = [compile(c, "<magi container>", "eval") for c in containers]
+
+    def make(frame: dict[str, Any]) -> tuple | None:
+        result = plan(root, frame, globals_, arg_names, cells, gathered(), method)
+        if isinstance(result, str):
+            log(result)
+            return None
+        scope = {"__magi_G": globals_, **frame}
+        try:
+            now = [eval(code, scope) for code in codes]  # noqa: S307 - our expressions
+        except Exception as e:  # noqa: BLE001 - the path no longer reaches them
+            log(f"a parameter dict is no longer reachable: {e!r}")
+            return None
+        return (*result, now)
+
+    return make
