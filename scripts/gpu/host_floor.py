@@ -94,6 +94,9 @@ def measure(guards: str, model, xs, iters: int) -> dict[str, float]:
                 out[f"stage_{name}{suffix}"] = total / n
         runner.set_input_copy_nodes(True)
         out["input_retargets_per_replay"] = runner.num_input_retargets / max(runner.num_replays, 1)
+    if native is not None:  # how Dynamo's guards were evaluated, and how often
+        out["guard_reuse"] = native.guard_reuse
+        out["guard_checks"] = native.num_guard_checks
     return out
 
 
