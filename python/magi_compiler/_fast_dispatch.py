@@ -18,7 +18,8 @@ Direct calls check the compact guard signature (dtype, device, rank, static size
 requires_grad of the arguments; grad mode, autocast, module.training) and then the guards of
 the Dynamo cache entry the learning call ran (sizes the code branched on, the same tensor passed
 twice, values of tuples and other arguments, parameters' dtypes and shapes, hooks; a few
-microseconds, evaluated in C++ by Dynamo's guard manager). A call that fails them is an ordinary
+microseconds, evaluated in C++ by Dynamo's guard manager; the C++ direct call reuses their
+verdict while nothing they read moved, _guard_watch.py). A call that fails them is an ordinary
 call. Assigning a parameter, buffer or submodule anywhere in the process (``module.x = ...``,
 ``register_buffer``) drops every direct path, so the next call goes through Dynamo again.
 ``CompileConfig.fast_dispatch=False`` turns this off. See docs/api.md.

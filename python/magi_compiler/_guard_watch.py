@@ -39,6 +39,7 @@ import torch
 # Kinds of identity pins, as _C.DirectCall reads them.
 PIN_CODE, PIN_TYPE, PIN_CELL = 0, 1, 2
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
 _SAVED_HOOKS = "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
 _HASATTR = re.compile(r"^hasattr\(.*, '([A-Za-z_][A-Za-z0-9_]*)'\) == False$")
@@ -68,6 +69,13 @@ class Unwatchable(Exception):
 def _text(guard: Any) -> str:
     parts = guard.verbose_code_parts()
     return parts[0].split("  #")[0].strip() if parts else ""
+
+
+def _class_assignable(value: Any) -> bool:
+    """Whether ``value.__class__ = ...`` can change its type: CPython allows it for instances
+    of classes defined in Python (heap types) and of module types only, not of ``dict``,
+    ``OrderedDict``, functions or ``object()``."""
+    return bool(type(value).__flags__ & _HEAPTYPE) or isinstance(value, types.ModuleType)
 
 
 def _immutable(value: Any) -> bool:
@@ -125,9 +133,9 @@ def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
         if kind in ("ID_MATCH", "NONE_MATCH", "NOT_NONE"):
             continue  # the value's identity, which the path to it pins
         if kind == "TYPE_MATCH":
-            if arg is None:
+            if arg is None and _class_assignable(value):
                 plan.pins.append((PIN_TYPE, value, type(value)))
-            continue  # an argument's type is in the fingerprint
+            continue  # an argument's type is in the fingerprint; a dict's cannot change
         if kind == "EQUALS_MATCH":
             if arg is None and not _immutable(value):
                 raise Unwatchable(f"EQUALS_MATCH on a {type(value).__name__}")

@@ -97,7 +97,9 @@ class CompileConfig:
     # to the compiled graph (after one ordinary call per signature and module instance).
     fast_dispatch: bool = True
     # What a direct call checks besides the compact signature: "dynamo" evaluates the guards
-    # of Dynamo's cache entry on every call; "arguments" evaluates them once per argument
+    # of Dynamo's cache entry once per argument layout and again whenever Python state the
+    # guard tree reads moved (_guard_watch.py; every call for a tree it cannot follow);
+    # "arguments" evaluates them once per argument
     # layout (sizes, strides, aliasing) and process state and trusts that verdict afterwards,
     # so Python state the forward reads (module attributes, globals) is assumed not to change
     # after the capture (MagiCompiler's contract). See docs/api.md#direct-dispatch.
