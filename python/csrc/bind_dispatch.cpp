@@ -38,6 +38,7 @@
 #include <c10/util/SmallVector.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -213,7 +214,6 @@ struct Watch {
 
   /// Loads _guard_watch.plan's tuple; false when a dict has no version tag to compare.
   bool load(const py::tuple& plan) {
-    *this = Watch();
     for (py::handle item : plan[0].cast<py::list>()) {
       const py::tuple pair = py::reinterpret_borrow<py::tuple>(item);
       Dict d;
@@ -513,7 +513,10 @@ class DirectCall {
       have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
       key.push_back(static_cast<int64_t>(fixed_generation_));
     }
-    if (have_key && watch && watching_ && !watch_.holds(argv, n)) {
+    // Held for the comparison: another thread may list a new watch while this one's
+    // comparisons run Python (an argument's __getattr__).
+    const std::shared_ptr<Watch> watched = watch_;
+    if (have_key && watch && watching_ && watched != nullptr && !watched->holds(argv, n)) {
       watching_ = false;
       verified_.clear();
       last_verified_.clear();
@@ -608,7 +611,7 @@ class DirectCall {
     py::object plan = planner_(frame);
     if (plan.is_none()) {
       unwatchable_ = true;
-      watch_ = Watch();
+      watch_ = nullptr;
       return true;
     }
     const py::tuple parts = plan.cast<py::tuple>();
@@ -621,11 +624,13 @@ class DirectCall {
         return false;
       }
     }
-    if (!watch_.load(parts)) {
+    auto listed = std::make_shared<Watch>();
+    if (!listed->load(parts)) {
       unwatchable_ = true;
-      watch_ = Watch();
+      watch_ = nullptr;
       return true;
     }
+    watch_ = std::move(listed);
     watching_ = true;
     return true;
   }
@@ -658,11 +663,11 @@ class DirectCall {
   py::object guard_check_;
   std::vector<py::str> frame_names_;
   std::vector<std::pair<std::string, py::object>> cells_;
-  py::object target_;   // keeps the runner or executable alive
-  py::object planner_;  // _guard_watch.planner's callable, or None
-  Watch watch_;
-  bool watching_ = false;     // watch_ lists the state of the verdicts in verified_
-  bool unwatchable_ = false;  // the planner could not list the tree: check every call
+  py::object target_;             // keeps the runner or executable alive
+  py::object planner_;            // _guard_watch.planner's callable, or None
+  std::shared_ptr<Watch> watch_;  // replaced whole, never changed in place but for versions
+  bool watching_ = false;         // watch_ lists the state of the verdicts in verified_
+  bool unwatchable_ = false;      // the planner could not list the tree: check every call
   runtime::CudaGraphRunner* runner_ = nullptr;
   const runtime::Executable* executable_ = nullptr;
   std::vector<Slot> slots_;
