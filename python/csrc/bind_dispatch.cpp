@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "magi/common/error.h"
+#include "magi/common/log.h"
 #include "magi/runtime/cuda_graph.h"
 #include "magi/runtime/executor.h"
 #include "magi/runtime/guard.h"
@@ -57,6 +58,10 @@ enum class Result { kTensor, kTuple, kList };
 /// Verified fingerprints kept per direct call (fast_dispatch_guards="arguments"); calls with
 /// later ones are checked by Dynamo's guards every time.
 constexpr size_t kMaxVerified = 256;
+/// A watch that fails within kQuickCalls calls of being listed, kMaxQuickFailures times in a
+/// row, is given up (the guards then run on every call).
+constexpr size_t kQuickCalls = 16;
+constexpr size_t kMaxQuickFailures = 4;
 
 // Bumped (by _fast_dispatch.py's registration hooks) whenever a module anywhere registers a
 // parameter, buffer or submodule: direct calls learned before are stale. Read and written
@@ -130,6 +135,34 @@ struct Slot {
   TensorState state;
 };
 
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000 && !defined(Py_LIMITED_API) && \
+    !defined(Py_GIL_DISABLED)
+#define MAGI_DICT_WATCHERS 1
+#endif
+
+#ifdef MAGI_DICT_WATCHERS
+// CPython 3.12's dict watchers: every dict a watch lists is registered with one watcher, whose
+// callback counts writes to any of them. A call that finds the count unchanged skips reading
+// the dicts (about 90 for the 4-layer stack, mostly out of cache on a busy host); otherwise it
+// compares them as on 3.11. GIL-protected, as the callback runs with the GIL held.
+uint64_t g_watched_writes = 0;
+
+int count_watched_write(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
+  ++g_watched_writes;
+  return 0;
+}
+
+/// The watcher's id, registered at first use; -1 when the interpreter has no free slot.
+int dict_watcher() {
+  static const int id = [] {
+    const int got = PyDict_AddWatcher(count_watched_write);
+    if (got < 0) PyErr_Clear();
+    return got;
+  }();
+  return id;
+}
+#endif
+
 /// An object a watch compares by identity, held without keeping it alive where it takes a
 /// weak reference (modules, functions, tensors: a module tree must stay freeable while its
 /// direct calls exist), else held strongly (dicts, ints, strings): either way a later
@@ -172,23 +205,38 @@ PyObject* instance_dict(PyObject* obj) {
 struct Watch {
   struct Key {
     py::object key;
-    Held value;            ///< the object the dict held at the key
-    bool missing = false;  ///< the key was absent
+    Held value;                ///< the object the dict held at the key, unless a dict
+    PyObject* dict = nullptr;  ///< that object when a dict: compared, not held (below)
+    bool missing = false;      ///< the key was absent
+
+    bool same(PyObject* now) const {
+      if (missing) return now == nullptr;
+      if (now == nullptr) return false;
+      return dict != nullptr ? now == dict : now == value.get();
+    }
   };
+  // How a listed dict is held (_guard_watch.HELD_DICT, THROUGH_HOLDER, AT_KEY). Dicts take no
+  // weak references, and holding the dicts of a module tree would keep it alive: a module's
+  // __dict__ holds its compiled forward, whose closure holds the module, and its _modules may
+  // hold a child whose hooks hold the parent. So only roots (the globals) are held. An
+  // instance's or Python module's __dict__ is reached through its object, held weakly; a dict
+  // found at a key of a dict listed before it is compared by address and version without
+  // being held: the earlier dict's check proves it still holds that very dict (alive) before
+  // this one is read, and a new dict at a freed one's address has another version.
+  enum How { kHeld = 0, kThroughHolder = 1, kAtKey = 2 };
   struct Dict {
-    // Dicts take no weak references. A module's __dict__ (which holds its compiled forward,
-    // whose closure holds the module) is reached through its module on every call instead;
-    // other dicts are held.
-    py::object dict;
-    Held holder;               ///< the object whose __dict__ it is, or none
-    PyObject* seen = nullptr;  ///< that __dict__ when listed (compared, never dereferenced)
+    int how = kHeld;
+    py::object dict;           ///< kHeld
+    Held holder;               ///< kThroughHolder: the object whose __dict__ it is
+    PyObject* seen = nullptr;  ///< kThroughHolder, kAtKey: the dict when listed
     uint64_t version = 0;
     bool whole = false;  ///< its keys or size are read: any write counts
     std::vector<Key> keys;
 
     /// The dict now (borrowed), or nullptr when its holder is gone or has another __dict__.
     PyObject* get() const {
-      if (seen == nullptr) return dict.ptr();
+      if (how == kHeld) return dict.ptr();
+      if (how == kAtKey) return PyDict_Check(seen) ? seen : nullptr;
       PyObject* obj = holder.get();
       if (obj == nullptr) return nullptr;
       PyObject* now = instance_dict(obj);
@@ -210,21 +258,43 @@ struct Watch {
   std::vector<Pin> pins;
   std::vector<std::pair<Held, TensorState>> tensors;
   std::vector<Absent> absent;
-  bool saved_hooks = false;  ///< no saved-tensor hooks may be set (Dynamo's root lambda)
+  /// Dynamo's NO_TENSOR_ALIASING guard: none of these arguments may be any of these tensors.
+  std::vector<int64_t> distinct_args;
+  std::vector<Held> distinct_tensors;
+  /// Dynamo's root lambda on saved-tensor hooks: with hooks set, each call checks the guards
+  /// (whether they are ones its lambda accepts is Python's to say) and keeps the watch.
+  bool saved_hooks = false;
+#ifdef MAGI_DICT_WATCHERS
+  bool watched = false;      ///< every dict is registered with the dict watcher
+  uint64_t writes_seen = 0;  ///< g_watched_writes when the dicts last held
+#endif
 
   /// Loads _guard_watch.plan's tuple; false when a dict has no version tag to compare.
   bool load(const py::tuple& plan) {
+#ifdef MAGI_DICT_WATCHERS
+    watched = dict_watcher() >= 0;
+#endif
     for (py::handle item : plan[0].cast<py::list>()) {
       const py::tuple pair = py::reinterpret_borrow<py::tuple>(item);
       Dict d;
-      if (pair[2].cast<bool>()) {
+      d.how = pair[2].cast<int>();
+      if (d.how == kThroughHolder) {
         d.holder = Held::of(pair[0]);
         d.seen = instance_dict(pair[0].ptr());
         if (d.seen == nullptr) return false;
+      } else if (d.how == kAtKey) {
+        d.seen = pair[0].ptr();
       } else {
         d.dict = py::reinterpret_borrow<py::object>(pair[0]);
       }
       PyObject* dict = d.get();
+#ifdef MAGI_DICT_WATCHERS
+      // Registered before its version is read: registering sets bits of the version tag.
+      if (watched && PyDict_Watch(dict_watcher(), dict) < 0) {
+        PyErr_Clear();
+        watched = false;
+      }
+#endif
       d.version = dict_version(dict);
       if (d.version == 0) return false;
       d.whole = pair[1].is_none();
@@ -235,7 +305,11 @@ struct Watch {
           Key k;
           k.key = py::reinterpret_borrow<py::object>(key);
           k.missing = now == nullptr;
-          if (now != nullptr) k.value = Held::of(now);
+          if (now != nullptr && PyDict_Check(now)) {
+            k.dict = now;
+          } else if (now != nullptr) {
+            k.value = Held::of(now);
+          }
           d.keys.push_back(std::move(k));
         }
       }
@@ -260,12 +334,38 @@ struct Watch {
       absent.push_back(std::move(a));
     }
     saved_hooks = plan[4].cast<bool>();
+    const py::tuple distinct = plan[5].cast<py::tuple>();
+    distinct_args = distinct[0].cast<std::vector<int64_t>>();
+    for (py::handle t : distinct[1].cast<py::list>()) distinct_tensors.push_back(Held::of(t));
+#ifdef MAGI_DICT_WATCHERS
+    writes_seen = g_watched_writes;
+#endif
     return true;
   }
 
   /// Whether everything listed is as it was. Dicts come first: a dict that moved is read
   /// again at its keys and, when they hold the same objects, taken at its new version.
   bool holds(PyObject* const* argv, size_t n) {
+    if (!dicts_unwritten()) {
+      if (!dicts_hold()) return false;
+#ifdef MAGI_DICT_WATCHERS
+      writes_seen = g_watched_writes;
+#endif
+    }
+    return rest_holds(argv, n);
+  }
+
+  /// True when no watched dict was written since they last held (dict watchers), so that
+  /// reading them is not needed.
+  bool dicts_unwritten() const {
+#ifdef MAGI_DICT_WATCHERS
+    return watched && writes_seen == g_watched_writes;
+#else
+    return false;
+#endif
+  }
+
+  bool dicts_hold() {
     for (Dict& d : dicts) {
       PyObject* dict = d.get();
       if (dict == nullptr) return false;
@@ -275,10 +375,14 @@ struct Watch {
       for (const Key& k : d.keys) {
         PyObject* now = PyDict_GetItemWithError(dict, k.key.ptr());
         if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
-        if (k.missing ? now != nullptr : (now == nullptr || now != k.value.get())) return false;
+        if (!k.same(now)) return false;
       }
       d.version = version;
     }
+    return true;
+  }
+
+  bool rest_holds(PyObject* const* argv, size_t n) const {
     for (const Pin& pin : pins) {
       PyObject* obj = pin.obj.get();
       PyObject* expected = pin.expected.get();
@@ -302,7 +406,12 @@ struct Watch {
           a.arg >= 0 ? (static_cast<size_t>(a.arg) < n ? argv[a.arg] : nullptr) : a.obj.get();
       if (obj == nullptr || PyObject_HasAttr(obj, a.name.ptr()) != 0) return false;
     }
-    if (saved_hooks && at::SavedTensorDefaultHooks::get_hooks(true).has_value()) return false;
+    for (const int64_t i : distinct_args) {
+      if (i < 0 || static_cast<size_t>(i) >= n) return false;
+      for (const Held& t : distinct_tensors) {
+        if (t.get() == argv[i]) return false;
+      }
+    }
     return true;
   }
 };
@@ -517,11 +626,11 @@ class DirectCall {
     // comparisons run Python (an argument's __getattr__).
     const std::shared_ptr<Watch> watched = watch_;
     if (have_key && watch && watching_ && watched != nullptr && !watched->holds(argv, n)) {
-      watching_ = false;
-      verified_.clear();
-      last_verified_.clear();
+      forget_watch();
     }
-    const bool reusable = have_key && (memoize_ || watching_);
+    const bool hooks_set = watching_ && watched != nullptr && watched->saved_hooks &&
+                           at::SavedTensorDefaultHooks::get_hooks(true).has_value();
+    const bool reusable = have_key && (memoize_ || watching_) && !hooks_set;
     if (!reusable || (key != last_verified_ && verified_.count(key) == 0)) {
       py::dict frame;
       if (!guards_pass(argv, n, &frame)) return py::none();
@@ -531,6 +640,7 @@ class DirectCall {
       }
     }
     if (have_key && (memoize_ || watching_) && key != last_verified_) last_verified_ = key;
+    ++calls_;
 
     std::vector<c10::IValue> outputs;
     {
@@ -607,6 +717,24 @@ class DirectCall {
   /// Returns false when a dict this call gathers parameters or buffers from is no longer the
   /// one the frame reaches (a submodule replaced without a registration hook): every direct
   /// call is then dropped, as a registration drops them, and this call is made ordinarily.
+  /// The watched state moved: every verdict is dropped. A watch that keeps failing soon after
+  /// it was listed (state that moves on every call, such as a counter attribute the guards
+  /// compare) costs a walk of the tree each time: after kMaxQuickFailures in a row the tree
+  /// is evaluated on every call instead.
+  void forget_watch() {
+    watching_ = false;
+    verified_.clear();
+    last_verified_.clear();
+    quick_failures_ = calls_ - listed_at_ < kQuickCalls ? quick_failures_ + 1 : 0;
+    if (quick_failures_ >= kMaxQuickFailures) {
+      unwatchable_ = true;
+      watch_ = nullptr;
+      MAGI_LOG_DEBUG("direct call: the Python state Dynamo's guards read moved ", kMaxQuickFailures,
+                     " times within ", kQuickCalls,
+                     " calls of being listed; the guards are evaluated on every call");
+    }
+  }
+
   bool start_watching(const py::dict& frame) {
     py::object plan = planner_(frame);
     if (plan.is_none()) {
@@ -615,7 +743,7 @@ class DirectCall {
       return true;
     }
     const py::tuple parts = plan.cast<py::tuple>();
-    const py::list containers = parts[5].cast<py::list>();
+    const py::list containers = parts[6].cast<py::list>();
     size_t i = 0;
     for (const Slot& slot : slots_) {
       if (slot.kind != Slot::kFixed) continue;
@@ -630,8 +758,13 @@ class DirectCall {
       watch_ = nullptr;
       return true;
     }
+    // The walk ran Python after the check (another thread may have run): the guards are
+    // checked again on the state just listed, and the listing is used only if they pass.
+    ++guard_checks_;
+    if (!check_frame(frame)) return true;
     watch_ = std::move(listed);
     watching_ = true;
+    listed_at_ = calls_;
     return true;
   }
 
@@ -650,6 +783,11 @@ class DirectCall {
         throw py::error_already_set();
       }
     }
+    return check_frame(frame);
+  }
+
+  /// Dynamo's guards on the frame's locals.
+  bool check_frame(const py::dict& frame) {
     PyObject* passed = PyObject_CallOneArg(guard_check_.ptr(), frame.ptr());
     if (passed == nullptr) throw py::error_already_set();
     const int truth = PyObject_IsTrue(passed);
@@ -666,8 +804,12 @@ class DirectCall {
   py::object target_;             // keeps the runner or executable alive
   py::object planner_;            // _guard_watch.planner's callable, or None
   std::shared_ptr<Watch> watch_;  // replaced whole, never changed in place but for versions
-  bool watching_ = false;         // watch_ lists the state of the verdicts in verified_
-  bool unwatchable_ = false;      // the planner could not list the tree: check every call
+  bool watching_ = false;
+  size_t calls_ = 0;           // calls that ran directly
+  size_t listed_at_ = 0;       // calls_ when watch_ was listed
+  size_t quick_failures_ = 0;  // watches in a row that failed within kQuickCalls calls         //
+                               // watch_ lists the state of the verdicts in verified_
+  bool unwatchable_ = false;   // the planner could not list the tree: check every call
   runtime::CudaGraphRunner* runner_ = nullptr;
   const runtime::Executable* executable_ = nullptr;
   std::vector<Slot> slots_;

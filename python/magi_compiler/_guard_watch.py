@@ -38,6 +38,8 @@ import torch
 
 # Kinds of identity pins, as _C.DirectCall reads them.
 PIN_CODE, PIN_TYPE, PIN_CELL = 0, 1, 2
+# How the direct call holds each watched dict (_Plan.result).
+HELD_DICT, THROUGH_HOLDER, AT_KEY = 0, 1, 2
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
@@ -90,9 +92,16 @@ class _Plan:
         self.gathered = gathered  # ids of the tensors the direct call gathers and checks
         # id -> (dict, keys or None for the whole dict, the object whose __dict__ it is)
         self.dicts: dict[int, tuple[dict, set[Any] | None, Any]] = {}
+        # ids of the dicts found at a key of a dict watched before them: the direct call
+        # reaches them through that key, so it does not hold them (see result())
+        self.reached: set[int] = set()
         self.pins: list[tuple[int, Any, Any]] = []
         self.tensors: dict[int, torch.Tensor] = {}
         self.absent: list[tuple[Any, int, str]] = []  # (object or None, argument index, name)
+        # Dynamo's NO_TENSOR_ALIASING guard: these arguments must not be any of these tensors
+        # (arguments among themselves: the fingerprint's aliasing)
+        self.distinct_args: set[int] = set()
+        self.distinct_tensors: dict[int, torch.Tensor] = {}
         self.saved_hooks = False
 
     def watch(self, d: Any, key: Any = None, whole: bool = False, holder: Any = None) -> None:
@@ -113,16 +122,38 @@ class _Plan:
             keys.add(key)
         self.dicts[id(d)] = (held, keys, holder if holder is not None else known)
 
+    def reach(self, parent: dict, key: Any) -> None:
+        """Notes that the value at ``parent[key]`` (watched at that key) is a dict, which
+        the direct call then compares without holding it."""
+        value = parent[key]
+        if isinstance(value, dict) and id(value) not in self.dicts:
+            self.reached.add(id(value))
+
     def result(self) -> tuple:
-        dicts = [
-            (
-                d if holder is None else holder,
-                None if keys is None else list(keys),
-                holder is not None,
+        """The dicts in the order they were met (a dict reached at a key after the dict
+        holding it), each as (dict or its holder, keys or None, how it is held): HELD_DICT (a
+        root, such as the globals), THROUGH_HOLDER (an instance's or Python module's
+        ``__dict__``, reached through the object, held weakly) or AT_KEY (a value at a key of
+        an earlier dict, compared by identity and version, not held: holding a module's
+        ``_modules`` could hold, through a hook's bound method, the module itself)."""
+        dicts = []
+        for d, keys, holder in self.dicts.values():
+            if holder is not None:
+                how = THROUGH_HOLDER
+            else:
+                how = AT_KEY if id(d) in self.reached else HELD_DICT
+            dicts.append(
+                (d if holder is None else holder, None if keys is None else list(keys), how)
             )
-            for d, keys, holder in self.dicts.values()
-        ]
-        return dicts, self.pins, list(self.tensors.values()), self.absent, self.saved_hooks
+        distinct = (sorted(self.distinct_args), list(self.distinct_tensors.values()))
+        return (
+            dicts,
+            self.pins,
+            list(self.tensors.values()),
+            self.absent,
+            self.saved_hooks,
+            distinct,
+        )
 
 
 def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
@@ -142,8 +173,18 @@ def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
             continue  # scalar arguments' values are in the signature
         if kind == "TENSOR_MATCH":
             if arg is None and id(value) not in plan.gathered:
+                if value.layout != torch.strided or value.is_nested:
+                    raise Unwatchable(f"a {value.layout} tensor at {manager.get_source()}")
                 plan.tensors[id(value)] = value
             continue  # arguments and gathered tensors are checked on every call
+        if kind == "NO_TENSOR_ALIASING":
+            if arg is not None:
+                plan.distinct_args.add(arg)
+            elif isinstance(value, torch.Tensor):
+                plan.distinct_tensors[id(value)] = value
+            else:
+                raise Unwatchable(f"NO_TENSOR_ALIASING on a {type(value).__name__}")
+            continue
         if kind == "NO_HASATTR":
             m = _HASATTR.match(_text(guard))
             if m is None:
@@ -171,6 +212,7 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             if key_manager is not None:
                 _walk(plan, key_manager, keys[index])
             if value_manager is not None:
+                plan.reach(value, keys[index])
                 _walk(plan, value_manager, value[keys[index]])
     for accessor, child in zip(manager.get_accessors(), manager.get_child_managers(), strict=True):
         how = accessor.repr()
@@ -182,11 +224,14 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             except (ValueError, SyntaxError) as e:
                 raise Unwatchable(f"a dict key written {m[1]}") from e
             plan.watch(value, key)
+            plan.reach(value, key)
             _walk(plan, child, value[key])
         elif m := _GETATTR.match(how):
-            if not isinstance(value, types.ModuleType) or m[1] not in vars(value):
+            # A module subclass may compute attributes (properties, __getattribute__).
+            if type(value) is not types.ModuleType or m[1] not in vars(value):
                 raise Unwatchable(f"attribute {m[1]} of a {type(value).__name__}")
-            plan.watch(vars(value), m[1])
+            plan.watch(vars(value), m[1], holder=value)
+            plan.reach(vars(value), m[1])
             _walk(plan, child, vars(value)[m[1]])
         elif how == "GetGenericDictGuardAccessor":
             plan.watch(vars(value), _NO_KEY, holder=value)
@@ -221,8 +266,18 @@ def _argument(plan: _Plan, manager: Any, index: int, value: Any) -> None:
         raise Unwatchable(f"guards below the argument {manager.get_source()}")
 
 
-def _epilogue(plan: _Plan, guard: Any, frame: dict[str, Any], globals_: dict) -> None:
-    text = _text(guard)
+def _parts(guard: Any) -> list[str]:
+    """Every code part of ``guard`` (Dynamo joins all shape and aliasing checks into one
+    lambda guard with a part each), comments dropped."""
+    return [part.split("  #")[0].strip() for part in guard.verbose_code_parts()]
+
+
+def _epilogue(plan: _Plan, guard: Any, globals_: dict) -> None:
+    for text in _parts(guard):
+        _epilogue_part(plan, text, globals_)
+
+
+def _epilogue_part(plan: _Plan, text: str, globals_: dict) -> None:
     rest = text
     for m in _ARG_TERM.finditer(text):
         if m[1] not in plan.arg_index:
@@ -239,9 +294,11 @@ def _epilogue(plan: _Plan, guard: Any, frame: dict[str, Any], globals_: dict) ->
         for step in _CHAIN_STEP.finditer(chain[1:]):
             if step[1] is not None:
                 plan.watch(value, step[1])
+                plan.reach(value, step[1])
                 value = value[step[1]]
-            elif isinstance(value, types.ModuleType) and step[2] in vars(value):
-                plan.watch(vars(value), step[2])
+            elif type(value) is types.ModuleType and step[2] in vars(value):
+                plan.watch(vars(value), step[2], holder=value)
+                plan.reach(vars(value), step[2])
                 value = vars(value)[step[2]]
             else:
                 raise Unwatchable(f"epilogue guard {text!r}")
@@ -282,7 +339,7 @@ def plan(
                 continue
             raise Unwatchable(f"the root guard {kind} {_text(guard)!r}")
         for guard in root.get_epilogue_lambda_guards():
-            _epilogue(p, guard, frame, globals_)
+            _epilogue(p, guard, globals_)
         for accessor, child in zip(root.get_accessors(), root.get_child_managers(), strict=True):
             how = accessor.repr()
             if how == "GlobalsGuardAccessor":
@@ -322,7 +379,10 @@ def planner(
     codes = [compile(c, "<magi container>", "eval") for c in containers]
 
     def make(frame: dict[str, Any]) -> tuple | None:
-        result = plan(root, frame, globals_, arg_names, cells, gathered(), method)
+        try:
+            result = plan(root, frame, globals_, arg_names, cells, gathered(), method)
+        except Exception as e:  # noqa: BLE001 - an unforeseen tree: evaluate it every call
+            result = f"the walk failed: {e!r}"
         if isinstance(result, str):
             log(result)
             return None
