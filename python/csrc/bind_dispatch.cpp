@@ -244,10 +244,17 @@ struct Watch {
     }
   };
   enum PinKind { kCode = 0, kType = 1, kCell = 2 };
+  // An identity pin reads one pointer per call. Its object is alive whenever the pins are
+  // compared: a function or an object found at a key of a listed dict, or in a tuple found
+  // there, that the dicts' checks (run first) proved unchanged; the owner of the call; or a
+  // closure cell, held. The expected object is compared by address; it is held weakly, and
+  // a new object at a dead one's address would need the pinned attribute to be assigned twice.
   struct Pin {
     int kind = kCode;
-    Held obj;
-    Held expected;
+    py::object cell;               ///< kCell: the cell, held
+    PyObject* obj = nullptr;       ///< the function, object or cell
+    PyObject* expected = nullptr;  ///< its __code__, type or contents when listed
+    Held expected_ref;
   };
   struct Absent {  ///< an attribute a guard says an object (or argument) lacks
     Held obj;
@@ -317,7 +324,13 @@ struct Watch {
     }
     for (py::handle item : plan[1].cast<py::list>()) {
       const py::tuple t = py::reinterpret_borrow<py::tuple>(item);
-      pins.push_back(Pin{t[0].cast<int>(), Held::of(t[1]), Held::of(t[2])});
+      Pin pin;
+      pin.kind = t[0].cast<int>();
+      if (pin.kind == kCell) pin.cell = py::reinterpret_borrow<py::object>(t[1]);
+      pin.obj = t[1].ptr();
+      pin.expected = t[2].ptr();
+      pin.expected_ref = Held::of(t[2]);
+      pins.push_back(std::move(pin));
     }
     for (py::handle item : plan[2].cast<py::list>()) {
       if (!THPVariable_Check(item.ptr())) return false;
@@ -384,18 +397,15 @@ struct Watch {
 
   bool rest_holds(PyObject* const* argv, size_t n) const {
     for (const Pin& pin : pins) {
-      PyObject* obj = pin.obj.get();
-      PyObject* expected = pin.expected.get();
-      if (obj == nullptr || expected == nullptr) return false;
       PyObject* now = nullptr;
       if (pin.kind == kCode) {
-        now = PyFunction_GET_CODE(obj);
+        now = PyFunction_GET_CODE(pin.obj);
       } else if (pin.kind == kType) {
-        now = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+        now = reinterpret_cast<PyObject*>(Py_TYPE(pin.obj));
       } else {
-        now = PyCell_GET(obj);
+        now = PyCell_GET(pin.obj);
       }
-      if (now != expected) return false;
+      if (now != pin.expected) return false;
     }
     for (const auto& [held, state] : tensors) {
       PyObject* obj = held.get();
