@@ -29,6 +29,7 @@ returns the lists, or a reason when the tree cannot be watched.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import types
 from collections.abc import Callable
@@ -71,6 +72,25 @@ class Unwatchable(Exception):
 def _text(guard: Any) -> str:
     parts = guard.verbose_code_parts()
     return parts[0].split("  #")[0].strip() if parts else ""
+
+
+def _instance_attribute(obj: Any, name: str) -> bool:
+    """Whether ``getattr(obj, name)`` is ``vars(obj)[name]``: an instance of an ordinary
+    class (a config object, a dataclass, a SimpleNamespace) whose ``__dict__`` holds the name,
+    with no ``__getattribute__`` of its own and no data descriptor (property, slot) of that
+    name on its type, which would take precedence over the instance dict."""
+    cls = type(obj)
+    if cls.__getattribute__ is not object.__getattribute__:
+        return False
+    try:
+        if not isinstance(vars(obj), dict) or name not in vars(obj):
+            return False
+    except TypeError:  # no __dict__
+        return False
+    found = inspect.getattr_static(cls, name, None)
+    return found is None or not (
+        hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
+    )
 
 
 def _class_assignable(value: Any) -> bool:
@@ -227,12 +247,18 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             plan.reach(value, key)
             _walk(plan, child, value[key])
         elif m := _GETATTR.match(how):
+            name = m[1]
             # A module subclass may compute attributes (properties, __getattribute__).
-            if type(value) is not types.ModuleType or m[1] not in vars(value):
-                raise Unwatchable(f"attribute {m[1]} of a {type(value).__name__}")
-            plan.watch(vars(value), m[1], holder=value)
-            plan.reach(vars(value), m[1])
-            _walk(plan, child, vars(value)[m[1]])
+            if type(value) is types.ModuleType and name in vars(value):
+                pass
+            elif _instance_attribute(value, name):
+                # Looked up through the type first: the type is pinned (and its class).
+                plan.pins.append((PIN_TYPE, value, type(value)))
+            else:
+                raise Unwatchable(f"attribute {name} of a {type(value).__name__}")
+            plan.watch(vars(value), name, holder=value)
+            plan.reach(vars(value), name)
+            _walk(plan, child, vars(value)[name])
         elif how == "GetGenericDictGuardAccessor":
             plan.watch(vars(value), _NO_KEY, holder=value)
             _walk(plan, child, vars(value))

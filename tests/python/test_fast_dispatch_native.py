@@ -334,6 +334,45 @@ def test_a_module_with_a_buffer_is_watched_and_its_aliasing_checked(assert_close
         del shift
 
 
+class _Config:
+    """A plain config object, as models keep their hyperparameters in."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+def test_an_attribute_of_a_config_object_is_watched(assert_close_rel):
+    """The forward reads ``self.cfg.scale``: the tree is watched through the config's
+    ``__dict__``; a new value, and a new config object, each make the guards run again."""
+
+    class Configured(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+            self.cfg = _Config(2.0)
+
+        def forward(self, x):
+            return self.fc(x) * self.cfg.scale
+
+    model, eager = compiled_with_eager(Configured())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native.guard_reuse == "watched"
+        x = inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        checks = path.native.num_guard_checks
+        assert_close_rel(model(x), eager(x), RTOL)
+        assert path.native.num_guard_checks == checks  # reused
+        model.cfg.scale = eager.cfg.scale = 3.0
+        assert_close_rel(model(x), eager(x), RTOL)
+        model.cfg = _Config(5.0)
+        eager.cfg = _Config(5.0)
+        for b in (4, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+
+
 def test_fast_dispatch_guards_must_be_a_known_mode():
     with pytest.raises(UserError) as info:
         magi_compile(Tiny(), config_patch={"fast_dispatch_guards": "none"})
