@@ -193,6 +193,17 @@ struct Held {
   }
 };
 
+/// The version tag of `type`, assigned if it has none yet; 0 when CPython cannot give one.
+unsigned int type_version(PyTypeObject* type) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyUnstable_Type_AssignVersionTag(type);
+#else
+  static PyObject* const probe = PyUnicode_InternFromString("__magi_version_probe__");
+  _PyType_Lookup(type, probe);  // assigns a tag as a side effect of the cached lookup
+#endif
+  return type->tp_version_tag;
+}
+
 /// The instance dict of `obj` (borrowed), or nullptr when it has none.
 PyObject* instance_dict(PyObject* obj) {
   PyObject** slot = _PyObject_GetDictPtr(obj);
@@ -243,18 +254,22 @@ struct Watch {
       return now == seen ? now : nullptr;
     }
   };
-  enum PinKind { kCode = 0, kType = 1, kCell = 2 };
-  // An identity pin reads one pointer per call. Its object is alive whenever the pins are
-  // compared: a function or an object found at a key of a listed dict, or in a tuple found
-  // there, that the dicts' checks (run first) proved unchanged; the owner of the call; or a
-  // closure cell, held. The expected object is compared by address; it is held weakly, and
-  // a new object at a dead one's address would need the pinned attribute to be assigned twice.
+  enum PinKind { kCode = 0, kType = 1, kCell = 2, kTypeUnchanged = 3 };
+  // An identity pin's object is alive whenever the pins are compared: a function or an
+  // object found at a key of a listed dict, or in a tuple found there, that the dicts' checks
+  // (run first) proved unchanged; the owner of the call; or a closure cell, held. The expected
+  // object (a __code__, type or cell's contents) is compared by address and held weakly where
+  // it can be, so its death is checked too: a new object at its address (a cell assigned twice
+  // between calls) must not pass for it. kTypeUnchanged also compares the type's version tag,
+  // which CPython changes whenever the class or a base is modified (an attribute read through
+  // an instance's __dict__ stays so only while no property or __getattribute__ is added).
   struct Pin {
     int kind = kCode;
     py::object cell;               ///< kCell: the cell, held
     PyObject* obj = nullptr;       ///< the function, object or cell
     PyObject* expected = nullptr;  ///< its __code__, type or contents when listed
     Held expected_ref;
+    unsigned int type_version = 0;  ///< kTypeUnchanged: the type's version tag when listed
   };
   struct Absent {  ///< an attribute a guard says an object (or argument) lacks
     Held obj;
@@ -330,6 +345,10 @@ struct Watch {
       pin.obj = t[1].ptr();
       pin.expected = t[2].ptr();
       pin.expected_ref = Held::of(t[2]);
+      if (pin.kind == kTypeUnchanged) {
+        pin.type_version = type_version(Py_TYPE(pin.obj));
+        if (pin.type_version == 0) return false;
+      }
       pins.push_back(std::move(pin));
     }
     for (py::handle item : plan[2].cast<py::list>()) {
@@ -397,15 +416,19 @@ struct Watch {
 
   bool rest_holds(PyObject* const* argv, size_t n) const {
     for (const Pin& pin : pins) {
+      if (pin.expected_ref.weak && pin.expected_ref.get() == nullptr) return false;
       PyObject* now = nullptr;
       if (pin.kind == kCode) {
         now = PyFunction_GET_CODE(pin.obj);
-      } else if (pin.kind == kType) {
+      } else if (pin.kind == kType || pin.kind == kTypeUnchanged) {
         now = reinterpret_cast<PyObject*>(Py_TYPE(pin.obj));
       } else {
         now = PyCell_GET(pin.obj);
       }
       if (now != pin.expected) return false;
+      if (pin.kind == kTypeUnchanged && Py_TYPE(pin.obj)->tp_version_tag != pin.type_version) {
+        return false;
+      }
     }
     for (const auto& [held, state] : tensors) {
       PyObject* obj = held.get();

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 # Kinds of identity pins, as _C.DirectCall reads them.
-PIN_CODE, PIN_TYPE, PIN_CELL = 0, 1, 2
+PIN_CODE, PIN_TYPE, PIN_CELL, PIN_TYPE_UNCHANGED = 0, 1, 2, 3
 # How the direct call holds each watched dict (_Plan.result).
 HELD_DICT, THROUGH_HOLDER, AT_KEY = 0, 1, 2
 
@@ -76,12 +76,14 @@ def _text(guard: Any) -> str:
 
 def _instance_attribute(obj: Any, name: str) -> bool:
     """Whether ``getattr(obj, name)`` is ``vars(obj)[name]``: an instance of an ordinary
-    class (a config object, a dataclass, a SimpleNamespace) whose ``__dict__`` holds the name,
-    with no ``__getattribute__`` of its own and no data descriptor (property, slot) of that
-    name on its type, which would take precedence over the instance dict."""
+    class (a config object, a dataclass) whose real ``__dict__`` holds the name, with no
+    ``__getattribute__`` of its own and no data descriptor (property, slot) of that name on
+    its type, which would take precedence over the instance dict."""
     cls = type(obj)
     if cls.__getattribute__ is not object.__getattribute__:
         return False
+    if type(inspect.getattr_static(cls, "__dict__", None)) is not types.GetSetDescriptorType:
+        return False  # a __dict__ of the class's own making, not the instance dict
     try:
         if not isinstance(vars(obj), dict) or name not in vars(obj):
             return False
@@ -252,8 +254,9 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             if type(value) is types.ModuleType and name in vars(value):
                 pass
             elif _instance_attribute(value, name):
-                # Looked up through the type first: the type is pinned (and its class).
-                plan.pins.append((PIN_TYPE, value, type(value)))
+                # Looked up through the type first: the type is pinned, and so is its content
+                # (a property or __getattribute__ added later would take over the lookup).
+                plan.pins.append((PIN_TYPE_UNCHANGED, value, type(value)))
             else:
                 raise Unwatchable(f"attribute {name} of a {type(value).__name__}")
             plan.watch(vars(value), name, holder=value)

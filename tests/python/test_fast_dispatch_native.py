@@ -373,6 +373,35 @@ def test_an_attribute_of_a_config_object_is_watched(assert_close_rel):
             assert_close_rel(model(x), eager(x), RTOL)
 
 
+def test_a_config_class_changed_later_is_seen(assert_close_rel):
+    """A property added to the config's class takes over ``cfg.scale`` although the instance
+    dict is unchanged: the class's version tag moved, so the guards run again."""
+
+    class Config:
+        def __init__(self) -> None:
+            self.scale = 2.0
+
+    class Configured(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+            self.cfg = Config()
+
+        def forward(self, x):
+            return self.fc(x) * self.cfg.scale
+
+    model, eager = compiled_with_eager(Configured())
+    with torch.no_grad():
+        warm_up(model, eager, assert_close_rel)
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native.guard_reuse == "watched"
+        x = inputs(4)
+        assert_close_rel(model(x), eager(x), RTOL)
+        Config.scale = property(lambda self: 7.0)  # shared by both models' configs
+        for _ in range(2):
+            assert_close_rel(model(x), eager(x), RTOL)
+
+
 def test_fast_dispatch_guards_must_be_a_known_mode():
     with pytest.raises(UserError) as info:
         magi_compile(Tiny(), config_patch={"fast_dispatch_guards": "none"})
