@@ -207,6 +207,11 @@ def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
             else:
                 raise Unwatchable(f"NO_TENSOR_ALIASING on a {type(value).__name__}")
             continue
+        if kind == "DYNAMIC_INDICES" and arg is not None:
+            # True when the argument has no _dynamo_dynamic_indices (mark_dynamic's mark); a
+            # marked argument makes the call check the guards.
+            plan.absent.append((None, arg, "_dynamo_dynamic_indices"))
+            continue
         if kind == "NO_HASATTR":
             m = _HASATTR.match(_text(guard))
             if m is None:

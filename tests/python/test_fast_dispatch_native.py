@@ -402,6 +402,91 @@ def test_a_config_class_changed_later_is_seen(assert_close_rel):
             assert_close_rel(model(x), eager(x), RTOL)
 
 
+def _double(x):
+    return x * 2.0
+
+
+def _triple(x):
+    return x * 3.0
+
+
+def test_a_helpers_code_replaced_is_seen(assert_close_rel):
+    """The forward calls a global helper; its ``__code__`` replaced in place (no dict write)
+    is seen by the identity pin, and the result follows the new code."""
+    saved = _double.__code__
+
+    class Helped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x):
+            return _double(self.fc(x))
+
+    model, eager = compiled_with_eager(Helped())
+    try:
+        with torch.no_grad():
+            warm_up(model, eager, assert_close_rel)
+            (path,) = model._magi_compiled._direct.get(model).paths
+            assert path.native.guard_reuse == "watched"
+            x = inputs(4)
+            assert_close_rel(model(x), eager(x), RTOL)
+            _double.__code__ = _triple.__code__
+            for _ in range(2):
+                assert_close_rel(model(x), eager(x), RTOL)
+    finally:
+        _double.__code__ = saved
+
+
+def test_an_argument_marked_dynamic_checks_the_guards():
+    """``torch._dynamo.mark_dynamic`` gives the argument an attribute Dynamo's guards say it
+    lacks: the call checks the guards instead of reusing their verdict."""
+    with torch.no_grad():
+        model = magi_compile(LlamaStack(1, **LLAMA))
+        for b in (2, 3, 4, 4):
+            model(llama_inputs(b))
+        (path,) = model._magi_compiled._direct.get(model).paths
+        assert path.native.guard_reuse == "watched"
+        checks = path.native.num_guard_checks
+        x = llama_inputs(4)
+        model(x)
+        assert path.native.num_guard_checks == checks
+        torch._dynamo.mark_dynamic(x, 0)
+        model(x)
+        assert path.native.num_guard_checks > checks
+
+
+def test_a_closure_variable_rebound_is_seen(assert_close_rel):
+    """A compiled function reads a variable of its closure; rebinding it (a cell write, no
+    dict) is seen by the cell's pin."""
+    weight = torch.randn(H, H)
+
+    def make():
+        scale = 2.0
+
+        def scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return (x @ w) * scale
+
+        def rebind(value: float) -> None:
+            nonlocal scale
+            scale = value
+
+        return scaled, rebind
+
+    scaled, rebind = make()
+    compiled = magi_compile(scaled, dynamic_arg_dims={"x": 0})
+    with torch.no_grad():
+        for b in (2, 3, 4, 4):
+            x = inputs(b)
+            assert_close_rel(compiled(x, weight), scaled(x, weight), RTOL)
+        (native,) = [p.native for p in compiled._magi_compiled._direct.get(None).paths]
+        assert native.guard_reuse == "watched"
+        rebind(5.0)
+        for _ in range(2):
+            x = inputs(4)
+            assert_close_rel(compiled(x, weight), scaled(x, weight), RTOL)
+
+
 def test_fast_dispatch_guards_must_be_a_known_mode():
     with pytest.raises(UserError) as info:
         magi_compile(Tiny(), config_patch={"fast_dispatch_guards": "none"})
