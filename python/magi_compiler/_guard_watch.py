@@ -43,6 +43,12 @@ PIN_CODE, PIN_TYPE, PIN_CELL, PIN_TYPE_UNCHANGED = 0, 1, 2, 3
 HELD_DICT, THROUGH_HOLDER, AT_KEY = 0, 1, 2
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
+# Attribute lookups that read the instance __dict__ after the type's data descriptors:
+# object's, and SimpleNamespace's (its own slot, the same generic lookup).
+_GENERIC_GETATTRIBUTE = (object.__getattribute__, types.SimpleNamespace.__getattribute__)
+# How a type exposes the real instance __dict__: a getset descriptor (classes defined in
+# Python), a member descriptor (SimpleNamespace's C struct field).
+_INSTANCE_DICT = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
 _SAVED_HOOKS = "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
 _HASATTR = re.compile(r"^hasattr\(.*, '([A-Za-z_][A-Za-z0-9_]*)'\) == False$")
@@ -76,13 +82,13 @@ def _text(guard: Any) -> str:
 
 def _instance_attribute(obj: Any, name: str) -> bool:
     """Whether ``getattr(obj, name)`` is ``vars(obj)[name]``: an instance of an ordinary
-    class (a config object, a dataclass) whose real ``__dict__`` holds the name, with no
-    ``__getattribute__`` of its own and no data descriptor (property, slot) of that name on
+    class (a config object, a dataclass, a SimpleNamespace) whose real ``__dict__`` holds the
+    name, with no ``__getattribute__`` of its own and no data descriptor (property, slot) of that name on
     its type, which would take precedence over the instance dict."""
     cls = type(obj)
-    if cls.__getattribute__ is not object.__getattribute__:
+    if cls.__getattribute__ not in _GENERIC_GETATTRIBUTE:
         return False
-    if type(inspect.getattr_static(cls, "__dict__", None)) is not types.GetSetDescriptorType:
+    if type(inspect.getattr_static(cls, "__dict__", None)) not in _INSTANCE_DICT:
         return False  # a __dict__ of the class's own making, not the instance dict
     try:
         if not isinstance(vars(obj), dict) or name not in vars(obj):

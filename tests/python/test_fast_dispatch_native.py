@@ -10,6 +10,7 @@ inputs (relative error <= 1e-5).
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -341,7 +342,10 @@ class _Config:
         self.scale = scale
 
 
-def test_an_attribute_of_a_config_object_is_watched(assert_close_rel):
+@pytest.mark.parametrize(
+    "make_config", [_Config, lambda s: SimpleNamespace(scale=s)], ids=["class", "SimpleNamespace"]
+)
+def test_an_attribute_of_a_config_object_is_watched(assert_close_rel, make_config):
     """The forward reads ``self.cfg.scale``: the tree is watched through the config's
     ``__dict__``; a new value, and a new config object, each make the guards run again."""
 
@@ -349,7 +353,7 @@ def test_an_attribute_of_a_config_object_is_watched(assert_close_rel):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(H, H)
-            self.cfg = _Config(2.0)
+            self.cfg = make_config(2.0)
 
         def forward(self, x):
             return self.fc(x) * self.cfg.scale
@@ -366,8 +370,8 @@ def test_an_attribute_of_a_config_object_is_watched(assert_close_rel):
         assert path.native.num_guard_checks == checks  # reused
         model.cfg.scale = eager.cfg.scale = 3.0
         assert_close_rel(model(x), eager(x), RTOL)
-        model.cfg = _Config(5.0)
-        eager.cfg = _Config(5.0)
+        model.cfg = make_config(5.0)
+        eager.cfg = make_config(5.0)
         for b in (4, 4):
             x = inputs(b)
             assert_close_rel(model(x), eager(x), RTOL)
