@@ -36,6 +36,18 @@ pytestmark = pytest.mark.usefixtures("counters")  # fresh Dynamo caches, zeroed 
 # --------------------------------------------------------------------------------------------
 
 
+class Scaled(nn.Module):
+    """A linear layer times a float attribute the guards compare."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(H, H)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
 def native_of(model: nn.Module):
     """The C++ direct call learned for ``model``'s one signature."""
     (path,) = model._magi_compiled._direct.get(model).paths
@@ -115,15 +127,6 @@ def test_arguments_mode_checks_dynamos_guards_once_per_argument_layout(assert_cl
 
 
 def test_dynamo_mode_sees_a_module_attribute_the_forward_reads(assert_close_rel):
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(H, H)
-            self.scale = 2.0
-
-        def forward(self, x):
-            return self.fc(x) * self.scale
-
     model, eager = compiled_with_eager(Scaled())
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
@@ -151,8 +154,8 @@ def test_default_mode_sees_a_global_the_forward_reads(assert_close_rel):
     try:
         with torch.no_grad():
             warm_up(model, eager, assert_close_rel)
-            (path,) = model._magi_compiled._direct.get(model).paths
-            assert path.native.guard_reuse == "watched"
+            native = native_of(model)
+            assert native.guard_reuse == "watched"
             SHIFT = 5.0
             for b in (3, 4, 4):
                 x = inputs(b)
@@ -177,12 +180,12 @@ def test_a_guard_tree_read_through_a_list_is_checked_on_every_call(assert_close_
     model, eager = compiled_with_eager(Listed())
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "unwatched"
-        checks = path.native.num_guard_checks
+        native = native_of(model)
+        assert native.guard_reuse == "unwatched"
+        checks = native.num_guard_checks
         x = inputs(4)
         assert_close_rel(model(x), eager(x), RTOL)
-        assert path.native.num_guard_checks == checks + 1
+        assert native.num_guard_checks == checks + 1
         model.scales[0] = eager.scales[0] = 3.0
         for b in (4, 4):
             x = inputs(b)
@@ -225,8 +228,8 @@ def test_guard_watch_keeps_no_module_alive():
         with torch.no_grad():
             for b in (2, 3, 4, 4):
                 model(llama_inputs(b))
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
         return weakref.ref(model.layers[0].q_proj.weight)
 
     refs = [run_once() for _ in range(3)]
@@ -255,8 +258,8 @@ def test_guard_watch_keeps_no_module_alive_through_a_back_reference():
         with torch.no_grad():
             for b in (2, 3, 4, 4):
                 model(inputs(b))
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
         return weakref.ref(model.child.weight)
 
     refs = [run_once() for _ in range(3)]
@@ -268,28 +271,19 @@ def test_state_that_moves_every_call_stops_the_watch(assert_close_rel):
     """An attribute the guards compare that is a new (equal) object on every call: the watch
     fails each time it is listed, so after a few walks the guards run on every call instead."""
 
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(H, H)
-            self.scale = 2.0
-
-        def forward(self, x):
-            return self.fc(x) * self.scale
-
     model, eager = compiled_with_eager(Scaled())
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
         for _ in range(8):
             model.scale = float("2.0")  # equal, another object: the dict moved
             x = inputs(4)
             assert_close_rel(model(x), eager(x), RTOL)
-        assert path.native.guard_reuse == "unwatched"
-        checks = path.native.num_guard_checks
+        assert native.guard_reuse == "unwatched"
+        checks = native.num_guard_checks
         assert_close_rel(model(x), eager(x), RTOL)
-        assert path.native.num_guard_checks == checks + 1
+        assert native.num_guard_checks == checks + 1
 
 
 def test_a_module_with_a_buffer_is_watched_and_its_aliasing_checked(assert_close_rel):
@@ -309,17 +303,17 @@ def test_a_module_with_a_buffer_is_watched_and_its_aliasing_checked(assert_close
     model, eager = compiled_with_eager(Buffered())
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
         for m in (model, eager):
             m.shift.mul_(3.0)
         for b in (4, 4, 5):
             x = inputs(b)
             assert_close_rel(model(x), eager(x), RTOL)
-        checks = path.native.num_guard_checks
+        checks = native.num_guard_checks
         x = inputs(4)
         assert_close_rel(model(x), eager(x), RTOL)
-        assert path.native.num_guard_checks == checks
+        assert native.num_guard_checks == checks
         # The buffer as the argument, laid out as a batch-4 input: the fingerprint is one
         # already passed, the aliasing is not.
         shift = model.shift
@@ -328,10 +322,10 @@ def test_a_module_with_a_buffer_is_watched_and_its_aliasing_checked(assert_close
         for b in (4, 4, 4):
             x = inputs(b)
             assert_close_rel(model(x), eager(x), RTOL)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        checks = path.native.num_guard_checks
+        native = native_of(model)
+        checks = native.num_guard_checks
         assert_close_rel(model(model.shift), eager(eager.shift), RTOL)
-        assert path.native.num_guard_checks > checks
+        assert native.num_guard_checks > checks
         del shift
 
 
@@ -361,13 +355,13 @@ def test_an_attribute_of_a_config_object_is_watched(assert_close_rel, make_confi
     model, eager = compiled_with_eager(Configured())
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
         x = inputs(4)
         assert_close_rel(model(x), eager(x), RTOL)
-        checks = path.native.num_guard_checks
+        checks = native.num_guard_checks
         assert_close_rel(model(x), eager(x), RTOL)
-        assert path.native.num_guard_checks == checks  # reused
+        assert native.num_guard_checks == checks  # reused
         model.cfg.scale = eager.cfg.scale = 3.0
         assert_close_rel(model(x), eager(x), RTOL)
         model.cfg = make_config(5.0)
@@ -397,8 +391,8 @@ def test_a_config_class_changed_later_is_seen(assert_close_rel):
     model, eager = compiled_with_eager(Configured())
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
         x = inputs(4)
         assert_close_rel(model(x), eager(x), RTOL)
         Config.scale = property(lambda self: 7.0)  # shared by both models' configs
@@ -431,8 +425,8 @@ def test_a_helpers_code_replaced_is_seen(assert_close_rel):
     try:
         with torch.no_grad():
             warm_up(model, eager, assert_close_rel)
-            (path,) = model._magi_compiled._direct.get(model).paths
-            assert path.native.guard_reuse == "watched"
+            native = native_of(model)
+            assert native.guard_reuse == "watched"
             x = inputs(4)
             assert_close_rel(model(x), eager(x), RTOL)
             _double.__code__ = _triple.__code__
@@ -449,15 +443,15 @@ def test_an_argument_marked_dynamic_checks_the_guards():
         model = magi_compile(LlamaStack(1, **LLAMA))
         for b in (2, 3, 4, 4):
             model(llama_inputs(b))
-        (path,) = model._magi_compiled._direct.get(model).paths
-        assert path.native.guard_reuse == "watched"
-        checks = path.native.num_guard_checks
+        native = native_of(model)
+        assert native.guard_reuse == "watched"
+        checks = native.num_guard_checks
         x = llama_inputs(4)
         model(x)
-        assert path.native.num_guard_checks == checks
+        assert native.num_guard_checks == checks
         torch._dynamo.mark_dynamic(x, 0)
         model(x)
-        assert path.native.num_guard_checks > checks
+        assert native.num_guard_checks > checks
 
 
 def test_a_closure_variable_rebound_is_seen(assert_close_rel):
