@@ -44,3 +44,23 @@ gpu_row_bandwidth() {
     --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
     --out "$OUT/band_$2.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$1"
 }
+
+# gpu_host_time SUMMARY: the 4-layer stack's host time per call in both guard modes beside
+# reduce-overhead (host_overhead.py, $OUT/host_overhead.json), then host_floor.py's stage
+# breakdown ($OUT/host_floor.json), each summarised into SUMMARY.
+gpu_host_time() {
+  echo "== host overhead" | tee -a "$1"
+  timeout 200 python benchmarks/host_overhead.py --device cuda \
+    --variants magi_cg,magi_cg_args,inductor_ro --out "$OUT/host_overhead.json" 2>&1 |
+    grep -v "^\[magi" | tail -9 | tee -a "$1"
+  echo "== host floor" | tee -a "$1"
+  timeout 150 python scripts/gpu/host_floor.py --json "$OUT/host_floor.json" > /dev/null 2>&1
+  python - "$OUT/host_floor.json" <<'PY' | tee -a "$1"
+import json, sys
+d = json.load(open(sys.argv[1]))
+short = lambda v: round(v, 2) if isinstance(v, float) else v
+print({k: short(v) for k, v in d.items() if not isinstance(v, dict)})
+for mode in ("default", "arguments"):
+    print(mode, {k: short(v) for k, v in d[mode].items()})
+PY
+}

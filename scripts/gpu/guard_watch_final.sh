@@ -11,13 +11,7 @@ rm -f "$OUT/cmake.log" "$OUT/build.log"
 echo "== pytest direct calls (CPU, Python 3.12)" | tee -a "$S"
 gpu_pytest cpu_tests.log 150 tests/python/test_fast_dispatch_native.py \
   tests/python/test_fast_dispatch.py | tee -a "$S"
-echo "== host overhead" | tee -a "$S"
-timeout 200 python benchmarks/host_overhead.py --device cuda \
-  --variants magi_cg,magi_cg_args,inductor_ro --out "$OUT/host_overhead.json" 2>&1 |
-  grep -v "^\[magi" | tail -9 | tee -a "$S"
-echo "== host floor" | tee -a "$S"
-timeout 150 python scripts/gpu/host_floor.py --json "$OUT/host_floor.json" > /dev/null 2>&1
-python -c "import json; d=json.load(open('$OUT/host_floor.json')); print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in d.items() if not isinstance(v, dict)}); [print(m, {k: (round(v, 2) if isinstance(v, float) else v) for k, v in d[m].items()}) for m in ('default', 'arguments')]" | tee -a "$S"
+gpu_host_time "$S"
 echo "== pytest input updates, api, end to end, graphs" | tee -a "$S"
 gpu_pytest tests.log 220 tests/gpu/test_input_updates_cuda.py tests/gpu/test_api_cuda.py \
   tests/gpu/test_cuda_end_to_end.py tests/gpu/test_cuda_graphs.py | tee -a "$S"
