@@ -32,6 +32,7 @@ import ast
 import inspect
 import re
 import types
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -137,11 +138,9 @@ class _Plan:
         ``__dict__`` of, through which the direct call reaches it (an instance dict may hold
         the module itself, as its compiled ``forward`` does: held directly, the module could
         never be freed)."""
-        if type(d) is not dict and not isinstance(d, dict):
+        if not isinstance(d, dict):
             raise Unwatchable(f"a read of a {type(d).__name__} by key")
-        if type(d).__getitem__ is not dict.__getitem__ and not (
-            type(d).__module__ == "collections" and type(d).__name__ == "OrderedDict"
-        ):
+        if type(d).__getitem__ is not dict.__getitem__ and type(d) is not OrderedDict:
             raise Unwatchable(f"a {type(d).__name__} with its own __getitem__")
         held, keys, known = self.dicts.get(id(d), (d, set(), None))
         if whole or keys is None:
