@@ -70,6 +70,10 @@ constexpr size_t kMaxQuickFailures = 4;
 uint64_t g_registration_epoch = 0;
 // Calls a DirectEntry ran directly (get_counters().direct_calls adds them), GIL-protected.
 uint64_t g_direct_calls = 0;
+// The last generation of fixed inputs any direct call took: generations are unique in the
+// process, so a CUDA graph runner two direct calls share cannot mistake one's for the other's
+// (runtime::SteadyInputs). GIL-protected.
+uint64_t g_fixed_generations = 0;
 
 /// The interned name "training" (module.training is read on every call).
 PyObject* training_name() {
@@ -85,10 +89,12 @@ struct Slot {
   py::object dict;  ///< kFixed: the module's _parameters or _buffers dict
   py::object key;   ///< kFixed: the name in it
   // kFixed, as of the last call: the object the dict held (borrowed: the dict keeps it alive
-  // while its version tag stays the same), the tag then, and the held tensor's layout.
+  // while its version tag stays the same), the tag then, and the held tensor's layout and
+  // memory (`param.data = other` keeps the layout and moves the memory).
   PyObject* held = nullptr;
   uint64_t version = 0;
   TensorState state;
+  const void* memory = nullptr;
 };
 
 /// Appends what Dynamo's tensor guards compare of `t` (its Python type `type`, when known).
@@ -205,6 +211,7 @@ class DirectCall {
       }
       slots_.push_back(std::move(slot));
     }
+    for (const Slot& slot : slots_) steady_.push_back(slot.kind == Slot::kFixed);
     result_ = result == "tuple"  ? Result::kTuple
               : result == "list" ? Result::kList
                                  : Result::kTensor;
@@ -320,7 +327,9 @@ class DirectCall {
     std::vector<c10::IValue> outputs;
     {
       py::gil_scoped_release no_gil;
-      outputs = runner_ != nullptr ? runner_->run(std::move(inputs))
+      // The fixed inputs are this generation's tensors, checked above: the runner compares
+      // them only when the generation is new to it.
+      outputs = runner_ != nullptr ? runner_->run(std::move(inputs), {fixed_generation_, &steady_})
                                    : executable_->run(std::move(inputs));
     }
     if (result_ == Result::kTensor) {
@@ -354,7 +363,7 @@ class DirectCall {
   /// A fixed input changed: a new generation, and the verdicts of earlier ones can never be
   /// reused (their fingerprints carry an older generation), so they are dropped.
   void next_generation() {
-    ++fixed_generation_;
+    fixed_generation_ = ++g_fixed_generations;
     verified_.clear();
     last_verified_.clear();
   }
@@ -376,12 +385,14 @@ class DirectCall {
       slot.version = version;
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.layout() != c10::kStrided || t.is_nested()) {
+    if (t.layout() != c10::kStrided || t.is_nested() || !t.has_storage()) {
       // No strides to compare: each call is a generation of its own (Dynamo's guards decide).
       slot.state = TensorState();
+      slot.memory = nullptr;
       next_generation();
-    } else if (!slot.state.same(t, Py_TYPE(obj))) {
+    } else if (!slot.state.same(t, Py_TYPE(obj)) || t.storage().data() != slot.memory) {
       slot.state.take(t, Py_TYPE(obj));
+      slot.memory = t.storage().data();
       next_generation();
     }
     return obj;
@@ -482,12 +493,13 @@ class DirectCall {
   bool watching_ = false;
   size_t calls_ = 0;           // calls that ran directly
   size_t listed_at_ = 0;       // calls_ when watch_ was listed
-  size_t quick_failures_ = 0;  // watches in a row that failed within kQuickCalls calls         //
-                               // watch_ lists the state of the verdicts in verified_
+  size_t quick_failures_ = 0;  // watches in a row that failed within kQuickCalls calls
+                               // (watch_ lists the state of the verdicts in verified_)
   bool unwatchable_ = false;   // the planner could not list the tree: check every call
   runtime::CudaGraphRunner* runner_ = nullptr;
   const runtime::Executable* executable_ = nullptr;
   std::vector<Slot> slots_;
+  std::vector<bool> steady_;  // per graph input: a fixed one (runtime::SteadyInputs)
   Result result_ = Result::kTensor;
   bool method_ = false;
   bool memoize_ = false;
@@ -496,7 +508,7 @@ class DirectCall {
   std::vector<int64_t> key_buffer_;
   std::vector<runtime::GuardInput> values_;  // the signature's inputs, empty between calls
   bool buffers_busy_ = false;                // values_ and key_buffer_ are held by a call
-  uint64_t fixed_generation_ = 0;            // bumped when a fixed input changes
+  uint64_t fixed_generation_ = 0;            // a new g_fixed_generations when a fixed input changes
   size_t guard_checks_ = 0;
 };
 

@@ -320,6 +320,9 @@ void bind_runtime(py::module_& m) {
       .def("set_input_copy_nodes", &runtime::CudaGraphRunner::set_input_copy_nodes, py::arg("on"),
            "Diagnostics: False copies inputs on the stream before each launch instead of "
            "through the graphs' copy nodes (default True).")
+      .def("set_steady_inputs", &runtime::CudaGraphRunner::set_steady_inputs, py::arg("on"),
+           "Diagnostics: False compares every input on every call, ignoring a direct call's "
+           "word that its parameters are the tensors the last call checked (default True).")
       .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
            "Diagnostics: time the host stages of each replaying call (see stage_times).")
       .def("stage_times", &runtime::CudaGraphRunner::stage_times,

@@ -46,21 +46,25 @@ gpu_row_bandwidth() {
 }
 
 # gpu_host_time SUMMARY: the 4-layer stack's host time per call in both guard modes beside
-# reduce-overhead (host_overhead.py, $OUT/host_overhead.json), then host_floor.py's stage
-# breakdown ($OUT/host_floor.json), each summarised into SUMMARY.
+# reduce-overhead (host_overhead.py, $OUT/host_overhead.json; the variants and their order from
+# $HOST_VARIANTS, default "magi_cg,magi_cg_args,inductor_ro"), then host_floor.py's stage
+# breakdown ($OUT/host_floor.json; guard modes in the order $HOST_FLOOR_MODES lists, default
+# "default,arguments"), each summarised into SUMMARY.
 gpu_host_time() {
   echo "== host overhead" | tee -a "$1"
   timeout 200 python benchmarks/host_overhead.py --device cuda \
-    --variants magi_cg,magi_cg_args,inductor_ro --out "$OUT/host_overhead.json" 2>&1 |
-    grep -v "^\[magi" | tail -9 | tee -a "$1"
+    --variants "${HOST_VARIANTS:-magi_cg,magi_cg_args,inductor_ro}" \
+    --out "$OUT/host_overhead.json" 2>&1 | grep -v "^\[magi" | tail -12 | tee -a "$1"
   echo "== host floor" | tee -a "$1"
-  timeout 150 python scripts/gpu/host_floor.py --json "$OUT/host_floor.json" > /dev/null 2>&1
+  timeout 240 python scripts/gpu/host_floor.py --modes "${HOST_FLOOR_MODES:-default,arguments}" \
+    --json "$OUT/host_floor.json" > /dev/null 2>&1
   python - "$OUT/host_floor.json" <<'PY' | tee -a "$1"
 import json, sys
 d = json.load(open(sys.argv[1]))
 short = lambda v: round(v, 2) if isinstance(v, float) else v
 print({k: short(v) for k, v in d.items() if not isinstance(v, dict)})
-for mode in ("default", "arguments"):
-    print(mode, {k: short(v) for k, v in d[mode].items()})
+for mode, v in d.items():
+    if isinstance(v, dict):
+        print(mode, {k: short(x) for k, x in v.items()})
 PY
 }

@@ -6,12 +6,17 @@ Dynamo's guards per call (fast_dispatch_guards default) and once per argument la
 Every part is timed as benchmarks/host_overhead.py's method 3: calls queued behind a sleep
 kernel in bursts, so none meets an idle device, taking --inputs distinct input tensors in turn.
 Parts: the whole call, with inputs reaching the graph through its copy nodes and, interleaved
-with it, copied on the stream before the launch (CudaGraphRunner.set_input_copy_nodes); the
+with it, copied on the stream before the launch (CudaGraphRunner.set_input_copy_nodes), and
+with the runner comparing the parameters on every call (set_steady_inputs(False)); the
 C++ direct call alone (no nn.Module call, no Python dispatch); the runner's stages
 (set_stage_timing) inside those calls, both ways; and the floors: an empty nn.Module call, and
 CUDAGraph.replay() of a one-kernel graph (what one launch costs through PyTorch).
 
-    python scripts/gpu/host_floor.py [--iters 400] [--inputs 4] [--json PATH]
+    python scripts/gpu/host_floor.py [--iters 400] [--inputs 4] [--modes default,arguments]
+        [--json PATH]
+
+--modes lists the guard modes in the order they are measured; a mode named again is measured
+again under "<mode>_<n>" (the first measured is often the slowest on these hosts).
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ from blocks import LlamaStack, init_weights_  # noqa: E402
 SHAPE = dict(n_layers=4, hidden=2048, n_heads=16, n_kv_heads=8, intermediate=8192)
 BURST = 20
 ROUNDS = 3
+# The ways a replaying call is measured, interleaved in rounds: (suffix of its keys, inputs
+# through the graphs' copy nodes, the runner trusting the direct call's steady inputs).
+WAYS = {"": (True, True), "_stream": (False, True), "_no_steady": (True, False)}
+
+
+def set_way(runner, way: str) -> None:
+    nodes, steady = WAYS[way]
+    runner.set_input_copy_nodes(nodes)
+    runner.set_steady_inputs(steady)
 
 
 def busy(fn, args_list, iters: int) -> float:
@@ -69,30 +83,29 @@ def measure(guards: str, model, xs, iters: int) -> dict[str, float]:
     if runner is None:
         out["call"] = busy(compiled, calls, iters)
     else:
-        # Inputs through the graphs' copy nodes and copied on the stream, interleaved in
-        # rounds so that drift of the host's speed reaches both alike.
-        per_way: dict[str, list[float]] = {"nodes": [], "stream": []}
+        # The ways interleaved in rounds, so that drift of the host's speed reaches all alike.
+        per_way: dict[str, list[float]] = {way: [] for way in WAYS}
         for _ in range(ROUNDS):
             for way in per_way:
-                runner.set_input_copy_nodes(way == "nodes")
+                set_way(runner, way)
                 per_way[way].append(busy(compiled, calls, iters))
-        runner.set_input_copy_nodes(True)
-        out["call"] = statistics.median(per_way["nodes"])
-        out["call_inputs_copied_on_stream"] = statistics.median(per_way["stream"])
+        set_way(runner, "")
+        out["call"] = statistics.median(per_way[""])
+        out["call_inputs_copied_on_stream"] = statistics.median(per_way["_stream"])
+        out["call_without_steady_inputs"] = statistics.median(per_way["_no_steady"])
     if native is not None:
         out["native_alone"] = busy(native, [((model, x),) for x in xs], iters)
     if runner is not None:
-        for way in ("nodes", "stream"):
-            runner.set_input_copy_nodes(way == "nodes")
+        for way in WAYS:
+            set_way(runner, way)
             runner.set_stage_timing(True)
             busy(compiled, calls, iters)
             stages = dict(runner.stage_times())
             runner.set_stage_timing(False)
             n = max(stages.pop("calls"), 1.0)
-            suffix = "" if way == "nodes" else "_stream"
             for name, total in stages.items():
-                out[f"stage_{name}{suffix}"] = total / n
-        runner.set_input_copy_nodes(True)
+                out[f"stage_{name}{way}"] = total / n
+        set_way(runner, "")
         out["input_retargets_per_replay"] = runner.num_input_retargets / max(runner.num_replays, 1)
     if native is not None:  # how Dynamo's guards were evaluated, and how often
         out["guard_reuse"] = native.guard_reuse
@@ -104,6 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--inputs", type=int, default=4)
+    ap.add_argument("--modes", default="default,arguments")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -129,9 +143,12 @@ def main() -> None:
         with torch.cuda.graph(graph):
             y.add_(1)
         result["one_kernel_graph_replay"] = busy(graph.replay, [()], args.iters)
-        for guards in ("default", "arguments"):
+        seen: dict[str, int] = {}
+        for guards in args.modes.split(","):
+            seen[guards] = seen.get(guards, 0) + 1
+            key = guards if seen[guards] == 1 else f"{guards}_{seen[guards]}"
             model = init_weights_(LlamaStack(**SHAPE), seed=0).to("cuda", dtype).eval()
-            result[guards] = measure(guards, model, xs, args.iters)
+            result[key] = measure(guards, model, xs, args.iters)
             del model
             gc.collect()
     print(json.dumps(result, indent=1))

@@ -170,10 +170,14 @@ struct CudaGraphRunner::Impl {
   size_t fresh_buffers = 0;     // output buffers allocated because the caller held both sets
   size_t input_retargets = 0;   // input copy nodes pointed at another tensor
   bool use_input_nodes = true;  // false: inputs copied on the stream (set_input_copy_nodes)
+  bool use_steady = true;       // false: SteadyInputs ignored (set_steady_inputs)
   // The entry of the last unpadded replay found through the map, and its signature (entries
   // are never erased, so both stay valid): run() tries it before building a signature.
   const Signature* last_key = nullptr;
   Entry* last_entry = nullptr;
+  // The SteadyInputs generation of the last call that replayed last_entry, 0 when the last
+  // call did something else: a call of the same generation need not compare its steady inputs.
+  uint64_t steady_generation = 0;
   bool warned_full = false;
   bool warned_written = false;
   // Calls run without a graph because it would have written its copy of an input (capture()).
@@ -330,11 +334,13 @@ struct CudaGraphRunner::Impl {
 
   // Whether `inputs`, unpadded, have signature `key` (what signature_of would build, compared
   // field by field without building it) and each input `e` uses in place is the tensor it
-  // was at capture: the call replays `e` as it is.
+  // was at capture: the call replays `e` as it is. Inputs marked in `steady` are taken as
+  // they were on the call that last passed this check (SteadyInputs) and not compared.
   static bool same_call(const Signature& key, const Entry& e,
-                        const std::vector<c10::IValue>& inputs);
+                        const std::vector<c10::IValue>& inputs,
+                        const std::vector<bool>* steady = nullptr);
 
-  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const SteadyInputs& steady);
 };
 
 }  // namespace magi::runtime

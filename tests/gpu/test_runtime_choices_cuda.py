@@ -144,6 +144,38 @@ def test_direct_dispatch_keeps_held_outputs_and_follows_new_weights(mode, assert
     assert get_counters().direct_calls == 4 + 2  # one ordinary call after the replacement
 
 
+def test_direct_calls_into_graphs_see_parameters_changed_in_place(assert_close_rel):
+    """A direct call tells the CUDA graph runner when the parameters are the tensors its last
+    call checked, and the runner then skips comparing them. Changes that keep the Parameter
+    object must still reach the graph: new memory through `.data = ...` (same layout: Dynamo's
+    guards pass, the graph is captured again) and an in-place transpose (new strides)."""
+    import blocks
+
+    eager = blocks.LlamaStack(2, hidden=256, n_heads=8, n_kv_heads=4, intermediate=512)
+    eager = blocks.init_weights_(eager, seed=0).to("cuda", torch.bfloat16).eval()
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+
+    def check(calls: int) -> None:
+        for _ in range(calls):
+            x = _x(4, 32)
+            assert_close_rel(compiled(x), eager(x), RTOL)
+
+    with torch.no_grad():
+        check(5)
+        direct = get_counters().direct_calls
+        assert direct >= 2
+        new = torch.randn_like(eager.layers[0].o_proj.weight) * 0.05
+        eager.layers[0].o_proj.weight.data = new.clone()
+        compiled.layers[0].o_proj.weight.data = new.clone()
+        junk = [torch.full_like(new, 1e3) for _ in range(4)]  # over the freed storage
+        check(3)
+        assert get_counters().direct_calls == direct + 3  # the new memory is a new generation
+        eager.layers[1].o_proj.weight.t_()
+        compiled.layers[1].o_proj.weight.t_()
+        check(4)
+        del junk
+
+
 @pytest.mark.parametrize(
     "mode, backend",
     [

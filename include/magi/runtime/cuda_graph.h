@@ -48,6 +48,17 @@ namespace magi::runtime {
 
 class Executable;
 
+/// What a caller knows of some of a call's inputs: those with `steady[i]` set are the very
+/// tensors (same TensorImpl, storage, dtype, device, requires_grad, sizes and strides) they were
+/// on the last call that carried the same nonzero `generation`. A caller takes a new
+/// process-wide unique generation whenever one of them may have changed. The runner then skips
+/// their part of the signature check when the last call replayed the same graph (for a model's
+/// parameters, most of that check).
+struct SteadyInputs {
+  uint64_t generation = 0;
+  const std::vector<bool>* steady = nullptr;
+};
+
 class CudaGraphRunner {
  public:
   /// `max_graphs`: signatures captured at most; further ones run without graphs. `ladder`:
@@ -56,7 +67,7 @@ class CudaGraphRunner {
                   std::vector<int64_t> ladder = {});
   ~CudaGraphRunner();
 
-  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const SteadyInputs& steady = {});
 
   size_t num_graphs() const;    ///< graphs currently captured
   size_t num_captures() const;  ///< captures so far (re-captures included)
@@ -83,6 +94,9 @@ class CudaGraphRunner {
   /// Diagnostics: with false, replays copy every input on the stream before the launch and
   /// leave the graphs' input copy nodes idle (to compare the two ways; default true).
   void set_input_copy_nodes(bool on);
+  /// Diagnostics: with false, run() compares every input on every call and ignores what its
+  /// SteadyInputs say (to measure what they save; default true).
+  void set_steady_inputs(bool on);
   std::vector<std::pair<std::string, double>> stage_times() const;
   static bool available();  ///< built with CUDA graph support
 
