@@ -272,21 +272,41 @@ class DirectCall {
 
     // The inputs, gathered before the guards run as the Python path does. Parameters and
     // buffers are what their dicts hold now: a write to module._parameters bypasses the
-    // registration hooks.
-    std::vector<c10::IValue> inputs;
-    inputs.reserve(slots_.size());
-    for (Slot& slot : slots_) {
+    // registration hooks. A CUDA graph runner borrows them: the fixed ones stay in the kept
+    // vector from call to call (no reference counting for the unchanged), the arguments are
+    // dropped from it on the way out (Lease).
+    std::vector<c10::IValue> own_inputs;
+    const bool kept = runner_ != nullptr && lease.owns;
+    std::vector<c10::IValue>& inputs = kept ? inputs_ : own_inputs;
+    if (kept) {
+      inputs.resize(slots_.size());
+    } else {
+      inputs.reserve(slots_.size());
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& slot = slots_[i];
       PyObject* obj = slot.kind == Slot::kFixed ? fixed_input(slot) : argv[slot.arg];
       if (obj == nullptr) return py::none();
+      c10::IValue value;
       if (slot.kind == Slot::kSize) {
         if (!THPVariable_Check(obj)) return py::none();
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (slot.dim >= t.dim()) return py::none();
-        inputs.emplace_back(t.size(slot.dim));
+        value = t.size(slot.dim);
       } else if (THPVariable_Check(obj)) {
-        inputs.emplace_back(THPVariable_Unpack(obj));
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (kept && slot.kind == Slot::kFixed && inputs[i].isTensor() &&
+            inputs[i].toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          continue;  // the kept entry is this tensor
+        }
+        value = t;
       } else {
-        inputs.push_back(to_ivalue(obj, inputs.size()));
+        value = to_ivalue(obj, i);
+      }
+      if (kept) {
+        inputs[i] = std::move(value);
+      } else {
+        inputs.push_back(std::move(value));
       }
     }
 
@@ -329,8 +349,10 @@ class DirectCall {
       py::gil_scoped_release no_gil;
       // The fixed inputs are this generation's tensors, checked above: the runner compares
       // them only when the generation is new to it.
-      outputs = runner_ != nullptr ? runner_->run(std::move(inputs), {fixed_generation_, &steady_})
-                                   : executable_->run(std::move(inputs));
+      const runtime::SteadyInputs steady{fixed_generation_, &steady_};
+      outputs = kept                 ? runner_->run_borrowed(inputs, steady)
+                : runner_ != nullptr ? runner_->run(std::move(inputs), steady)
+                                     : executable_->run(std::move(inputs));
     }
     if (result_ == Result::kTensor) {
       MAGI_ASSERT(outputs.size() == 1, "DirectCall: one output expected, the graph returned ",
@@ -352,6 +374,9 @@ class DirectCall {
     ~Lease() {
       if (!owns) return;
       self->values_.clear();  // references to the arguments
+      for (size_t i = 0; i < self->inputs_.size(); ++i) {
+        if (!self->steady_[i]) self->inputs_[i] = c10::IValue();
+      }
       self->buffers_busy_ = false;
     }
     Lease(const Lease&) = delete;
@@ -390,9 +415,10 @@ class DirectCall {
       slot.state = TensorState();
       slot.memory = nullptr;
       next_generation();
-    } else if (!slot.state.same(t, Py_TYPE(obj)) || t.storage().data() != slot.memory) {
+    } else if (const void* memory = t.unsafeGetTensorImpl()->unsafe_storage().data();
+               !slot.state.same(t, Py_TYPE(obj)) || memory != slot.memory) {
       slot.state.take(t, Py_TYPE(obj));
-      slot.memory = t.storage().data();
+      slot.memory = memory;
       next_generation();
     }
     return obj;
@@ -507,8 +533,11 @@ class DirectCall {
   std::vector<int64_t> last_verified_;       // the last call's, when it passed
   std::vector<int64_t> key_buffer_;
   std::vector<runtime::GuardInput> values_;  // the signature's inputs, empty between calls
-  bool buffers_busy_ = false;                // values_ and key_buffer_ are held by a call
-  uint64_t fixed_generation_ = 0;            // a new g_fixed_generations when a fixed input changes
+  // The graph inputs a runner borrows: the fixed ones kept across calls (as strongly as the
+  // runner's own static inputs hold them), the others None between calls.
+  std::vector<c10::IValue> inputs_;
+  bool buffers_busy_ = false;      // values_ and key_buffer_ are held by a call
+  uint64_t fixed_generation_ = 0;  // a new g_fixed_generations when a fixed input changes
   size_t guard_checks_ = 0;
 };
 

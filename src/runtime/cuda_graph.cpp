@@ -229,8 +229,14 @@ bool CudaGraphRunner::Impl::same_call(const Signature& key, const Entry& e,
   return at == key.size();
 }
 
-std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inputs,
+std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValue>& inputs,
+                                                    std::vector<c10::IValue>* owned,
                                                     const SteadyInputs& steady) {
+  // What the paths that run the executable consume (it frees each input after its last use):
+  // the caller's vector when it gave it away, else a copy. Taken last: `inputs` may be it.
+  auto take = [&]() -> std::vector<c10::IValue> {
+    return owned != nullptr ? std::move(*owned) : inputs;
+  };
   clock.start();
   const Padding pad = padding_of(inputs);
   // The steady inputs were checked against last_entry by the last call of this generation;
@@ -245,11 +251,11 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inp
     clock.lap(1);
     ++last_entry->calls;
     steady_generation = steady.generation;
-    return replay(*last_entry, std::move(inputs), pad);
+    return replay(*last_entry, inputs, pad);
   }
   bool all_cuda = false;
   Signature key = signature_of(inputs, &all_cuda, pad);
-  if (!all_cuda) return exe.run(std::move(inputs));
+  if (!all_cuda) return exe.run(take());
   clock.lap(0);
   auto it = entries.find(key);
   clock.lap(1);
@@ -260,17 +266,17 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inp
         MAGI_LOG_WARN("CUDA graphs: ", max_graphs,
                       " input signatures captured; further ones run without graphs");
       }
-      return exe.run(std::move(inputs));
+      return exe.run(take());
     }
     Entry& e = entries[key];
     e.calls = 1;
-    return warm_up(e, std::move(inputs), pad);
+    return warm_up(e, take(), pad);
   }
   Entry& e = it->second;
   ++e.calls;
   if (!e.graph) {
     std::vector<c10::IValue> graph_inputs = pad.rows > 0 ? padded(inputs, pad) : inputs;
-    return capture(e, graph_inputs, std::move(inputs), pad);
+    return capture(e, graph_inputs, take(), pad);
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     // static_inputs[i] holds the parameter itself: comparing TensorImpls needs no reference.
@@ -282,7 +288,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inp
       // `.data = ...`): this graph reads stale memory. Capture again.
       MAGI_LOG_DEBUG("CUDA graphs: input ", i, " moved; re-capturing");
       e.drop_graph();
-      return warm_up(e, std::move(inputs), pad);
+      return warm_up(e, take(), pad);
     }
   }
   if (pad.rows == 0) {
@@ -290,7 +296,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(std::vector<c10::IValue> inp
     last_entry = &e;
     steady_generation = steady.generation;
   }
-  return replay(e, std::move(inputs), pad);
+  return replay(e, inputs, pad);
 }
 
 CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t max_graphs,
@@ -299,7 +305,11 @@ CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t max_graphs
 CudaGraphRunner::~CudaGraphRunner() = default;
 std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs,
                                               const SteadyInputs& steady) {
-  return impl_->run(std::move(inputs), steady);
+  return impl_->run(inputs, &inputs, steady);
+}
+std::vector<c10::IValue> CudaGraphRunner::run_borrowed(const std::vector<c10::IValue>& inputs,
+                                                       const SteadyInputs& steady) {
+  return impl_->run(inputs, nullptr, steady);
 }
 size_t CudaGraphRunner::num_graphs() const {
   size_t n = 0;
@@ -341,6 +351,10 @@ CudaGraphRunner::~CudaGraphRunner() = default;
 std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs,
                                               const SteadyInputs& /*steady*/) {
   return impl_->exe.run(std::move(inputs));
+}
+std::vector<c10::IValue> CudaGraphRunner::run_borrowed(const std::vector<c10::IValue>& inputs,
+                                                       const SteadyInputs& /*steady*/) {
+  return impl_->exe.run(inputs);
 }
 size_t CudaGraphRunner::num_graphs() const { return 0; }
 size_t CudaGraphRunner::num_captures() const { return 0; }

@@ -260,7 +260,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
   ++captures;
   MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures, ", e.slots.size(),
                  " output slots)");
-  return replay(e, std::move(inputs), pad);
+  return replay(e, inputs, pad);
 }
 
 }  // namespace magi::runtime

@@ -330,7 +330,8 @@ struct CudaGraphRunner::Impl {
   // One replay of `e` for a call: ordered after the last replay when that was on another
   // stream, into the slot pick_slot chooses, the inputs fed, the graph launched, and the
   // outputs handed out (a padded call's rows: views of the slot's buffers, or copies).
-  std::vector<c10::IValue> replay(Entry& e, std::vector<c10::IValue> inputs, const Padding& pad);
+  std::vector<c10::IValue> replay(Entry& e, const std::vector<c10::IValue>& inputs,
+                                  const Padding& pad);
 
   // Whether `inputs`, unpadded, have signature `key` (what signature_of would build, compared
   // field by field without building it) and each input `e` uses in place is the tensor it
@@ -340,7 +341,10 @@ struct CudaGraphRunner::Impl {
                         const std::vector<c10::IValue>& inputs,
                         const std::vector<bool>* steady = nullptr);
 
-  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const SteadyInputs& steady);
+  // CudaGraphRunner::run and run_borrowed: `owned`, when given, is `inputs` itself, which the
+  // paths that run the executable may consume.
+  std::vector<c10::IValue> run(const std::vector<c10::IValue>& inputs,
+                               std::vector<c10::IValue>* owned, const SteadyInputs& steady);
 };
 
 }  // namespace magi::runtime

@@ -123,7 +123,8 @@ void CudaGraphRunner::Impl::idle(Entry& e, cudaGraphExec_t exec, cudaGraphNode_t
                                                     whole.data_ptr(), 1, cudaMemcpyDeviceToDevice));
 }
 
-std::vector<c10::IValue> CudaGraphRunner::Impl::replay(Entry& e, std::vector<c10::IValue> inputs,
+std::vector<c10::IValue> CudaGraphRunner::Impl::replay(Entry& e,
+                                                       const std::vector<c10::IValue>& inputs,
                                                        const Padding& pad) {
   c10::cuda::CUDAGuard device_guard(e.device);
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(e.device);

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import json
 import re
+import weakref
 
 import pytest
 import torch
@@ -174,6 +175,26 @@ def test_direct_calls_into_graphs_see_parameters_changed_in_place(assert_close_r
         compiled.layers[1].o_proj.weight.t_()
         check(4)
         del junk
+
+
+def test_direct_calls_into_graphs_keep_no_argument_alive():
+    """The direct call keeps the graph inputs a runner borrows from call to call, the
+    parameters only: the caller's argument is dropped on the way out."""
+    import blocks
+
+    model = blocks.LlamaStack(1, hidden=256, n_heads=8, n_kv_heads=4, intermediate=512)
+    model = blocks.init_weights_(model, seed=0).to("cuda", torch.bfloat16).eval()
+    compiled = magi_compile(model, config_patch={"cudagraph_mode": "FULL"})
+    with torch.no_grad():
+        for _ in range(4):
+            compiled(_x(4, 32))
+        direct = get_counters().direct_calls
+        x = _x(4, 32)
+        gone = weakref.ref(x)
+        compiled(x)
+        assert get_counters().direct_calls == direct + 1
+        del x
+        assert gone() is None
 
 
 @pytest.mark.parametrize(

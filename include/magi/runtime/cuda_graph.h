@@ -68,6 +68,10 @@ class CudaGraphRunner {
   ~CudaGraphRunner();
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const SteadyInputs& steady = {});
+  /// run() on inputs the caller keeps (a direct call keeps its parameters' entries across
+  /// calls): a replay reads them in place, and the paths that run the executable copy them.
+  std::vector<c10::IValue> run_borrowed(const std::vector<c10::IValue>& inputs,
+                                        const SteadyInputs& steady = {});
 
   size_t num_graphs() const;    ///< graphs currently captured
   size_t num_captures() const;  ///< captures so far (re-captures included)
