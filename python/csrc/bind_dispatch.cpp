@@ -415,7 +415,7 @@ class DirectCall {
       slot.state = TensorState();
       slot.memory = nullptr;
       next_generation();
-    } else if (const void* memory = t.unsafeGetTensorImpl()->unsafe_storage().data();
+    } else if (const void* memory = t.storage().data();
                !slot.state.same(t, Py_TYPE(obj)) || memory != slot.memory) {
       slot.state.take(t, Py_TYPE(obj));
       slot.memory = memory;
