@@ -40,6 +40,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -96,6 +97,17 @@ struct Slot {
   TensorState state;
   const void* memory = nullptr;
 };
+
+/// The address of `t`'s memory, or nullopt for a tensor without storage or one that refuses
+/// access to it (fake and functional tensors).
+std::optional<const void*> memory_of(const at::Tensor& t) {
+  if (!t.has_storage()) return std::nullopt;
+  try {
+    return t.storage().data();
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
 
 /// Appends what Dynamo's tensor guards compare of `t` (its Python type `type`, when known).
 void append_tensor(const at::Tensor& t, PyTypeObject* type, std::vector<int64_t>* key) {
@@ -309,6 +321,9 @@ class DirectCall {
         inputs.push_back(std::move(value));
       }
     }
+    // The generation of the fixed inputs just gathered: the guards below may run Python, and
+    // another thread's call may start a new one before this call reaches the runner.
+    const uint64_t generation = fixed_generation_;
 
     // Dynamo's guards of the cache entry the learning call ran, on the frame's locals; with
     // memoize, once per fingerprint of the arguments, the parameters and the process state.
@@ -322,7 +337,7 @@ class DirectCall {
     if (memoize_ || watch) {
       // The fixed inputs enter as their generation: it changes whenever one of them does.
       have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
-      key.push_back(static_cast<int64_t>(fixed_generation_));
+      key.push_back(static_cast<int64_t>(generation));
     }
     // Held for the comparison: another thread may list a new watch while this one's
     // comparisons run Python (an argument's __getattr__).
@@ -343,13 +358,14 @@ class DirectCall {
     }
     if (have_key && (memoize_ || watching_) && key != last_verified_) last_verified_ = key;
     ++calls_;
+    lease.ran = true;
 
     std::vector<c10::IValue> outputs;
     {
       py::gil_scoped_release no_gil;
       // The fixed inputs are this generation's tensors, checked above: the runner compares
       // them only when the generation is new to it.
-      const runtime::SteadyInputs steady{fixed_generation_, &steady_};
+      const runtime::SteadyInputs steady{generation, &steady_};
       outputs = kept                 ? runner_->run_borrowed(inputs, steady)
                 : runner_ != nullptr ? runner_->run(std::move(inputs), steady)
                                      : executable_->run(std::move(inputs));
@@ -366,7 +382,10 @@ class DirectCall {
   }
 
  private:
-  /// Holds the call buffers for one call when no other call does.
+  /// Holds the call buffers for one call when no other call does. On the way out the
+  /// arguments' graph inputs are dropped; the fixed ones are kept for the next call only when
+  /// this one ran (a call that went back to the ordinary path keeps nothing: a parameter it
+  /// no longer found, say, is not kept alive).
   struct Lease {
     explicit Lease(DirectCall* call) : self(call), owns(!call->buffers_busy_) {
       if (owns) self->buffers_busy_ = true;
@@ -374,6 +393,7 @@ class DirectCall {
     ~Lease() {
       if (!owns) return;
       self->values_.clear();  // references to the arguments
+      if (!ran) self->inputs_.clear();
       for (size_t i = 0; i < self->inputs_.size(); ++i) {
         if (!self->steady_[i]) self->inputs_[i] = c10::IValue();
       }
@@ -383,6 +403,7 @@ class DirectCall {
     Lease& operator=(const Lease&) = delete;
     DirectCall* self;
     bool owns;
+    mutable bool ran = false;  ///< the call reached the runner
   };
 
   /// A fixed input changed: a new generation, and the verdicts of earlier ones can never be
@@ -410,15 +431,16 @@ class DirectCall {
       slot.version = version;
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.layout() != c10::kStrided || t.is_nested() || !t.has_storage()) {
-      // No strides to compare: each call is a generation of its own (Dynamo's guards decide).
+    const std::optional<const void*> memory = memory_of(t);
+    if (t.layout() != c10::kStrided || t.is_nested() || !memory) {
+      // No strides or memory to compare: each call is a generation of its own (Dynamo's
+      // guards decide).
       slot.state = TensorState();
       slot.memory = nullptr;
       next_generation();
-    } else if (const void* memory = t.storage().data();
-               !slot.state.same(t, Py_TYPE(obj)) || memory != slot.memory) {
+    } else if (!slot.state.same(t, Py_TYPE(obj)) || *memory != slot.memory) {
       slot.state.take(t, Py_TYPE(obj));
-      slot.memory = memory;
+      slot.memory = *memory;
       next_generation();
     }
     return obj;
@@ -533,8 +555,9 @@ class DirectCall {
   std::vector<int64_t> last_verified_;       // the last call's, when it passed
   std::vector<int64_t> key_buffer_;
   std::vector<runtime::GuardInput> values_;  // the signature's inputs, empty between calls
-  // The graph inputs a runner borrows: the fixed ones kept across calls (as strongly as the
-  // runner's own static inputs hold them), the others None between calls.
+  // The graph inputs a runner borrows: the fixed ones (parameters, buffers) kept from one call
+  // that ran to the next, the others None between calls. The kept ones are alive while this
+  // direct call is, as a captured graph's own static inputs are while its runner is.
   std::vector<c10::IValue> inputs_;
   bool buffers_busy_ = false;      // values_ and key_buffer_ are held by a call
   uint64_t fixed_generation_ = 0;  // a new g_fixed_generations when a fixed input changes
