@@ -258,7 +258,7 @@ class DirectCall {
     // its own. Released (and the signature's references dropped) on every way out.
     std::vector<runtime::GuardInput> own_values;
     std::vector<int64_t> own_key;
-    const Lease lease(this);
+    Lease lease(this);
     std::vector<runtime::GuardInput>& values = lease.owns ? values_ : own_values;
     std::vector<int64_t>& key = lease.owns ? key_buffer_ : own_key;
 
@@ -403,7 +403,7 @@ class DirectCall {
     Lease& operator=(const Lease&) = delete;
     DirectCall* self;
     bool owns;
-    mutable bool ran = false;  ///< the call reached the runner
+    bool ran = false;  ///< the call reached the runner
   };
 
   /// A fixed input changed: a new generation, and the verdicts of earlier ones can never be

@@ -336,23 +336,25 @@ class _Config:
         self.scale = scale
 
 
+class Configured(nn.Module):
+    """A linear layer scaled by ``cfg.scale``, read from a config object on every call."""
+
+    def __init__(self, cfg: object) -> None:
+        super().__init__()
+        self.fc = nn.Linear(H, H)
+        self.cfg = cfg
+
+    def forward(self, x):
+        return self.fc(x) * self.cfg.scale
+
+
 @pytest.mark.parametrize(
     "make_config", [_Config, lambda s: SimpleNamespace(scale=s)], ids=["class", "SimpleNamespace"]
 )
 def test_an_attribute_of_a_config_object_is_watched(assert_close_rel, make_config):
     """The forward reads ``self.cfg.scale``: the tree is watched through the config's
     ``__dict__``; a new value, and a new config object, each make the guards run again."""
-
-    class Configured(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(H, H)
-            self.cfg = make_config(2.0)
-
-        def forward(self, x):
-            return self.fc(x) * self.cfg.scale
-
-    model, eager = compiled_with_eager(Configured())
+    model, eager = compiled_with_eager(Configured(make_config(2.0)))
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
         native = native_of(model)
@@ -379,16 +381,7 @@ def test_a_config_class_changed_later_is_seen(assert_close_rel):
         def __init__(self) -> None:
             self.scale = 2.0
 
-    class Configured(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(H, H)
-            self.cfg = Config()
-
-        def forward(self, x):
-            return self.fc(x) * self.cfg.scale
-
-    model, eager = compiled_with_eager(Configured())
+    model, eager = compiled_with_eager(Configured(Config()))
     with torch.no_grad():
         warm_up(model, eager, assert_close_rel)
         native = native_of(model)
