@@ -316,6 +316,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_ungraphed_calls", &runtime::CudaGraphRunner::num_ungraphed_calls,
                              "Calls run without a graph because the graph would have written "
                              "its copy of an input (a written input passed as another tensor).")
+      .def_property_readonly("num_executables", &runtime::CudaGraphRunner::num_executables,
+                             "Executables of the graphs captured now, each writing its own "
+                             "output buffers (two per graph, up to four when inputs move).")
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def("set_input_copy_nodes", &runtime::CudaGraphRunner::set_input_copy_nodes, py::arg("on"),
            "Diagnostics: False copies inputs on the stream before each launch instead of "
@@ -323,6 +326,9 @@ void bind_runtime(py::module_& m) {
       .def("set_steady_inputs", &runtime::CudaGraphRunner::set_steady_inputs, py::arg("on"),
            "Diagnostics: False compares every input on every call, ignoring a direct call's "
            "word that its parameters are the tensors the last call checked (default True).")
+      .def("set_max_executables", &runtime::CudaGraphRunner::set_max_executables, py::arg("n"),
+           "Diagnostics: replays pick among at most n executables of a graph (default 4; 2 "
+           "measures the runner without executables per input address).")
       .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
            "Diagnostics: time the host stages of each replaying call (see stage_times).")
       .def("stage_times", &runtime::CudaGraphRunner::stage_times,

@@ -6,8 +6,9 @@ Dynamo's guards per call (fast_dispatch_guards default) and once per argument la
 Every part is timed as benchmarks/host_overhead.py's method 3: calls queued behind a sleep
 kernel in bursts, so none meets an idle device, taking --inputs distinct input tensors in turn.
 Parts: the whole call, with inputs reaching the graph through its copy nodes and, interleaved
-with it, copied on the stream before the launch (CudaGraphRunner.set_input_copy_nodes), and
-with the runner comparing the parameters on every call (set_steady_inputs(False)); the
+with it, copied on the stream before the launch (CudaGraphRunner.set_input_copy_nodes), with
+the runner comparing the parameters on every call (set_steady_inputs(False)), and with its
+replays kept to two executables per graph (set_max_executables(2)); the
 C++ direct call alone (no nn.Module call, no Python dispatch); the runner's stages
 (set_stage_timing) inside those calls, both ways; and the floors: an empty nn.Module call, and
 CUDAGraph.replay() of a one-kernel graph (what one launch costs through PyTorch).
@@ -38,14 +39,21 @@ SHAPE = dict(n_layers=4, hidden=2048, n_heads=16, n_kv_heads=8, intermediate=819
 BURST = 20
 ROUNDS = 3
 # The ways a replaying call is measured, interleaved in rounds: (suffix of its keys, inputs
-# through the graphs' copy nodes, the runner trusting the direct call's steady inputs).
-WAYS = {"": (True, True), "_stream": (False, True), "_no_steady": (True, False)}
+# through the graphs' copy nodes, the runner trusting the direct call's steady inputs, the
+# executables a graph's replays pick from).
+WAYS = {
+    "": (True, True, 4),
+    "_stream": (False, True, 4),
+    "_no_steady": (True, False, 4),
+    "_two_executables": (True, True, 2),
+}
 
 
 def set_way(runner, way: str) -> None:
-    nodes, steady = WAYS[way]
+    nodes, steady, executables = WAYS[way]
     runner.set_input_copy_nodes(nodes)
     runner.set_steady_inputs(steady)
+    runner.set_max_executables(executables)
 
 
 def busy(fn, args_list, iters: int) -> float:
@@ -93,6 +101,7 @@ def measure(guards: str, model, xs, iters: int) -> dict[str, float]:
         out["call"] = statistics.median(per_way[""])
         out["call_inputs_copied_on_stream"] = statistics.median(per_way["_stream"])
         out["call_without_steady_inputs"] = statistics.median(per_way["_no_steady"])
+        out["call_two_executables"] = statistics.median(per_way["_two_executables"])
     if native is not None:
         out["native_alone"] = busy(native, [((model, x),) for x in xs], iters)
     if runner is not None:
@@ -107,6 +116,12 @@ def measure(guards: str, model, xs, iters: int) -> dict[str, float]:
                 out[f"stage_{name}{way}"] = total / n
         set_way(runner, "")
         out["input_retargets_per_replay"] = runner.num_input_retargets / max(runner.num_replays, 1)
+        out["executables"] = runner.num_executables
+        before = (runner.num_input_retargets, runner.num_replays)
+        busy(compiled, calls, iters)
+        out["input_retargets_per_replay_last"] = (runner.num_input_retargets - before[0]) / max(
+            runner.num_replays - before[1], 1
+        )
     if native is not None:  # how Dynamo's guards were evaluated, and how often
         out["guard_reuse"] = native.guard_reuse
         out["guard_checks"] = native.num_guard_checks

@@ -3,6 +3,7 @@
 // before a replay; capture and replay are in cuda_graph_capture.cpp and cuda_graph_replay.cpp.
 #include "magi/runtime/cuda_graph.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -323,9 +324,15 @@ size_t CudaGraphRunner::num_direct_launches() const { return impl_->direct_launc
 size_t CudaGraphRunner::num_fresh_output_buffers() const { return impl_->fresh_buffers; }
 size_t CudaGraphRunner::num_input_retargets() const { return impl_->input_retargets; }
 size_t CudaGraphRunner::num_ungraphed_calls() const { return impl_->ungraphed_calls; }
+size_t CudaGraphRunner::num_executables() const {
+  size_t n = 0;
+  for (const auto& [k, e] : impl_->entries) n += e.graph != nullptr ? e.slots.size() : 0;
+  return n;
+}
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 void CudaGraphRunner::set_input_copy_nodes(bool on) { impl_->use_input_nodes = on; }
 void CudaGraphRunner::set_steady_inputs(bool on) { impl_->use_steady = on; }
+void CudaGraphRunner::set_max_executables(size_t n) { impl_->slot_limit = std::max<size_t>(n, 1); }
 void CudaGraphRunner::set_stage_timing(bool on) {
   impl_->clock = StageClock{};
   impl_->clock.on = on;
@@ -364,9 +371,11 @@ size_t CudaGraphRunner::num_direct_launches() const { return 0; }
 size_t CudaGraphRunner::num_fresh_output_buffers() const { return 0; }
 size_t CudaGraphRunner::num_input_retargets() const { return 0; }
 size_t CudaGraphRunner::num_ungraphed_calls() const { return 0; }
+size_t CudaGraphRunner::num_executables() const { return 0; }
 bool CudaGraphRunner::pads() const { return false; }
 void CudaGraphRunner::set_input_copy_nodes(bool) {}
 void CudaGraphRunner::set_steady_inputs(bool) {}
+void CudaGraphRunner::set_max_executables(size_t) {}
 void CudaGraphRunner::set_stage_timing(bool) {}
 std::vector<std::pair<std::string, double>> CudaGraphRunner::stage_times() const { return {}; }
 bool CudaGraphRunner::available() { return false; }

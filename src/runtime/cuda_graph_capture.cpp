@@ -102,16 +102,14 @@ void CudaGraphRunner::Impl::retarget(const Entry& e, cudaGraphExec_t exec, const
   }
 }
 
-void CudaGraphRunner::Impl::add_second_slot(Entry& e) {
-  if (!e.draws_no_rng) return;
-  bool any = false;
-  for (const auto& c : e.copies) any |= c.node != nullptr;
-  if (!any) return;
+bool CudaGraphRunner::Impl::add_slot(Entry& e) {
+  if (!e.draws_no_rng) return false;
   cudaGraphExec_t exec = nullptr;
   if (cudaGraphInstantiate(&exec, e.graph->raw_cuda_graph(), 0) != cudaSuccess) {
     (void)cudaGetLastError();
-    MAGI_LOG_DEBUG("CUDA graphs: no second executable; outputs use one set of buffers");
-    return;
+    MAGI_LOG_DEBUG("CUDA graphs: no further executable of a graph; it keeps ", e.slots.size(),
+                   " output slot(s)");
+    return false;
   }
   Slot slot;
   slot.owned.reset(exec);
@@ -120,6 +118,7 @@ void CudaGraphRunner::Impl::add_second_slot(Entry& e) {
   }
   retarget(e, exec, slot);
   e.slots.push_back(std::move(slot));
+  return true;
 }
 
 std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
@@ -254,7 +253,9 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
   for (size_t j = 0; j < e.copies.size(); ++j) {
     if (e.copies[j].node != nullptr) e.static_outputs[j] = c10::IValue();
   }
-  add_second_slot(e);
+  bool any_output_node = false;
+  for (const auto& c : e.copies) any_output_node |= c.node != nullptr;
+  if (any_output_node) add_slot(e);
   e.last_slot = e.slots.size() - 1;  // the first replay writes slot 0
   e.last_stream.reset();
   ++captures;

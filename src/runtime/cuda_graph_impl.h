@@ -92,7 +92,16 @@ struct CudaGraphRunner::Impl {
     // Per input, what this executable's input copy node reads now (see InputCopy): set before
     // a launch only when the call's tensor is another one than the last launch's.
     std::vector<std::pair<const void*, size_t>> sources;
+    uint64_t used = 0;  // when it was last replayed (the runner's replay count): 0 never
   };
+  // Executables a graph may have (slots): two from the capture, more added while its inputs
+  // keep arriving at other addresses (see pick_slot), each with its own output buffers.
+  static constexpr size_t kMaxSlots = 4;
+  // A graph gets slots beyond the second only after this many input copy nodes re-pointed...
+  static constexpr size_t kRetargetsBeforeMoreSlots = 16;
+  // ...and only when one slot's output buffers take at most this many bytes (a decode step's
+  // outputs, not a prefill's).
+  static constexpr size_t kMaxExtraSlotBytes = size_t{4} << 20;
   // Slot::sources before the first launch (the capture's tensor), and of a node set idle.
   static constexpr std::pair<const void*, size_t> kCaptured{nullptr, SIZE_MAX};
   static constexpr std::pair<const void*, size_t> kIdle{nullptr, 0};
@@ -136,6 +145,7 @@ struct CudaGraphRunner::Impl {
     at::Tensor scratch;                   // a few bytes an unused input copy node writes (idle())
     std::vector<Slot> slots;              // two when a second executable could be made, else one
     size_t last_slot = 0;
+    size_t input_retargets = 0;  // input copy nodes of this graph's slots re-pointed so far
     std::optional<cudaStream_t> last_stream;          // the stream of the last replay
     std::unique_ptr<CUevent_st, EventDeleter> order;  // orders replays across streams
     c10::DeviceIndex device = 0;
@@ -167,10 +177,11 @@ struct CudaGraphRunner::Impl {
   const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
   std::map<Signature, Entry> entries;
   size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
-  size_t fresh_buffers = 0;     // output buffers allocated because the caller held both sets
-  size_t input_retargets = 0;   // input copy nodes pointed at another tensor
-  bool use_input_nodes = true;  // false: inputs copied on the stream (set_input_copy_nodes)
-  bool use_steady = true;       // false: SteadyInputs ignored (set_steady_inputs)
+  size_t fresh_buffers = 0;       // output buffers allocated because the caller held both sets
+  size_t input_retargets = 0;     // input copy nodes pointed at another tensor
+  bool use_input_nodes = true;    // false: inputs copied on the stream (set_input_copy_nodes)
+  bool use_steady = true;         // false: SteadyInputs ignored (set_steady_inputs)
+  size_t slot_limit = kMaxSlots;  // slots a replay picks from (set_max_executables)
   // The entry of the last unpadded replay found through the map, and its signature (entries
   // are never erased, so both stay valid): run() tries it before building a signature.
   const Signature* last_key = nullptr;
@@ -251,11 +262,17 @@ struct CudaGraphRunner::Impl {
     return slot.owned ? slot.owned.get() : e.graph->raw_cuda_graph_exec();
   }
 
-  // A second executable of the graph, writing its own buffers, so that calls alternate between
-  // two sets of outputs without touching either executable. Only for graphs launched directly
-  // (replay() launches the CUDAGraph's own), and not where CUDA refuses a second instantiation
-  // (a graph with memory nodes, under the cudaMallocAsync allocator): one slot then.
-  void add_second_slot(Entry& e);
+  // Another executable of the graph, writing its own buffers (like the first slot's), so that
+  // calls alternate between sets of outputs without touching either executable, and calls
+  // whose inputs arrive at a few addresses in turn find one whose copy nodes read them. Only
+  // for graphs launched directly (replay() launches the CUDAGraph's own), and not where CUDA
+  // refuses another instantiation (a graph with memory nodes, under the cudaMallocAsync
+  // allocator). False when none was added.
+  bool add_slot(Entry& e);
+
+  // Whether the input copy nodes of `slot`'s executable read the call's tensors already (an
+  // input without a node reads nothing there and matches any slot).
+  static bool reads(const Entry& e, const Slot& slot, const std::vector<c10::IValue>& inputs);
 
   // `graph_inputs`: the call's inputs at the graph's size (padded when `pad.rows` > 0). With
   // `copy_nodes`, the graph starts by copying its dense inputs into their static buffers and
@@ -296,10 +313,17 @@ struct CudaGraphRunner::Impl {
     return false;
   }
 
-  // The slot this replay writes: the one the last replay did not write when the caller has let
-  // go of it, else the last one when that is free; when the caller holds both, the first gets
-  // new buffers for what is held (the held ones become the caller's alone).
-  Slot& pick_slot(Entry& e, const c10::cuda::CUDAStream& stream);
+  // The slot this replay writes, among those the caller has let go of (no tensor outside the
+  // runner on their buffers): one whose input copy nodes read the call's tensors already,
+  // else a new slot when the graph has had its inputs re-pointed often (kMaxSlots,
+  // kRetargetsBeforeMoreSlots, kMaxExtraSlotBytes), else the one replayed longest ago. So a
+  // loop `y = f(x)` alternates between two slots, and inputs arriving at up to kMaxSlots
+  // addresses in turn (more than the outputs the caller holds) each keep a slot whose nodes
+  // need no update. When the caller holds every
+  // slot, the one after the last gets new buffers for what is held (the held ones become the
+  // caller's alone).
+  Slot& pick_slot(Entry& e, const c10::cuda::CUDAStream& stream,
+                  const std::vector<c10::IValue>& inputs);
 
   // Replays `e` on `stream`, writing `slot`. CUDAGraph::replay() first brings the seed and
   // offset of each generator the capture drew from up to date (two fill kernels and their

@@ -40,13 +40,44 @@ at::Tensor CudaGraphRunner::Impl::hand_out(const at::Tensor& buffer, int64_t dim
   return at::Tensor(std::move(impl));
 }
 
-CudaGraphRunner::Impl::Slot& CudaGraphRunner::Impl::pick_slot(Entry& e,
-                                                              const c10::cuda::CUDAStream& stream) {
-  const size_t other = (e.last_slot + 1) % e.slots.size();
-  size_t pick = other;
-  if (held(e.slots[other]) && !held(e.slots[e.last_slot])) pick = e.last_slot;
+bool CudaGraphRunner::Impl::reads(const Entry& e, const Slot& slot,
+                                  const std::vector<c10::IValue>& inputs) {
+  if (slot.sources.size() != inputs.size()) return false;
+  for (size_t i = 0; i < inputs.size() && i < e.input_copies.size(); ++i) {
+    if (e.input_copies[i].node == nullptr || !inputs[i].isTensor()) continue;
+    const at::Tensor& t = inputs[i].toTensor();
+    if (slot.sources[i] != std::pair<const void*, size_t>{t.data_ptr(), t.nbytes()}) return false;
+  }
+  return true;
+}
+
+CudaGraphRunner::Impl::Slot& CudaGraphRunner::Impl::pick_slot(
+    Entry& e, const c10::cuda::CUDAStream& stream, const std::vector<c10::IValue>& inputs) {
+  const size_t n = std::min(e.slots.size(), slot_limit);
+  size_t pick = SIZE_MAX;
+  size_t oldest = SIZE_MAX;
+  for (size_t s = 0; s < n; ++s) {
+    const Slot& candidate = e.slots[s];
+    if (held(candidate)) continue;
+    if (reads(e, candidate, inputs)) {
+      pick = s;
+      break;
+    }
+    if (oldest == SIZE_MAX || candidate.used < e.slots[oldest].used) oldest = s;
+  }
+  if (pick == SIZE_MAX && oldest != SIZE_MAX && n == e.slots.size() && n < slot_limit &&
+      e.input_retargets >= kRetargetsBeforeMoreSlots) {
+    size_t bytes = 0;
+    for (const auto& b : e.slots[0].buffers) bytes += b.defined() ? b.nbytes() : 0;
+    if (bytes <= kMaxExtraSlotBytes && add_slot(e)) {
+      pick = e.slots.size() - 1;
+      MAGI_LOG_DEBUG("CUDA graphs: inputs keep moving; a graph gets executable ", e.slots.size());
+    }
+  }
+  if (pick == SIZE_MAX) pick = oldest != SIZE_MAX ? oldest : (e.last_slot + 1) % n;
   Slot& slot = e.slots[pick];
   e.last_slot = pick;
+  slot.used = replays + 1;
   if (held(slot)) {
     for (auto& b : slot.buffers) {
       if (b.defined() && b.storage().use_count() > 1) {
@@ -98,6 +129,7 @@ void CudaGraphRunner::Impl::feed_inputs(Entry& e, Slot& slot,
                                              cudaMemcpyDeviceToDevice) == cudaSuccess) {
         slot.sources[i] = source;
         ++input_retargets;
+        ++e.input_retargets;
         continue;
       }
       (void)cudaGetLastError();  // e.g. memory of another kind than the capture's: copy below
@@ -142,7 +174,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::replay(Entry& e,
   }
   e.last_stream = stream;
   clock.lap(2);
-  Slot& slot = pick_slot(e, current);
+  Slot& slot = pick_slot(e, current, inputs);
   feed_inputs(e, slot, inputs, pad, stream);
   clock.lap(3);
   launch(e, slot, stream);

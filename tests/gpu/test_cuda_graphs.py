@@ -138,7 +138,8 @@ def test_inputs_reach_the_graph_through_its_copy_nodes(counters, lowered):
         for _ in range(6):  # the same tensor, new contents each call
             x.copy_(torch.randn_like(x))
             check(x)
-        assert runner.num_input_retargets - before == 1  # slot 1's executable, once
+        # Slot 0's executable reads x already and the caller drops each output: no update.
+        assert runner.num_input_retargets - before == 0
 
         before = runner.num_input_retargets
         kept = [torch.randn(4, 16, 256, device="cuda") for _ in range(5)]
@@ -152,6 +153,61 @@ def test_inputs_reach_the_graph_through_its_copy_nodes(counters, lowered):
             check(torch.randn(batch, 16, 256, device="cuda"))
     assert runner.num_padded_calls >= 2
     assert runner.num_fresh_output_buffers == 0
+
+
+def test_inputs_from_a_few_addresses_get_executables_of_their_own(counters, lowered):
+    """Inputs arriving from four tensors in turn (a serving loop over a caching allocator's
+    blocks), while the caller holds the last output: once the copy nodes have been re-pointed
+    16 times the graph gets two more executables, after which each tensor has one whose nodes
+    read it and replays update no node. The held output keeps its values throughout, and
+    every call matches eager."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    xs = [torch.empty(4, 16, 256, device="cuda") for _ in range(4)]
+    held = []  # (output, what eager made of its input)
+    with torch.no_grad():
+
+        def call(x):
+            x.copy_(torch.randn_like(x))
+            held.append((compiled(x), eager(x)))
+            for out, want in held:
+                torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+            del held[:-1]
+
+        for i in range(30):
+            call(xs[i % 4])
+        runner = lowered[0].magi_cuda_graphs
+        assert runner.num_executables == 4
+        before = runner.num_input_retargets
+        for i in range(12):
+            call(xs[i % 4])
+        assert runner.num_input_retargets == before
+    assert runner.num_fresh_output_buffers == 0
+
+
+def test_inputs_from_many_addresses_keep_four_executables(counters, lowered):
+    """Seven tensors in turn: more than the executables a graph gets, so nodes are re-pointed
+    on every replay, the graph keeps four executables, and every call matches eager. With the
+    runner told to use two, it keeps to them."""
+    eager = _block(torch.float32)
+    xs = [torch.randn(4, 16, 256, device="cuda") for _ in range(7)]
+    with torch.no_grad():
+        want = [eager(x) for x in xs]
+        for limit, executables in ((None, 4), (2, 2)):
+            torch._dynamo.reset()
+            lowered.clear()
+            compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+            compiled(xs[0])  # warm-up
+            runner = lowered[0].magi_cuda_graphs
+            if limit is not None:
+                runner.set_max_executables(limit)
+            for i in range(1, 50):
+                torch.testing.assert_close(compiled(xs[i % 7]), want[i % 7], rtol=1e-4, atol=1e-4)
+            assert runner.num_executables == executables
+            before = runner.num_input_retargets
+            for i in range(14):
+                compiled(xs[i % 7])
+            assert runner.num_input_retargets - before == 14
 
 
 def test_strided_inputs_are_copied_before_the_launch(counters, lowered):

@@ -15,13 +15,18 @@
 // Outputs: a graph ends by copying each dense output into a buffer of the runner (outside
 // the graphs' pool), and the caller gets a new tensor on that buffer's memory. Each graph has
 // two sets of buffers (two executables of the graph, each copying into its own set; one set
-// for graphs replayed through CUDAGraph::replay()). A replay writes the set the previous
-// replay did not write unless the caller still holds a tensor on its memory (the output, or
-// any view of it: the buffer's storage is referenced from outside the runner); then the other
-// set if that one is free; when both are held, the held buffers are left to the caller and
-// the set gets new ones (num_fresh_output_buffers). So a replay never overwrites memory a
-// tensor outside the runner refers to, and a loop `y = f(x)` alternates between the two sets
-// with no allocation and no copy call on the host. Outputs that are not dense (or whose batch
+// for graphs replayed through CUDAGraph::replay()). A replay writes a set the caller holds no
+// tensor on (the output, or any view of it: the buffer's storage is referenced from outside
+// the runner): the one whose executable's input copy nodes already read the call's tensors,
+// else the one replayed longest ago; when every set is held, the held buffers are left to the
+// caller and the set gets new ones (num_fresh_output_buffers). So a replay never overwrites
+// memory a tensor outside the runner refers to, and a loop `y = f(x)` alternates between the
+// two sets with no allocation and no copy call on the host. A graph whose inputs keep
+// arriving at other addresses (16 copy nodes re-pointed) gets up to two more executables and
+// sets when one set is small (at most 4 MiB of outputs, a decode step's): inputs that come
+// from up to four addresses in turn, as a caching allocator hands them out, then each keep
+// an executable whose copy nodes read them (while the caller holds fewer outputs than there
+// are addresses), and a replay updates no node. Outputs that are not dense (or whose batch
 // dim is not outermost in a padded call) are copied out after the replay instead. Buffers used
 // on a stream they were not made on are recorded on it (recordStream), and a replay on another
 // stream than the last waits for the last one.
@@ -88,6 +93,9 @@ class CudaGraphRunner {
   /// Calls run without a graph because it would have written its own copy of an input the
   /// caller passed (a written input that is another tensor than the last call's).
   size_t num_ungraphed_calls() const;
+  /// Executables of the graphs captured now (each with its own output buffers): two per graph
+  /// from its capture, up to four while its inputs keep arriving at other addresses.
+  size_t num_executables() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
   /// Diagnostics of the host time of replays: with timing on, each replaying call adds the
@@ -101,6 +109,9 @@ class CudaGraphRunner {
   /// Diagnostics: with false, run() compares every input on every call and ignores what its
   /// SteadyInputs say (to measure what they save; default true).
   void set_steady_inputs(bool on);
+  /// Diagnostics: replays pick among at most `n` executables of a graph (n >= 1; default 4;
+  /// 2 is the behaviour before graphs got executables per input address).
+  void set_max_executables(size_t n);
   std::vector<std::pair<std::string, double>> stage_times() const;
   static bool available();  ///< built with CUDA graph support
 
