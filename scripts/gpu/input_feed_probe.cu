@@ -16,7 +16,8 @@
 //
 // Also: the device span of one replay with the GPU idle (mailbox against same: the cost of the
 // kernel's read over PCIe), and the launch alone for graphs of 1 and N kernels.
-// Build and run: nvcc -O2 -arch=sm_90 -o /tmp/feed scripts/gpu/input_feed_probe.cu && /tmp/feed
+// Build and run: nvcc -O2 -arch=sm_90 -o /tmp/feed scripts/gpu/input_feed_probe.cu -lcuda && /tmp/feed
+// (FEED_STREAM=legacy /tmp/feed: the same on the legacy default stream)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -24,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK(x)                                                                                \
@@ -202,7 +204,18 @@ int main() {
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
   std::printf("device %s, driver %d, runtime %d\n", prop.name, driver, runtime);
-  CHECK(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking));
+  // FEED_STREAM=legacy: CUDA's legacy default stream (PyTorch's default stream), with two other
+  // blocking streams in the context as a PyTorch process has; else a non-blocking stream.
+  const char* which = std::getenv("FEED_STREAM");
+  if (which != nullptr && std::string(which) == "legacy") {
+    cudaStream_t others[2];
+    for (auto& o : others) CHECK(cudaStreamCreate(&o));
+    p.stream = cudaStreamLegacy;
+    std::printf("stream: legacy default stream\n");
+  } else {
+    CHECK(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking));
+    std::printf("stream: non-blocking stream\n");
+  }
   for (auto& in : p.inputs) {
     CHECK(cudaMalloc(&in, kBytes));
     CHECK(cudaMemset(in, 1, kBytes));

@@ -13,4 +13,4 @@ gpu_pytest gpu_tests.log 120 tests/gpu/test_cuda_graphs.py -k "addresses or copy
 echo "== launch probe" | tee -a "$S"
 timeout 200 python scripts/gpu/launch_probe.py --json "$OUT/launch_probe.json" 2>&1 | grep -v "^\[magi" | tail -20 | tee -a "$S"
 echo "== input feed probe (bare graphs)" | tee -a "$S"
-nvcc -O2 -arch=sm_90 -o /tmp/feed scripts/gpu/input_feed_probe.cu -lcuda && timeout 60 /tmp/feed | tee -a "$S"
+nvcc -O2 -arch=sm_90 -o /tmp/feed scripts/gpu/input_feed_probe.cu -lcuda && { timeout 60 /tmp/feed; FEED_STREAM=legacy timeout 60 /tmp/feed; } | tee -a "$S"
