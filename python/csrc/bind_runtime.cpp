@@ -318,7 +318,8 @@ void bind_runtime(py::module_& m) {
                              "its copy of an input (a written input passed as another tensor).")
       .def_property_readonly("num_executables", &runtime::CudaGraphRunner::num_executables,
                              "Executables of the graphs captured now, each writing its own "
-                             "output buffers (two per graph, up to four when inputs move).")
+                             "output buffers (two per graph from its capture, up to four while "
+                             "its inputs arrive from a few addresses in turn).")
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def("set_input_copy_nodes", &runtime::CudaGraphRunner::set_input_copy_nodes, py::arg("on"),
            "Diagnostics: False copies inputs on the stream before each launch instead of "
@@ -327,8 +328,8 @@ void bind_runtime(py::module_& m) {
            "Diagnostics: False compares every input on every call, ignoring a direct call's "
            "word that its parameters are the tensors the last call checked (default True).")
       .def("set_max_executables", &runtime::CudaGraphRunner::set_max_executables, py::arg("n"),
-           "Diagnostics: replays pick among at most n executables of a graph (default 4; 2 "
-           "measures the runner without executables per input address).")
+           "Diagnostics: replays pick among at most n executables of a graph, and graphs get "
+           "no more than n (clamped to 1..4; default 4; 2 keeps those of the capture alone).")
       .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
            "Diagnostics: time the host stages of each replaying call (see stage_times).")
       .def("stage_times", &runtime::CudaGraphRunner::stage_times,

@@ -332,7 +332,9 @@ size_t CudaGraphRunner::num_executables() const {
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 void CudaGraphRunner::set_input_copy_nodes(bool on) { impl_->use_input_nodes = on; }
 void CudaGraphRunner::set_steady_inputs(bool on) { impl_->use_steady = on; }
-void CudaGraphRunner::set_max_executables(size_t n) { impl_->slot_limit = std::max<size_t>(n, 1); }
+void CudaGraphRunner::set_max_executables(size_t n) {
+  impl_->slot_limit = std::clamp<size_t>(n, 1, Impl::kMaxSlots);
+}
 void CudaGraphRunner::set_stage_timing(bool on) {
   impl_->clock = StageClock{};
   impl_->clock.on = on;

@@ -1,6 +1,7 @@
 // CudaGraphRunner's capture (cuda_graph.h): a graph per signature, recorded on one stream per
 // device with the copy nodes that feed its inputs and write its outputs into the runner's
-// buffers, and a second executable of it writing a second set of buffers.
+// buffers, and more executables of it, each writing its own set of buffers (add_slot: a second
+// at capture, more while a graph's inputs arrive from a few addresses in turn).
 // Without CUDA graph support in the build this file is empty (cuda_graph.cpp holds the stubs).
 #ifdef MAGI_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAContextLight.h>

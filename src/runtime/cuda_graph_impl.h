@@ -94,13 +94,12 @@ struct CudaGraphRunner::Impl {
     std::vector<std::pair<const void*, size_t>> sources;
     uint64_t used = 0;  // when it was last replayed (the runner's replay count): 0 never
   };
-  // Executables a graph may have (slots): two from the capture, more added while its inputs
-  // keep arriving at other addresses (see pick_slot), each with its own output buffers.
+  // Executables a graph may have (slots), each with its own output buffers: two from the
+  // capture when the graph copies its outputs itself (else one), more added while its inputs
+  // arrive from a few addresses in turn (see pick_slot).
   static constexpr size_t kMaxSlots = 4;
-  // A graph gets slots beyond the second only after this many input copy nodes re-pointed...
-  static constexpr size_t kRetargetsBeforeMoreSlots = 16;
-  // ...and only when one slot's output buffers take at most this many bytes (a decode step's
-  // outputs, not a prefill's).
+  // A graph gets more slots only when one slot's output buffers take at most this many bytes
+  // (a decode step's outputs, not a prefill's).
   static constexpr size_t kMaxExtraSlotBytes = size_t{4} << 20;
   // Slot::sources before the first launch (the capture's tensor), and of a node set idle.
   static constexpr std::pair<const void*, size_t> kCaptured{nullptr, SIZE_MAX};
@@ -143,9 +142,14 @@ struct CudaGraphRunner::Impl {
     std::vector<OutputCopy> copies;
     std::vector<InputCopy> input_copies;  // per input
     at::Tensor scratch;                   // a few bytes an unused input copy node writes (idle())
-    std::vector<Slot> slots;              // two when a second executable could be made, else one
+    std::vector<Slot> slots;              // see kMaxSlots
     size_t last_slot = 0;
-    size_t input_retargets = 0;  // input copy nodes of this graph's slots re-pointed so far
+    // The inputs (input_key) of the last kMaxSlots calls that found no free slot reading them:
+    // a miss whose inputs are among them comes from addresses that repeat, which another slot
+    // can keep. `no_more_slots`: CUDA refused another executable of the graph.
+    std::array<uint64_t, kMaxSlots> recent_misses{};
+    size_t misses = 0;
+    bool no_more_slots = false;
     std::optional<cudaStream_t> last_stream;          // the stream of the last replay
     std::unique_ptr<CUevent_st, EventDeleter> order;  // orders replays across streams
     c10::DeviceIndex device = 0;
@@ -155,6 +159,10 @@ struct CudaGraphRunner::Impl {
     bool draws_no_rng = false;
 
     void drop_graph() {
+      recent_misses.fill(0);
+      misses = 0;
+      no_more_slots = false;
+      last_slot = 0;
       slots.clear();  // before the graph: its executables came from the graph
       copies.clear();
       input_copies.clear();
@@ -177,7 +185,7 @@ struct CudaGraphRunner::Impl {
   const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
   std::map<Signature, Entry> entries;
   size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
-  size_t fresh_buffers = 0;       // output buffers allocated because the caller held both sets
+  size_t fresh_buffers = 0;       // output buffers allocated because the caller held every set
   size_t input_retargets = 0;     // input copy nodes pointed at another tensor
   bool use_input_nodes = true;    // false: inputs copied on the stream (set_input_copy_nodes)
   bool use_steady = true;         // false: SteadyInputs ignored (set_steady_inputs)
@@ -274,6 +282,15 @@ struct CudaGraphRunner::Impl {
   // input without a node reads nothing there and matches any slot).
   static bool reads(const Entry& e, const Slot& slot, const std::vector<c10::IValue>& inputs);
 
+  // The addresses and sizes of the call's tensors that reach the graph through copy nodes, as
+  // one number (nonzero).
+  static uint64_t input_key(const Entry& e, const std::vector<c10::IValue>& inputs);
+
+  // Whether a call that found no free slot reading its inputs (`key`) should get a new slot:
+  // its inputs were among the last misses', the graph has fewer than slot_limit slots and its
+  // outputs are small. Records the miss.
+  bool more_slots_help(Entry& e, uint64_t key) const;
+
   // `graph_inputs`: the call's inputs at the graph's size (padded when `pad.rows` > 0). With
   // `copy_nodes`, the graph starts by copying its dense inputs into their static buffers and
   // ends by copying its outputs into the buffers of a slot.
@@ -315,11 +332,11 @@ struct CudaGraphRunner::Impl {
 
   // The slot this replay writes, among those the caller has let go of (no tensor outside the
   // runner on their buffers): one whose input copy nodes read the call's tensors already,
-  // else a new slot when the graph has had its inputs re-pointed often (kMaxSlots,
-  // kRetargetsBeforeMoreSlots, kMaxExtraSlotBytes), else the one replayed longest ago. So a
-  // loop `y = f(x)` alternates between two slots, and inputs arriving at up to kMaxSlots
-  // addresses in turn (more than the outputs the caller holds) each keep a slot whose nodes
-  // need no update. When the caller holds every
+  // else a new slot when inputs from the same addresses missed recently (more_slots_help),
+  // else the one replayed longest ago. So a loop `y = f(x)` over one tensor alternates
+  // between two slots, and inputs arriving from up to kMaxSlots addresses in turn (more than
+  // the outputs the caller holds) each keep a slot whose nodes need no update; inputs from
+  // more addresses, or new ones every call, add no slot. When the caller holds every
   // slot, the one after the last gets new buffers for what is held (the held ones become the
   // caller's alone).
   Slot& pick_slot(Entry& e, const c10::cuda::CUDAStream& stream,

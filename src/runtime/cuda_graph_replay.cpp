@@ -51,6 +51,30 @@ bool CudaGraphRunner::Impl::reads(const Entry& e, const Slot& slot,
   return true;
 }
 
+uint64_t CudaGraphRunner::Impl::input_key(const Entry& e, const std::vector<c10::IValue>& inputs) {
+  uint64_t key = 0x9e3779b97f4a7c15ULL;
+  for (size_t i = 0; i < inputs.size() && i < e.input_copies.size(); ++i) {
+    if (e.input_copies[i].node == nullptr || !inputs[i].isTensor()) continue;
+    const at::Tensor& t = inputs[i].toTensor();
+    for (uint64_t part : {reinterpret_cast<uint64_t>(t.data_ptr()), uint64_t{t.nbytes()}}) {
+      key ^= part + 0x9e3779b97f4a7c15ULL + (key << 6) + (key >> 2);
+    }
+  }
+  return key == 0 ? 1 : key;
+}
+
+bool CudaGraphRunner::Impl::more_slots_help(Entry& e, uint64_t key) const {
+  const bool repeats =
+      std::find(e.recent_misses.begin(), e.recent_misses.end(), key) != e.recent_misses.end();
+  e.recent_misses[e.misses++ % e.recent_misses.size()] = key;
+  if (!repeats || e.no_more_slots || e.slots.size() >= slot_limit || !e.draws_no_rng) {
+    return false;
+  }
+  size_t bytes = 0;
+  for (const auto& b : e.slots[0].buffers) bytes += b.defined() ? b.nbytes() : 0;
+  return bytes <= kMaxExtraSlotBytes;
+}
+
 CudaGraphRunner::Impl::Slot& CudaGraphRunner::Impl::pick_slot(
     Entry& e, const c10::cuda::CUDAStream& stream, const std::vector<c10::IValue>& inputs) {
   const size_t n = std::min(e.slots.size(), slot_limit);
@@ -65,13 +89,16 @@ CudaGraphRunner::Impl::Slot& CudaGraphRunner::Impl::pick_slot(
     }
     if (oldest == SIZE_MAX || candidate.used < e.slots[oldest].used) oldest = s;
   }
-  if (pick == SIZE_MAX && oldest != SIZE_MAX && n == e.slots.size() && n < slot_limit &&
-      e.input_retargets >= kRetargetsBeforeMoreSlots) {
-    size_t bytes = 0;
-    for (const auto& b : e.slots[0].buffers) bytes += b.defined() ? b.nbytes() : 0;
-    if (bytes <= kMaxExtraSlotBytes && add_slot(e)) {
+  if (pick == SIZE_MAX && oldest != SIZE_MAX && use_input_nodes &&
+      more_slots_help(e, input_key(e, inputs))) {
+    if (add_slot(e)) {
       pick = e.slots.size() - 1;
-      MAGI_LOG_DEBUG("CUDA graphs: inputs keep moving; a graph gets executable ", e.slots.size());
+      MAGI_LOG_DEBUG(
+          "CUDA graphs: inputs arrive from a few addresses in turn; a graph gets "
+          "executable ",
+          e.slots.size());
+    } else {
+      e.no_more_slots = true;
     }
   }
   if (pick == SIZE_MAX) pick = oldest != SIZE_MAX ? oldest : (e.last_slot + 1) % n;
@@ -129,7 +156,6 @@ void CudaGraphRunner::Impl::feed_inputs(Entry& e, Slot& slot,
                                              cudaMemcpyDeviceToDevice) == cudaSuccess) {
         slot.sources[i] = source;
         ++input_retargets;
-        ++e.input_retargets;
         continue;
       }
       (void)cudaGetLastError();  // e.g. memory of another kind than the capture's: copy below

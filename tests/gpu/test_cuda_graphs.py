@@ -121,8 +121,9 @@ def test_inputs_reach_the_graph_through_its_copy_nodes(counters, lowered):
     """Dense inputs are copied by nodes at the start of the graph, pointed at each call's
     tensor: a tensor reused with new contents, fresh tensors (also ones the allocator hands out
     at a freed tensor's address), and padded calls of fewer rows (a shorter copy into the same
-    node) all replay what eager computes. The node is set only when the tensor changes: once
-    per executable for a reused tensor, once per call for distinct ones."""
+    node) all replay what eager computes. A node is set only when no free executable's node
+    reads the call's tensor already: never for a reused tensor whose outputs the caller drops,
+    once per call for distinct ones."""
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
 
@@ -185,29 +186,36 @@ def test_inputs_from_a_few_addresses_get_executables_of_their_own(counters, lowe
     assert runner.num_fresh_output_buffers == 0
 
 
-def test_inputs_from_many_addresses_keep_four_executables(counters, lowered):
-    """Seven tensors in turn: more than the executables a graph gets, so nodes are re-pointed
-    on every replay, the graph keeps four executables, and every call matches eager. With the
-    runner told to use two, it keeps to them."""
+@pytest.mark.parametrize(
+    "tensors,batch,limit",
+    [(7, 4, None), (4, 4, 2), (3, 272, None)],
+    ids=["seven_tensors", "told_to_keep_two", "outputs_over_4MiB"],
+)
+def test_inputs_that_more_executables_cannot_serve_add_none(
+    tensors, batch, limit, counters, lowered
+):
+    """The graph keeps its two executables, re-points a node on every replay and matches eager
+    when more executables could not help or may not be made: seven tensors in turn (more than
+    four executables could keep), the runner told to keep to two, or outputs of 4.25 MiB a set
+    (over the 4 MiB for which a graph gets more)."""
     eager = _block(torch.float32)
-    xs = [torch.randn(4, 16, 256, device="cuda") for _ in range(7)]
+    xs = [torch.randn(batch, 16, 256, device="cuda") for _ in range(tensors)]
+    patch = {"cudagraph_mode": "FULL", "cudagraph_padding": False}
+    compiled = magi_compile(copy.deepcopy(eager), config_patch=patch)
     with torch.no_grad():
         want = [eager(x) for x in xs]
-        for limit, executables in ((None, 4), (2, 2)):
-            torch._dynamo.reset()
-            lowered.clear()
-            compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
-            compiled(xs[0])  # warm-up
-            runner = lowered[0].magi_cuda_graphs
-            if limit is not None:
-                runner.set_max_executables(limit)
-            for i in range(1, 50):
-                torch.testing.assert_close(compiled(xs[i % 7]), want[i % 7], rtol=1e-4, atol=1e-4)
-            assert runner.num_executables == executables
-            before = runner.num_input_retargets
-            for i in range(50, 64):  # picking up after call 49
-                compiled(xs[i % 7])
-            assert runner.num_input_retargets - before == 14
+        compiled(xs[0])  # warm-up
+        runner = lowered[0].magi_cuda_graphs
+        if limit is not None:
+            runner.set_max_executables(limit)
+        for i in range(1, 40):
+            got = compiled(xs[i % tensors])
+            torch.testing.assert_close(got, want[i % tensors], rtol=1e-4, atol=1e-4)
+        assert runner.num_executables == 2
+        before = runner.num_input_retargets
+        for i in range(40, 54):  # picking up after call 39
+            compiled(xs[i % tensors])
+        assert runner.num_input_retargets - before == 14
 
 
 def test_strided_inputs_are_copied_before_the_launch(counters, lowered):

@@ -14,22 +14,24 @@
 //
 // Outputs: a graph ends by copying each dense output into a buffer of the runner (outside
 // the graphs' pool), and the caller gets a new tensor on that buffer's memory. Each graph has
-// two sets of buffers (two executables of the graph, each copying into its own set; one set
-// for graphs replayed through CUDAGraph::replay()). A replay writes a set the caller holds no
-// tensor on (the output, or any view of it: the buffer's storage is referenced from outside
-// the runner): the one whose executable's input copy nodes already read the call's tensors,
-// else the one replayed longest ago; when every set is held, the held buffers are left to the
-// caller and the set gets new ones (num_fresh_output_buffers). So a replay never overwrites
-// memory a tensor outside the runner refers to, and a loop `y = f(x)` alternates between the
-// two sets with no allocation and no copy call on the host. A graph whose inputs keep
-// arriving at other addresses (16 copy nodes re-pointed) gets up to two more executables and
-// sets when one set is small (at most 4 MiB of outputs, a decode step's): inputs that come
-// from up to four addresses in turn, as a caching allocator hands them out, then each keep
-// an executable whose copy nodes read them (while the caller holds fewer outputs than there
-// are addresses), and a replay updates no node. Outputs that are not dense (or whose batch
-// dim is not outermost in a padded call) are copied out after the replay instead. Buffers used
-// on a stream they were not made on are recorded on it (recordStream), and a replay on another
-// stream than the last waits for the last one.
+// two sets of buffers from its capture (two executables of the graph, each copying into its
+// own set; one set for graphs replayed through CUDAGraph::replay()). A replay writes a set the
+// caller holds no tensor on (the output, or any view of it: the buffer's storage is
+// referenced from outside the runner): the one whose executable's input copy nodes already
+// read the call's tensors, else the one replayed longest ago; when every set is held, the
+// held buffers are left to the caller and the set gets new ones (num_fresh_output_buffers).
+// So a replay never overwrites memory a tensor outside the runner refers to, and a loop
+// `y = f(x)` over one input tensor alternates between the two sets with no allocation and no
+// copy call on the host. A graph whose inputs arrive from a few addresses in turn (a call
+// that finds no free set reading its tensors, with the same tensors as one of the last four
+// such calls) gets another executable and set, up to four, when one set is small (at most
+// 4 MiB of outputs, a decode step's): inputs that come from up to four addresses in turn, as
+// a caching allocator hands them out, then each keep an executable whose copy nodes read them
+// (while the caller holds fewer outputs than there are addresses), and a replay updates no
+// node. Inputs from more addresses, or new ones every call, add none. Outputs that are not
+// dense (or whose batch dim is not outermost in a padded call) are copied out after the
+// replay instead. Buffers used on a stream they were not made on are recorded on it
+// (recordStream), and a replay on another stream than the last waits for the last one.
 //
 // Buckets: with a ladder of batch sizes and an executable whose padding plan allows it
 // (padding.h), a call with batch b runs in the graph of the smallest ladder size B >= b: its
@@ -94,7 +96,8 @@ class CudaGraphRunner {
   /// caller passed (a written input that is another tensor than the last call's).
   size_t num_ungraphed_calls() const;
   /// Executables of the graphs captured now (each with its own output buffers): two per graph
-  /// from its capture, up to four while its inputs keep arriving at other addresses.
+  /// from its capture (one for a graph that copies no output itself or that draws random
+  /// numbers), up to four while its inputs arrive from a few addresses in turn.
   size_t num_executables() const;
   /// Whether calls are padded into the ladder's buckets (a ladder and a paddable executable).
   bool pads() const;
@@ -109,8 +112,8 @@ class CudaGraphRunner {
   /// Diagnostics: with false, run() compares every input on every call and ignores what its
   /// SteadyInputs say (to measure what they save; default true).
   void set_steady_inputs(bool on);
-  /// Diagnostics: replays pick among at most `n` executables of a graph (n >= 1; default 4;
-  /// 2 is the behaviour before graphs got executables per input address).
+  /// Diagnostics: replays pick among at most `n` executables of a graph (clamped to 1..4;
+  /// default 4), and graphs get no more than `n` (2: those of the capture alone).
   void set_max_executables(size_t n);
   std::vector<std::pair<std::string, double>> stage_times() const;
   static bool available();  ///< built with CUDA graph support
