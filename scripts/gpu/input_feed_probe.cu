@@ -16,8 +16,8 @@
 //
 // Also: the device span of one replay with the GPU idle (mailbox against same: the cost of the
 // kernel's read over PCIe), and the launch alone for graphs of 1 and N kernels.
-// Build and run: nvcc -O2 -arch=sm_90 -o /tmp/feed scripts/gpu/input_feed_probe.cu -lcuda && /tmp/feed
-// (FEED_STREAM=legacy /tmp/feed: the same on the legacy default stream)
+// Build and run: nvcc -O2 -arch=sm_90 -o /tmp/feed scripts/gpu/input_feed_probe.cu -lcuda &&
+// /tmp/feed (FEED_STREAM=legacy /tmp/feed: the same on the legacy default stream)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
