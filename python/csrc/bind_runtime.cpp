@@ -284,6 +284,10 @@ void bind_runtime(py::module_& m) {
 
   m.def("default_bucket_ladder", &runtime::default_bucket_ladder,
         "Batch sizes CUDA graphs are captured for when compile_sizes is empty.");
+  // The runner's getters and setters take its lock, which a call in another thread holds
+  // while it may wait for the GIL (a custom op's Python body): they let the GIL go first.
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  auto without_gil = [&no_gil](auto getter) { return py::cpp_function(getter, no_gil); };
   py::class_<runtime::CudaGraphRunner>(m, "CudaGraphRunner",
                                        "Captures and replays an Executable as CUDA graphs.")
       .def(py::init<const runtime::Executable&, size_t, std::vector<int64_t>>(),
@@ -303,36 +307,42 @@ void bind_runtime(py::module_& m) {
             return result;
           },
           py::arg("args"), py::arg("steal_inputs") = false)
-      .def_property_readonly("num_graphs", &runtime::CudaGraphRunner::num_graphs)
-      .def_property_readonly("num_captures", &runtime::CudaGraphRunner::num_captures)
-      .def_property_readonly("num_replays", &runtime::CudaGraphRunner::num_replays)
-      .def_property_readonly("num_padded_calls", &runtime::CudaGraphRunner::num_padded_calls)
-      .def_property_readonly("num_direct_launches", &runtime::CudaGraphRunner::num_direct_launches)
+      .def_property_readonly("num_graphs", without_gil(&runtime::CudaGraphRunner::num_graphs))
+      .def_property_readonly("num_captures", without_gil(&runtime::CudaGraphRunner::num_captures))
+      .def_property_readonly("num_replays", without_gil(&runtime::CudaGraphRunner::num_replays))
+      .def_property_readonly("num_padded_calls",
+                             without_gil(&runtime::CudaGraphRunner::num_padded_calls))
+      .def_property_readonly("num_direct_launches",
+                             without_gil(&runtime::CudaGraphRunner::num_direct_launches))
       .def_property_readonly("num_fresh_output_buffers",
-                             &runtime::CudaGraphRunner::num_fresh_output_buffers)
+                             without_gil(&runtime::CudaGraphRunner::num_fresh_output_buffers))
       .def_property_readonly(
-          "num_input_retargets", &runtime::CudaGraphRunner::num_input_retargets,
+          "num_input_retargets", without_gil(&runtime::CudaGraphRunner::num_input_retargets),
           "Times an input copy node was pointed at another tensor (per input and replay).")
-      .def_property_readonly("num_ungraphed_calls", &runtime::CudaGraphRunner::num_ungraphed_calls,
+      .def_property_readonly("num_ungraphed_calls",
+                             without_gil(&runtime::CudaGraphRunner::num_ungraphed_calls),
                              "Calls run without a graph because the graph would have written "
                              "its copy of an input (a written input passed as another tensor).")
-      .def_property_readonly("num_executables", &runtime::CudaGraphRunner::num_executables,
+      .def_property_readonly("num_executables",
+                             without_gil(&runtime::CudaGraphRunner::num_executables),
                              "Executables of the graphs captured now, each writing its own "
                              "output buffers (two per graph from its capture, up to four while "
                              "its inputs arrive from a few addresses in turn).")
       .def_property_readonly("pads", &runtime::CudaGraphRunner::pads)
       .def("set_input_copy_nodes", &runtime::CudaGraphRunner::set_input_copy_nodes, py::arg("on"),
+           no_gil,
            "Diagnostics: False copies inputs on the stream before each launch instead of "
            "through the graphs' copy nodes (default True).")
-      .def("set_steady_inputs", &runtime::CudaGraphRunner::set_steady_inputs, py::arg("on"),
+      .def("set_steady_inputs", &runtime::CudaGraphRunner::set_steady_inputs, py::arg("on"), no_gil,
            "Diagnostics: False compares every input on every call, ignoring a direct call's "
            "word that its parameters are the tensors the last call checked (default True).")
       .def("set_max_executables", &runtime::CudaGraphRunner::set_max_executables, py::arg("n"),
+           no_gil,
            "Diagnostics: replays pick among at most n executables of a graph, and graphs get "
            "no more than n (clamped to 1..4; default 4; 2 keeps those of the capture alone).")
-      .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"),
+      .def("set_stage_timing", &runtime::CudaGraphRunner::set_stage_timing, py::arg("on"), no_gil,
            "Diagnostics: time the host stages of each replaying call (see stage_times).")
-      .def("stage_times", &runtime::CudaGraphRunner::stage_times,
+      .def("stage_times", &runtime::CudaGraphRunner::stage_times, no_gil,
            "Host microseconds per stage summed over the replays timed, and their count.")
       .def_static("available", &runtime::CudaGraphRunner::available);
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -93,6 +94,9 @@ struct CudaGraphRunner::Impl {
     // a launch only when the call's tensor is another one than the last launch's.
     std::vector<std::pair<const void*, size_t>> sources;
     uint64_t used = 0;  // when it was last replayed (the runner's replay count): 0 never
+    // The stream of its last replay, where the caller may have read its outputs until it
+    // dropped them.
+    std::optional<cudaStream_t> last_stream;
   };
   // Executables a graph may have (slots), each with its own output buffers: two from the
   // capture when the graph copies its outputs itself (else one), more added while its inputs
@@ -179,6 +183,10 @@ struct CudaGraphRunner::Impl {
     if (!ladder.empty() && plan.possible()) padding = &plan;
   }
 
+  // Held by every public entry point (cuda_graph.h: calls from several threads take turns).
+  // Recursive: a warm-up or capture runs the executable, whose custom ops may call back into
+  // Python code that calls this same module.
+  mutable std::recursive_mutex mutex;
   const Executable& exe;
   size_t max_graphs;
   std::vector<int64_t> ladder;
@@ -348,6 +356,8 @@ struct CudaGraphRunner::Impl {
   // even at dropout 0). A graph none of whose kernels uses the numbers needs none of that: it
   // is launched directly.
   void launch(Entry& e, Slot& slot, cudaStream_t stream);
+  // Makes `stream` wait for the work queued on `other` so far.
+  void wait_for(Entry& e, cudaStream_t other, cudaStream_t stream);
 
   // A run without a graph that prepares one (the first call of a signature, or the first after
   // a parameter moved): kernels load, library handles are made, and the tensors are remembered

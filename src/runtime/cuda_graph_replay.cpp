@@ -136,6 +136,16 @@ void CudaGraphRunner::Impl::launch(Entry& e, Slot& slot, cudaStream_t stream) {
   }
 }
 
+void CudaGraphRunner::Impl::wait_for(Entry& e, cudaStream_t other, cudaStream_t stream) {
+  if (!e.order) {
+    cudaEvent_t event = nullptr;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    e.order.reset(event);
+  }
+  C10_CUDA_CHECK(cudaEventRecord(e.order.get(), other));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, e.order.get(), 0));
+}
+
 void CudaGraphRunner::Impl::feed_inputs(Entry& e, Slot& slot,
                                         const std::vector<c10::IValue>& inputs, const Padding& pad,
                                         cudaStream_t stream) {
@@ -189,18 +199,17 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::replay(Entry& e,
   const cudaStream_t stream = current.stream();
   // Two executables of one graph share its memory; CUDA orders the launches of one
   // executable, not of two. A replay on another stream than the last waits for that one.
-  if (e.last_stream && *e.last_stream != stream) {
-    if (!e.order) {
-      cudaEvent_t event = nullptr;
-      C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-      e.order.reset(event);
-    }
-    C10_CUDA_CHECK(cudaEventRecord(e.order.get(), *e.last_stream));
-    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, e.order.get(), 0));
-  }
+  const std::optional<cudaStream_t> previous = e.last_stream;
+  if (previous && *previous != stream) wait_for(e, *previous, stream);
   e.last_stream = stream;
   clock.lap(2);
   Slot& slot = pick_slot(e, current, inputs);
+  // The caller read this slot's last outputs on the stream of that replay until it dropped
+  // them, perhaps after replays on other streams (two threads, a stream each): a replay on
+  // another stream waits for that stream's work so far before overwriting them.
+  if (slot.last_stream && *slot.last_stream != stream && slot.last_stream != previous)
+    wait_for(e, *slot.last_stream, stream);
+  slot.last_stream = stream;
   feed_inputs(e, slot, inputs, pad, stream);
   clock.lap(3);
   launch(e, slot, stream);

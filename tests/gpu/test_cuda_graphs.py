@@ -252,6 +252,86 @@ def test_replays_on_two_streams_match_eager(counters, lowered):
             torch.testing.assert_close(out, eager(x).sum(-1), rtol=1e-4, atol=1e-3)
 
 
+def test_an_output_read_on_its_stream_outlives_a_replay_on_another(counters, lowered):
+    """y0 comes from a replay on stream A and is read there behind a long kernel, then
+    dropped; meanwhile a replay on stream B wrote the other set. The next replay on B takes
+    y0's set, so it waits for A's work first: the read still sees y0's values."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    xs = [torch.randn(4, 16, 256, device="cuda") for _ in range(3)]
+    with torch.no_grad():
+        for _ in range(2):  # warm-up, capture
+            compiled(torch.randn(4, 16, 256, device="cuda"))
+        expected = eager(xs[0])
+        torch.cuda.synchronize()
+        for s in (a, b):
+            s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(a):
+            y0 = compiled(xs[0])
+        with torch.cuda.stream(b):
+            y1 = compiled(xs[1])  # the other set: y0 is held
+        with torch.cuda.stream(a):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s: the read below waits behind it
+            read = y0 * 1
+        del y0
+        with torch.cuda.stream(b):
+            y2 = compiled(xs[2])  # y0's set, the only one not held
+        torch.cuda.synchronize()
+    torch.testing.assert_close(read, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y2, eager(xs[2]), rtol=1e-4, atol=1e-4)
+    assert y1.data_ptr() != y2.data_ptr()
+    assert lowered[0].magi_cuda_graphs.num_fresh_output_buffers == 0
+
+
+def test_calls_from_two_threads_take_turns(counters, lowered):
+    """Two threads call one compiled module, each on its own stream with its own inputs,
+    holding its last two outputs: every output matches eager, and the runner's counts add up
+    (calls take turns inside it)."""
+    import threading
+
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    calls = 200
+    xs = [[torch.randn(4, 16, 256, device="cuda") for _ in range(3)] for _ in range(2)]
+    with torch.no_grad():
+        expected = [[eager(x) for x in row] for row in xs]
+        for _ in range(2):  # warm-up, capture
+            compiled(torch.randn(4, 16, 256, device="cuda"))
+    torch.cuda.synchronize()
+    errors, worst = [], [None, None]
+    start = threading.Barrier(2)
+
+    def work(t: int) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.default_stream())
+            diffs, held = [], []
+            with torch.no_grad(), torch.cuda.stream(stream):
+                start.wait()
+                for i in range(calls):
+                    k = (i + t) % 3
+                    y = compiled(xs[t][k])
+                    held = [*held[-1:], (y, k)]
+                    for out, j in held:  # the held ones keep their values
+                        diffs.append((out - expected[t][j]).abs().max())
+            stream.synchronize()
+            worst[t] = torch.stack(diffs).max().item()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert max(worst) < 1e-3, worst
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_captures == 1
+    assert runner.num_replays == 1 + 2 * calls  # the capture's replay, then every call
+
+
 def test_replaced_parameter_recaptures(counters, lowered, assert_close_rel):
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})

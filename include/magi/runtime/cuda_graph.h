@@ -31,7 +31,9 @@
 // node. Inputs from more addresses, or new ones every call, add none. Outputs that are not
 // dense (or whose batch dim is not outermost in a padded call) are copied out after the
 // replay instead. Buffers used on a stream they were not made on are recorded on it
-// (recordStream), and a replay on another stream than the last waits for the last one.
+// (recordStream). A replay on another stream than the last waits for the last one, and for
+// the stream of its set's last replay, where the caller may have read those outputs until it
+// dropped them (two threads with a stream each).
 //
 // Buckets: with a ladder of batch sizes and an executable whose padding plan allows it
 // (padding.h), a call with batch b runs in the graph of the smallest ladder size B >= b: its
@@ -39,6 +41,12 @@
 // first rows of the graph's B-row buffers, and the first b rows of the batched outputs are copied
 // out. Batched inputs are then always copied, never read in place. Sizes above the ladder get
 // a graph of their own, as without a ladder.
+//
+// Threads: calls from several threads take turns. Every member but pads() takes the runner's
+// lock for its whole length, so the choice of an output set, the launch and the tensors handed
+// out are one step that no other call sees half done (the caller's GIL is released first:
+// a warm-up may run Python custom ops). Calls on different runners run side by side, except
+// captures, which take turns across runners (they share one capture stream per device).
 //
 // Without a CUDA build (or for CPU inputs) run() simply calls the executable.
 #pragma once
