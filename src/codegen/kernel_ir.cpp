@@ -103,6 +103,7 @@ std::string KernelVariant::symbol() const {
        (streamed_rows ? "_s" : "");
   if (index_rank > 0) s += "_r" + std::to_string(index_rank) + (narrow_index ? "n" : "");
   if (unroll > 1) s += "_u" + std::to_string(unroll);
+  if (strided_vectors) s += "_sv";
   return s;
 }
 

@@ -17,6 +17,7 @@ std::string last_stride(const KernelVariant& v, int i, const std::string& args) 
 // offset (ro<i>, from emit_row_offsets) plus the column times the last dim's stride.
 std::string strided_offset(const KernelVariant& v, int i, const std::string& args,
                            const std::string& col) {
+  if (v.strided_vectors) return "ro" + std::to_string(i) + " + (" + col + ")";  // stride 1
   const std::string stride = last_stride(v, i, args);
   return "ro" + std::to_string(i) + " + (" + col + ") * " +
          (v.narrow_index ? "static_cast<int>(" + stride + ")" : stride);
@@ -35,6 +36,10 @@ std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const s
   const std::string k = std::to_string(i), in = "in" + k;
   if (dest.empty()) dest = "t" + k;
   const std::string step = last_stride(v, i, args);
+  if (gpu && v.strided_vectors) {
+    return "magi_load<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V" +
+           (keep ? ", true" : "") + ">(" + in + " + " + off + ", " + dest + ");";
+  }
   if (gpu) {
     return "magi_load_strided<A, " + std::string(ctype(v.spec->inputs[i].dtype)) + ", V" +
            (keep ? ", true" : "") + ">(" + in + ", " + off + ", " + step + ", " + dest + ");";

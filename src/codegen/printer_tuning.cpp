@@ -42,6 +42,11 @@ bool dependent_launch() {
   return on;
 }
 
+bool strided_vectors_enabled() {
+  static const bool on = env_int("MAGI_STRIDED_VECTORS", 1, 0, 1) == 1;
+  return on;
+}
+
 int pointwise_unroll() {
   static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 0, 1, 8);
   return unroll;

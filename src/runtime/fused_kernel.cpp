@@ -259,6 +259,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   choose_row_layout(kv, kernel_cols(spec_, space));
   kv.unroll = pointwise_unroll_for(kv, numel, sm_count_of(std::max<int>(device_.index(), 0)));
   set_index_rank(kv, space, args);
+  kv.strided_vectors = strided_vectors_for(kv, space, args, [](int) { return true; });
   return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
 }
 
@@ -287,21 +288,32 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
         codegen::KernelVariant gpu = v->variant;
         const int widest = vector_width_for(spec_, gpu.access, 0, 0, [](int) { return true; });
         std::string cuda;
-        // Row kernels in each layout: rows in registers one per block, rows in warps, and
-        // streamed rows.
-        for (int layout = 0; layout < 3; ++layout) {
-          if (layout > 0 && spec_.schedule != codegen::Schedule::kRow) break;
-          gpu.rows_in_warps = layout == 1;
-          gpu.streamed_rows = layout == 2;
-          for (int width : {1, widest}) {
-            gpu.vector_width = width;
-            cuda += codegen::print_cuda(gpu) + "\n";
-            if (widest == 1) break;
+        // Strided inputs are read both ways: checked at run time, and as whole vectors
+        // (KernelVariant::strided_vectors).
+        const bool strided =
+            std::count(gpu.access.begin(), gpu.access.end(), AccessClass::kStrided) > 0;
+        for (bool vectors : {false, true}) {
+          if (vectors && (!strided || widest == 1 || spec_.schedule == codegen::Schedule::kColumn))
+            break;
+          gpu.strided_vectors = vectors;
+          gpu.unroll = 1;
+          // Row kernels in each layout: rows in registers one per block, rows in warps, and
+          // streamed rows.
+          for (int layout = 0; layout < 3; ++layout) {
+            if (layout > 0 && spec_.schedule != codegen::Schedule::kRow) break;
+            gpu.rows_in_warps = layout == 1;
+            gpu.streamed_rows = layout == 2;
+            for (int width : {1, widest}) {
+              if (vectors && width == 1) continue;
+              gpu.vector_width = width;
+              cuda += codegen::print_cuda(gpu) + "\n";
+              if (widest == 1) break;
+            }
           }
-        }
-        if (spec_.schedule == codegen::Schedule::kPointwise) {  // and with 4 vectors per thread
-          gpu.unroll = 4;
-          cuda += codegen::print_cuda(gpu) + "\n";
+          if (spec_.schedule == codegen::Schedule::kPointwise) {  // and with 4 vectors per thread
+            gpu.unroll = 4;
+            cuda += codegen::print_cuda(gpu) + "\n";
+          }
         }
         codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda, gpu.symbol(), 90);
       }
@@ -624,10 +636,17 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
     kv.unroll = pointwise_unroll_for(kv, numel, info.sm_count);
   }
   set_index_rank(kv, space, args);
+  if (device.is_cuda()) {
+    kv.strided_vectors = strided_vectors_for(kv, space, args, [&](int i) {
+      return reinterpret_cast<uintptr_t>(inputs[i].data_ptr()) %
+                 (kv.vector_width * inputs[i].element_size()) ==
+             0;
+    });
+  }
 
   // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
   // per FusedKernel, so its fingerprint need not be part of it).
-  std::string key(kv.access.size() + 8, ' ');
+  std::string key(kv.access.size() + 9, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
@@ -637,6 +656,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 5] = static_cast<char>('0' + kv.index_rank);
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);
+  key[kv.access.size() + 8] = kv.strided_vectors ? 'v' : 's';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);

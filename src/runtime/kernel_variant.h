@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "magi/codegen/kernel_ir.h"
+#include "magi/codegen/printers.h"
 
 namespace magi::runtime::detail {
 
@@ -52,6 +53,27 @@ int sm_count_of(int index);
 int64_t threads_per_row(int64_t cols, int width);
 /// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules).
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols);
+/// KernelVariant::strided_vectors for a GPU row or pointwise variant whose vector width is
+/// set, with its strided inputs' strides over `space` in `args`; `aligned(i)`: input i's data
+/// pointer is aligned to a vector.
+template <typename Aligned>
+bool strided_vectors_for(const codegen::KernelVariant& kv, const std::vector<int64_t>& space,
+                         const MagiArgs& args, Aligned aligned) {
+  if (kv.vector_width <= 1 || kv.spec->schedule == codegen::Schedule::kColumn ||
+      !codegen::strided_vectors_enabled())
+    return false;
+  const size_t rank = space.size();
+  bool any = false;
+  for (size_t i = 0; i < kv.access.size(); ++i) {
+    if (kv.access[i] != codegen::AccessClass::kStrided) continue;
+    any = true;
+    if (args.strides[i][rank - 1] != 1 || !aligned(static_cast<int>(i))) return false;
+    for (size_t d = 0; d + 1 < rank; ++d) {
+      if (space[d] > 1 && args.strides[i][d] % kv.vector_width != 0) return false;
+    }
+  }
+  return any;
+}
 
 /// The vector width of a GPU variant: elements per 16 bytes of the narrowest input or output
 /// that is read or written whole (contiguous or per column), halved until the row length, the

@@ -369,6 +369,33 @@ TEST(FusedKernel, LargeStridedPointwiseKernelsTakeFourVectorsPerThread) {
   }
 }
 
+// A strided input that steps by 1 along its rows, each row starting at a multiple of the
+// vector width (a slice of wider rows), loads whole vectors with no check at run time
+// (KernelVariant::strided_vectors): the name ends in _sv and the source has no checked
+// strided load. A transposed input keeps the checked load.
+TEST(FusedKernel, UnitStridedInputsLoadWholeVectors) {
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  auto sliced = silu_mul_group();
+  place_on(*sliced, cuda, {SymExpr(2) * sym("s1"), SymExpr(1)});
+  auto wide = runtime::FusedKernel(*sliced, "fused_silu_mul_sliced").expected_cuda_source();
+  ASSERT_TRUE(wide.has_value());
+  EXPECT_EQ(wide->name.substr(wide->name.size() - 3), "_sv") << wide->name;
+  EXPECT_EQ(wide->source.find("magi_load_strided<A"), std::string::npos);
+  EXPECT_NE(wide->source.find("magi_load<A, magi_bf16, V, true>(in0 + ro0 + (col_base), t0);"),
+            std::string::npos)
+      << wide->source;
+  if (codegen::nvrtc_available()) {
+    EXPECT_FALSE(codegen::compile_cuda_batch({*wide}, 90).front().empty());
+  }
+
+  auto transposed = silu_mul_group();
+  place_on(*transposed, cuda, {SymExpr(1), sym("s0")});
+  auto checked = runtime::FusedKernel(*transposed, "fused_silu_mul_t").expected_cuda_source();
+  ASSERT_TRUE(checked.has_value());
+  EXPECT_EQ(checked->name.find("_sv"), std::string::npos) << checked->name;
+  EXPECT_NE(checked->source.find("magi_load_strided<A"), std::string::npos);
+}
+
 // rotate_half over rows of `width` (x * cos + cat(-x[..., h:], x[..., :h]) * sin, h = width / 2),
 // fused: the graph whose one fusion node runs it.
 std::unique_ptr<Graph> rotate_half_graph(int64_t width) {

@@ -140,6 +140,11 @@ struct KernelVariant {
   /// GPU pointwise kernels: 16-byte vectors each thread handles per step of its grid-stride
   /// loop (1: one vector per thread, no loop).
   int unroll = 1;
+  /// GPU row and pointwise kernels with strided inputs and a vector width above 1: every
+  /// strided input steps by 1 along the last dim and its rows start at vector-aligned
+  /// addresses, so its vectors load as one access each, with no check at run time (the
+  /// broadcast cos and sin of a rotary embedding).
+  bool strided_vectors = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };

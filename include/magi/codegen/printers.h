@@ -31,6 +31,10 @@ int pointwise_unroll();
 /// memory access), so that they may launch as its blocks exit instead of after it has drained.
 /// 0: plain launches. Read by cuda_driver.cpp; kept here with the other kernel variables.
 bool dependent_launch();
+/// MAGI_STRIDED_VECTORS (default 1): strided inputs that step by 1 along their rows, at
+/// vector-aligned row starts, load whole vectors with no check (KernelVariant::strided_vectors);
+/// 0: every strided input is checked at run time. Read by the runtime's variant choice.
+bool strided_vectors_enabled();
 /// When a row kernel whose rows fit in registers reads its per-column inputs (a norm's weight):
 /// 'a' (default) 'r' for a kernel with one such input and 'l' for more; 'l' in the output pass
 /// where used (no registers held across the reductions), 'r' with each row's loads, 'b' once
