@@ -89,7 +89,10 @@ CudaGraphRunner::Impl::Slot& CudaGraphRunner::Impl::pick_slot(
     }
     if (oldest == SIZE_MAX || candidate.used < e.slots[oldest].used) oldest = s;
   }
-  if (pick == SIZE_MAX && oldest != SIZE_MAX && use_input_nodes &&
+  // A free slot never replayed is taken as it is: its copy nodes read no call's tensors yet,
+  // so not reading this call's is no miss (counted, the first call after a capture and the
+  // next one, with the same input, made a graph of a loop `y = f(x)` a third slot).
+  if (pick == SIZE_MAX && oldest != SIZE_MAX && e.slots[oldest].used != 0 && use_input_nodes &&
       more_slots_help(e, input_key(e, inputs))) {
     if (add_slot(e)) {
       pick = e.slots.size() - 1;

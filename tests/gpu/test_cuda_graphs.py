@@ -61,16 +61,20 @@ def test_held_outputs_are_not_overwritten(counters, lowered):
 
 
 def test_a_loop_alternates_between_two_output_buffers(counters, lowered):
-    """`y = f(x)` in a loop: each call runs while the previous output is still held, so
-    replays alternate between the graph's two sets of output buffers; nothing new is allocated
-    and every output keeps its values until dropped."""
+    """`y = f(x)` in a loop over one input tensor, refilled each step: each call runs while the
+    previous output is still held, so replays alternate between the graph's two sets of output
+    buffers; nothing new is allocated and every output keeps its values until dropped. (Fresh
+    input tensors each step would come from as many addresses as the allocator cycles through,
+    which depends on what ran before in the process: from three in turn a graph gets a third
+    executable, test_inputs_from_a_few_addresses_get_executables_of_their_own.)"""
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
     addresses = []
+    x = torch.empty(4, 16, 256, device="cuda")
     with torch.no_grad():
         y = None
         for _ in range(8):  # warm-up, capture, 6 replays
-            x = torch.randn(4, 16, 256, device="cuda")
+            x.normal_()
             previous = y
             y = compiled(x)
             torch.testing.assert_close(y, eager(x), rtol=1e-4, atol=1e-4)
@@ -80,6 +84,7 @@ def test_a_loop_alternates_between_two_output_buffers(counters, lowered):
     runner = lowered[0].magi_cuda_graphs
     assert runner.num_replays == 7
     assert runner.num_fresh_output_buffers == 0
+    assert runner.num_executables == 2
     replayed = addresses[1:]
     assert len(set(replayed)) == 2
     assert replayed[0::2] == [replayed[0]] * 4 and replayed[1::2] == [replayed[1]] * 3
