@@ -153,6 +153,11 @@ void bind_runtime(py::module_& m) {
   m.def("host_link_gbps", &runtime::host_link_gbps, py::arg("device") = 0,
         "Measured pinned host-to-device copy rate in GB/s (once per device).");
 
+  // CUDA-graph runners' getters and setters (the Executable's counters over its pieces'
+  // runners among them) take the runners' lock, which a call in another thread holds while it
+  // may wait for the GIL (a custom op's Python body): they let the GIL go first.
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  auto without_gil = [&no_gil](auto getter) { return py::cpp_function(getter, no_gil); };
   py::class_<runtime::Executable>(m, "Executable",
                                   "A graph lowered for the C++ executor (boxed ATen calls).")
       .def(py::init([](const ir::Graph& g, const std::string& attention_backend,
@@ -225,7 +230,8 @@ void bind_runtime(py::module_& m) {
             return out;
           },
           "padding of each piece.")
-      .def_property_readonly("num_piece_padded_calls", &runtime::Executable::num_piece_padded_calls)
+      .def_property_readonly("num_piece_padded_calls",
+                             without_gil(&runtime::Executable::num_piece_padded_calls))
       .def_property_readonly("draws_random_numbers", &runtime::Executable::draws_random_numbers,
                              "Whether some operator may draw random numbers its results depend "
                              "on (random ops, attention with dropout, custom ops).")
@@ -233,7 +239,7 @@ void bind_runtime(py::module_& m) {
                              "Whether some instruction, pieces included, calls a custom "
                              "(non-ATen) operator.")
       .def_property_readonly("num_piece_graph_captures",
-                             &runtime::Executable::num_piece_graph_captures)
+                             without_gil(&runtime::Executable::num_piece_graph_captures))
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
                              "Fusion nodes (generated kernels) run per call, pieces included.")
       .def_property_readonly(
@@ -284,10 +290,6 @@ void bind_runtime(py::module_& m) {
 
   m.def("default_bucket_ladder", &runtime::default_bucket_ladder,
         "Batch sizes CUDA graphs are captured for when compile_sizes is empty.");
-  // The runner's getters and setters take its lock, which a call in another thread holds
-  // while it may wait for the GIL (a custom op's Python body): they let the GIL go first.
-  const auto no_gil = py::call_guard<py::gil_scoped_release>();
-  auto without_gil = [&no_gil](auto getter) { return py::cpp_function(getter, no_gil); };
   py::class_<runtime::CudaGraphRunner>(m, "CudaGraphRunner",
                                        "Captures and replays an Executable as CUDA graphs.")
       .def(py::init<const runtime::Executable&, size_t, std::vector<int64_t>>(),

@@ -29,8 +29,9 @@ std::string index_type(const KernelVariant& v) { return v.narrow_index ? "int" :
 
 // Fills `dest`[V] (default t<i>) from strided input i at element offset `off`: the V elements
 // lie in one row (the vector width divides the row length), so the lanes step by the last dim's
-// stride (on the GPU one vector load when that stride is 1 and the address aligned; `keep`:
-// without the streaming hint).
+// stride (on the GPU one vector load when that stride is 1 and the address aligned, checked at
+// run time unless the variant proved it, KernelVariant::strided_vectors; `keep`: without the
+// streaming hint).
 std::string strided_vector_load(const KernelVariant& v, int i, bool gpu, const std::string& args,
                                 const std::string& off, std::string dest, bool keep) {
   const std::string k = std::to_string(i), in = "in" + k;

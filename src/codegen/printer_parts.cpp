@@ -241,6 +241,8 @@ void check_variant(const KernelVariant& v) {
               " access classes for ", v.spec->inputs.size(), " inputs");
   MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= passes::kMaxKernelArgs,
               "kernel with more than ", passes::kMaxKernelArgs, " inputs and outputs");
+  MAGI_ASSERT(!v.strided_vectors || (v.vector_width > 1 && v.spec->schedule != Schedule::kColumn),
+              v.symbol(), ": whole strided vectors in a column kernel or at width 1");
 }
 
 // Lane loops index the per-thread register arrays (c<i>[k][j], t<i>[j], o<k>[j]); unless they

@@ -126,9 +126,10 @@ std::string print_cuda(const KernelVariant& v) {
       case AccessClass::kColumn:  // read again by every row: never streamed
         return "magi_load_raw<true>(" + in + " + col0, " + slot + ");";
       default:  // strided: as strided_vector_load
-        if (v.strided_vectors)
+        if (v.strided_vectors) {
           return "magi_load_raw(" + in + " + " + strided_offset(v, i, "a", "col0") + ", " + slot +
                  ");";
+        }
         return "{ const long long off = " + strided_offset(v, i, "a", "col0") +
                "; const long long step = " + last_stride(v, i, "a") +
                "; for (int j = 0; j < V; ++j) " + slot + ".v[j] = " + in + "[off + j * step]; }";

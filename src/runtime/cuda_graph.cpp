@@ -309,76 +309,81 @@ namespace {
 using Lock = std::lock_guard<std::recursive_mutex>;
 }  // namespace
 
+std::recursive_mutex& CudaGraphRunner::Impl::lock() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
 std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs,
                                               const SteadyInputs& steady) {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->run(inputs, &inputs, steady);
 }
 std::vector<c10::IValue> CudaGraphRunner::run_borrowed(const std::vector<c10::IValue>& inputs,
                                                        const SteadyInputs& steady) {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->run(inputs, nullptr, steady);
 }
 size_t CudaGraphRunner::num_graphs() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   size_t n = 0;
   for (const auto& [k, e] : impl_->entries) n += e.graph != nullptr;
   return n;
 }
 size_t CudaGraphRunner::num_captures() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->captures;
 }
 size_t CudaGraphRunner::num_replays() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->replays;
 }
 size_t CudaGraphRunner::num_padded_calls() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->padded_calls;
 }
 size_t CudaGraphRunner::num_direct_launches() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->direct_launches;
 }
 size_t CudaGraphRunner::num_fresh_output_buffers() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->fresh_buffers;
 }
 size_t CudaGraphRunner::num_input_retargets() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->input_retargets;
 }
 size_t CudaGraphRunner::num_ungraphed_calls() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   return impl_->ungraphed_calls;
 }
 size_t CudaGraphRunner::num_executables() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   size_t n = 0;
   for (const auto& [k, e] : impl_->entries) n += e.graph != nullptr ? e.slots.size() : 0;
   return n;
 }
 bool CudaGraphRunner::pads() const { return impl_->padding != nullptr; }
 void CudaGraphRunner::set_input_copy_nodes(bool on) {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   impl_->use_input_nodes = on;
 }
 void CudaGraphRunner::set_steady_inputs(bool on) {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   impl_->use_steady = on;
 }
 void CudaGraphRunner::set_max_executables(size_t n) {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   impl_->slot_limit = std::clamp<size_t>(n, 1, Impl::kMaxSlots);
 }
 void CudaGraphRunner::set_stage_timing(bool on) {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   impl_->clock = StageClock{};
   impl_->clock.on = on;
 }
 std::vector<std::pair<std::string, double>> CudaGraphRunner::stage_times() const {
-  Lock lock(impl_->mutex);
+  Lock lock(Impl::lock());
   std::vector<std::pair<std::string, double>> out;
   const StageClock& c = impl_->clock;
   for (size_t i = 0; i < StageClock::kStages; ++i)

@@ -8,7 +8,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <map>
-#include <mutex>
 
 #include "cuda_graph_impl.h"
 #include "magi/common/log.h"
@@ -16,15 +15,8 @@
 namespace magi::runtime {
 namespace {
 
-// Held for the whole of a capture: captures share their stream (below), so two runners
-// capturing from two threads take turns. Recursive: a graph being captured may call another
-// compiled module (a custom op's body) whose runner takes it again on the same thread.
-std::recursive_mutex& capture_mutex() {
-  static std::recursive_mutex mutex;
-  return mutex;
-}
-
-// The stream every capture on `device` runs on (call with capture_mutex() held): one stream
+// The stream every capture on `device` runs on (called with Impl::lock() held, which makes
+// two runners' captures from two threads take turns on it): one stream
 // rather than one per capture from the pool, which hands its streams out in turn. cuBLAS's
 // workspace for it (32 MiB on Hopper) is made inside each capture, in that runner's pool (see
 // capture()), so each runner's pool holds one.
@@ -193,7 +185,6 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
   e.copies.clear();
   e.input_copies.assign(n, InputCopy{});
   {
-    std::lock_guard<std::recursive_mutex> capturing(capture_mutex());
     const c10::cuda::CUDAStream side = capture_stream(device.index());
     c10::cuda::CUDAStreamGuard stream_guard(side);
     // cuBLAS keeps a workspace per handle and stream that outlives captures, and a graph
@@ -258,7 +249,6 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
   for (const auto& c : e.copies) any_output_node |= c.node != nullptr;
   if (any_output_node) add_slot(e);
   e.last_slot = e.slots.size() - 1;  // the first replay writes slot 0
-  e.last_stream.reset();
   ++captures;
   MAGI_LOG_DEBUG("captured a CUDA graph (", entries.size(), " signatures, ", e.slots.size(),
                  " output slots)");

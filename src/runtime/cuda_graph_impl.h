@@ -154,8 +154,6 @@ struct CudaGraphRunner::Impl {
     std::array<uint64_t, kMaxSlots> recent_misses{};
     size_t misses = 0;
     bool no_more_slots = false;
-    std::optional<cudaStream_t> last_stream;          // the stream of the last replay
-    std::unique_ptr<CUevent_st, EventDeleter> order;  // orders replays across streams
     c10::DeviceIndex device = 0;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
     // No kernel of the graph uses random numbers (Executable::draws_random_numbers): replays
@@ -183,10 +181,12 @@ struct CudaGraphRunner::Impl {
     if (!ladder.empty() && plan.possible()) padding = &plan;
   }
 
-  // Held by every public entry point (cuda_graph.h: calls from several threads take turns).
-  // Recursive: a warm-up or capture runs the executable, whose custom ops may call back into
-  // Python code that calls this same module.
-  mutable std::recursive_mutex mutex;
+  // Held by every public member of every runner of the process (cuda_graph.h: calls from
+  // several threads take turns). One lock for all runners, so that a capture, which may call
+  // another compiled module from a custom op, never waits for a lock another thread holds
+  // while waiting for this one. Recursive: a warm-up or capture runs the executable, whose
+  // custom ops may call back into Python code that calls a compiled module again.
+  static std::recursive_mutex& lock();
   const Executable& exe;
   size_t max_graphs;
   std::vector<int64_t> ladder;
@@ -210,6 +210,14 @@ struct CudaGraphRunner::Impl {
   // Calls run without a graph because it would have written its copy of an input (capture()).
   size_t ungraphed_calls = 0;
   StageClock clock;
+  // Per device, the stream of this runner's last replay there and an event that orders a
+  // replay on another stream after it: the graphs of a runner share its memory pool, so a
+  // replay of any of them must not overlap the last one (of the same graph or another).
+  struct StreamOrder {
+    std::optional<cudaStream_t> last_stream;
+    std::unique_ptr<CUevent_st, EventDeleter> event;
+  };
+  std::map<c10::DeviceIndex, StreamOrder> order;
   // The memory pool all graphs of this runner share. The allocator forgets a pool once no
   // graph uses it, so a new handle is taken whenever no captured graph is alive.
   c10::cuda::MempoolId_t pool{0, 0};
@@ -357,7 +365,7 @@ struct CudaGraphRunner::Impl {
   // is launched directly.
   void launch(Entry& e, Slot& slot, cudaStream_t stream);
   // Makes `stream` wait for the work queued on `other` so far.
-  void wait_for(Entry& e, cudaStream_t other, cudaStream_t stream);
+  static void wait_for(StreamOrder& o, cudaStream_t other, cudaStream_t stream);
 
   // A run without a graph that prepares one (the first call of a signature, or the first after
   // a parameter moved): kernels load, library handles are made, and the tensors are remembered
@@ -378,9 +386,10 @@ struct CudaGraphRunner::Impl {
   // freed since.
   static void idle(Entry& e, cudaGraphExec_t exec, cudaGraphNode_t node, const at::Tensor& whole);
 
-  // One replay of `e` for a call: ordered after the last replay when that was on another
-  // stream, into the slot pick_slot chooses, the inputs fed, the graph launched, and the
-  // outputs handed out (a padded call's rows: views of the slot's buffers, or copies).
+  // One replay of `e` for a call: ordered after the runner's last replay when that was on
+  // another stream, into the slot pick_slot chooses (ordered after the stream of that slot's
+  // last replay too), the inputs fed, the graph launched, and the outputs handed out (a padded
+  // call's rows: views of the slot's buffers, or copies).
   std::vector<c10::IValue> replay(Entry& e, const std::vector<c10::IValue>& inputs,
                                   const Padding& pad);
 

@@ -139,14 +139,14 @@ void CudaGraphRunner::Impl::launch(Entry& e, Slot& slot, cudaStream_t stream) {
   }
 }
 
-void CudaGraphRunner::Impl::wait_for(Entry& e, cudaStream_t other, cudaStream_t stream) {
-  if (!e.order) {
+void CudaGraphRunner::Impl::wait_for(StreamOrder& o, cudaStream_t other, cudaStream_t stream) {
+  if (!o.event) {
     cudaEvent_t event = nullptr;
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    e.order.reset(event);
+    o.event.reset(event);
   }
-  C10_CUDA_CHECK(cudaEventRecord(e.order.get(), other));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, e.order.get(), 0));
+  C10_CUDA_CHECK(cudaEventRecord(o.event.get(), other));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, o.event.get(), 0));
 }
 
 void CudaGraphRunner::Impl::feed_inputs(Entry& e, Slot& slot,
@@ -200,18 +200,20 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::replay(Entry& e,
   c10::cuda::CUDAGuard device_guard(e.device);
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(e.device);
   const cudaStream_t stream = current.stream();
-  // Two executables of one graph share its memory; CUDA orders the launches of one
-  // executable, not of two. A replay on another stream than the last waits for that one.
-  const std::optional<cudaStream_t> previous = e.last_stream;
-  if (previous && *previous != stream) wait_for(e, *previous, stream);
-  e.last_stream = stream;
+  // The graphs of a runner, and the executables of each, share its memory pool; CUDA orders
+  // the launches of one executable, not of two. A replay on another stream than the runner's
+  // last one (on this device) waits for that one.
+  StreamOrder& o = order[e.device];
+  const std::optional<cudaStream_t> previous = o.last_stream;
+  if (previous && *previous != stream) wait_for(o, *previous, stream);
+  o.last_stream = stream;
   clock.lap(2);
   Slot& slot = pick_slot(e, current, inputs);
   // The caller read this slot's last outputs on the stream of that replay until it dropped
   // them, perhaps after replays on other streams (two threads, a stream each): a replay on
   // another stream waits for that stream's work so far before overwriting them.
   if (slot.last_stream && *slot.last_stream != stream && slot.last_stream != previous)
-    wait_for(e, *slot.last_stream, stream);
+    wait_for(o, *slot.last_stream, stream);
   slot.last_stream = stream;
   feed_inputs(e, slot, inputs, pad, stream);
   clock.lap(3);

@@ -394,6 +394,14 @@ TEST(FusedKernel, UnitStridedInputsLoadWholeVectors) {
   ASSERT_TRUE(checked.has_value());
   EXPECT_EQ(checked->name.find("_sv"), std::string::npos) << checked->name;
   EXPECT_NE(checked->source.find("magi_load_strided<A"), std::string::npos);
+
+  // Rows 2 x 64 + 1 elements apart: unit stride, but rows that start off the vector grid.
+  auto odd = silu_mul_group();
+  place_on(*odd, cuda, {SymExpr(2) * sym("s1") + SymExpr(1), SymExpr(1)});
+  auto unaligned = runtime::FusedKernel(*odd, "fused_silu_mul_odd").expected_cuda_source();
+  ASSERT_TRUE(unaligned.has_value());
+  EXPECT_EQ(unaligned->name.find("_sv"), std::string::npos) << unaligned->name;
+  EXPECT_NE(unaligned->source.find("magi_load_strided<A"), std::string::npos);
 }
 
 // rotate_half over rows of `width` (x * cos + cat(-x[..., h:], x[..., :h]) * sin, h = width / 2),

@@ -274,6 +274,7 @@ def test_an_output_read_on_its_stream_outlives_a_replay_on_another(counters, low
             s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(a):
             y0 = compiled(xs[0])
+        first = y0.data_ptr()
         with torch.cuda.stream(b):
             y1 = compiled(xs[1])  # the other set: y0 is held
         with torch.cuda.stream(a):
@@ -285,24 +286,29 @@ def test_an_output_read_on_its_stream_outlives_a_replay_on_another(counters, low
         torch.cuda.synchronize()
     torch.testing.assert_close(read, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y2, eager(xs[2]), rtol=1e-4, atol=1e-4)
-    assert y1.data_ptr() != y2.data_ptr()
-    assert lowered[0].magi_cuda_graphs.num_fresh_output_buffers == 0
+    assert y2.data_ptr() == first != y1.data_ptr()
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_fresh_output_buffers == 0
+    assert runner.num_executables == 2
 
 
-def test_calls_from_two_threads_take_turns(counters, lowered):
+@pytest.mark.parametrize("batches", [(4, 4), (4, 8)], ids=["one_graph", "two_graphs"])
+def test_calls_from_two_threads_take_turns(batches, counters, lowered):
     """Two threads call one compiled module, each on its own stream with its own inputs,
     holding its last two outputs: every output matches eager, and the runner's counts add up
-    (calls take turns inside it)."""
+    (calls take turns inside it). With two batch sizes each thread replays its own graph, and
+    the two graphs share the runner's memory pool: replays on the two streams are ordered."""
     import threading
 
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
     calls = 200
-    xs = [[torch.randn(4, 16, 256, device="cuda") for _ in range(3)] for _ in range(2)]
+    xs = [[torch.randn(b, 16, 256, device="cuda") for _ in range(3)] for b in batches]
     with torch.no_grad():
         expected = [[eager(x) for x in row] for row in xs]
-        for _ in range(2):  # warm-up, capture
-            compiled(torch.randn(4, 16, 256, device="cuda"))
+        for b in sorted(set(batches)):
+            for _ in range(2):  # warm-up, capture
+                compiled(torch.randn(b, 16, 256, device="cuda"))
     torch.cuda.synchronize()
     errors, worst = [], [None, None]
     start = threading.Barrier(2)
@@ -333,8 +339,9 @@ def test_calls_from_two_threads_take_turns(counters, lowered):
     assert not errors, errors
     assert max(worst) < 1e-3, worst
     runner = lowered[0].magi_cuda_graphs
-    assert runner.num_captures == 1
-    assert runner.num_replays == 1 + 2 * calls  # the capture's replay, then every call
+    graphs = len(set(batches))
+    assert runner.num_captures == graphs
+    assert runner.num_replays == graphs + 2 * calls  # each capture's replay, then every call
 
 
 def test_replaced_parameter_recaptures(counters, lowered, assert_close_rel):

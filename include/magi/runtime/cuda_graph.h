@@ -3,7 +3,7 @@
 // One graph per input signature (the sizes, strides and dtypes of the tensor inputs and the
 // values of the integer inputs, e.g. the dynamic batch size): the first call with a signature
 // runs eagerly (warm-up: kernels load, library handles are created), the second captures
-// and replays, later calls only replay. All graphs of the process share one memory pool.
+// and replays, later calls only replay. All graphs of a runner share one memory pool.
 //
 // Inputs: an input whose address was the same in the warm-up and the capture (parameters,
 // buffers) is used in place; others are copied into static buffers: by copy nodes at the
@@ -31,9 +31,10 @@
 // node. Inputs from more addresses, or new ones every call, add none. Outputs that are not
 // dense (or whose batch dim is not outermost in a padded call) are copied out after the
 // replay instead. Buffers used on a stream they were not made on are recorded on it
-// (recordStream). A replay on another stream than the last waits for the last one, and for
-// the stream of its set's last replay, where the caller may have read those outputs until it
-// dropped them (two threads with a stream each).
+// (recordStream). A replay on another stream than the runner's last replay (of any of its
+// graphs: they share the pool) waits for that one, and for the stream of its set's last
+// replay, where the caller may have read those outputs until it dropped them (two threads
+// with a stream each).
 //
 // Buckets: with a ladder of batch sizes and an executable whose padding plan allows it
 // (padding.h), a call with batch b runs in the graph of the smallest ladder size B >= b: its
@@ -42,11 +43,14 @@
 // out. Batched inputs are then always copied, never read in place. Sizes above the ladder get
 // a graph of their own, as without a ladder.
 //
-// Threads: calls from several threads take turns. Every member but pads() takes the runner's
-// lock for its whole length, so the choice of an output set, the launch and the tensors handed
-// out are one step that no other call sees half done (the caller's GIL is released first:
-// a warm-up may run Python custom ops). Calls on different runners run side by side, except
-// captures, which take turns across runners (they share one capture stream per device).
+// Threads: calls from several threads take turns. Every member but pads() holds one lock,
+// shared by all runners of the process, for its whole length, so the choice of an output set,
+// the launch and the tensors handed out are one step that no other call sees half done. One
+// lock rather than one per runner: a capture may call another compiled module (a custom op's
+// body), and with a lock per runner two threads could each hold one and wait for the other's.
+// Callers release the GIL first (a warm-up may run Python custom ops). The GPU work of calls
+// from different threads still overlaps as their streams allow; only the host part of the
+// calls (a few microseconds for a replay, the whole run for a warm-up) takes turns.
 //
 // Without a CUDA build (or for CPU inputs) run() simply calls the executable.
 #pragma once
