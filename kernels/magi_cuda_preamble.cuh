@@ -269,6 +269,32 @@ __device__ __forceinline__ unsigned magi_pack2<magi_f16>(float lo, float hi) {
 }
 #endif
 
+// Packed bf16 pairs (KernelVariant::packed_bf16): 16 bytes as four words, and products, sums
+// and differences of two pairs rounded once to bf16 (fma.rn.bf16x2, sm_80+), which is what
+// rounding the float result of two bf16 values gives.
+template <bool kKeep = false, typename T>
+__device__ __forceinline__ void magi_load_words(const T* __restrict__ p, unsigned* w) {
+  const uint4 r = magi_load16<kKeep>(p);
+  w[0] = r.x;
+  w[1] = r.y;
+  w[2] = r.z;
+  w[3] = r.w;
+}
+__device__ __forceinline__ unsigned magi_bf16x2_fma(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ unsigned magi_bf16x2_mul(unsigned a, unsigned b) {
+  return magi_bf16x2_fma(a, b, 0x80008000u);  // + (-0): a product of -0 stays -0
+}
+__device__ __forceinline__ unsigned magi_bf16x2_add(unsigned a, unsigned b) {
+  return magi_bf16x2_fma(a, 0x3f803f80u, b);  // a * 1 + b
+}
+__device__ __forceinline__ unsigned magi_bf16x2_sub(unsigned a, unsigned b) {
+  return magi_bf16x2_fma(b, 0xbf80bf80u, a);  // b * -1 + a
+}
+
 template <typename A, typename T, int V, bool kKeep = false>
 __device__ __forceinline__ void magi_store(T* __restrict__ p, const A* in) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;

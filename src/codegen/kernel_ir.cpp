@@ -104,6 +104,7 @@ std::string KernelVariant::symbol() const {
   if (index_rank > 0) s += "_r" + std::to_string(index_rank) + (narrow_index ? "n" : "");
   if (unroll > 1) s += "_u" + std::to_string(unroll);
   if (strided_vectors) s += "_sv";
+  if (packed_bf16) s += "_p2";
   return s;
 }
 

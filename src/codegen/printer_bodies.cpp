@@ -323,6 +323,8 @@ std::vector<int> pointwise_reads(const KernelVariant& v) {
   return read;
 }
 
+}  // namespace
+
 // Whether every lane of a vector takes the same piece of each select in `ops`: each select's
 // bounds and column shift are multiples of V (col_base is one, V dividing the row length) and
 // every shifted load reads whole vectors. Then `col_base + j + shift < bound` is the same for
@@ -340,8 +342,6 @@ bool lane_uniform_columns(const KernelVariant& v, const std::vector<int>& ops) {
   }
   return true;
 }
-
-}  // namespace
 
 bool pointwise_needs_rows(const KernelVariant& v) {
   const std::vector<int> read = pointwise_reads(v);
@@ -375,6 +375,11 @@ void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
 
 void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
                          const std::string& args, const std::string& ind, bool rows_outside) {
+  if (v.packed_bf16) {
+    MAGI_ASSERT(gpu && !rows_outside, v.symbol(), ": packed bf16 pairs outside a GPU kernel");
+    emit_packed_bf16_body(os, v, args, ind);
+    return;
+  }
   const KernelSpec& s = *v.spec;
   std::vector<int> ops = element_closure(s, full_output_roots(s));
   const std::vector<int> inputs = element_inputs(s, ops);

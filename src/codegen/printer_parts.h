@@ -1,6 +1,7 @@
 // Internal to the printers (src/codegen/printer_*.cpp, printers.cpp): the pieces both targets
 // share. Naming and scalar expressions (printer_parts.cpp), the bodies of row and pointwise
-// kernels (printer_bodies.cpp), column kernels (printer_columns.cpp).
+// kernels (printer_bodies.cpp), pointwise bodies on packed bf16 pairs (printer_packed.cpp),
+// column kernels (printer_columns.cpp).
 #pragma once
 
 #include <functional>
@@ -88,6 +89,11 @@ std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::s
                            bool rows_outside = false);
 std::string shifted_load(const KernelVariant& v, int i, int64_t shift, const std::string& args);
 bool vector_shift(const KernelVariant& v, const KOp& op);
+/// Whether every lane of a vector takes the same piece of each select in `ops` (and every
+/// shifted load among them reads whole vectors).
+bool lane_uniform_columns(const KernelVariant& v, const std::vector<int>& ops);
+/// "int" where the variant's offsets fit 32 bits (narrow_index), else "long long".
+std::string index_type(const KernelVariant& v);
 void emit_shifted_vector_loads(std::ostream& os, const KernelVariant& v,
                                const std::vector<int>& ops, bool gpu, const std::string& args,
                                const std::string& ind);
@@ -103,6 +109,12 @@ void emit_pointwise_rows(std::ostream& os, const KernelVariant& v, bool gpu,
 void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
                          const std::string& args, const std::string& ind,
                          bool rows_outside = false);
+
+/// Whether a GPU pointwise variant's body can run on packed bf16 pairs (printer_packed.cpp),
+/// and that body.
+bool packed_bf16_body_possible(const KernelVariant& v);
+void emit_packed_bf16_body(std::ostream& os, const KernelVariant& v, const std::string& args,
+                           const std::string& ind);
 
 void check_variant(const KernelVariant& v);
 std::string unroll_lane_loops(std::string code);

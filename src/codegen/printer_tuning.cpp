@@ -47,6 +47,11 @@ bool strided_vectors_enabled() {
   return on;
 }
 
+bool packed_bf16_enabled() {
+  static const bool on = env_int("MAGI_PACKED_BF16", 0, 0, 1) == 1;
+  return on;
+}
+
 int pointwise_unroll() {
   static const int unroll = env_int("MAGI_POINTWISE_UNROLL", 0, 1, 8);
   return unroll;

@@ -347,4 +347,6 @@ std::string print_cpp(const KernelVariant& v) {
   return os.str();
 }
 
+bool packed_bf16_possible(const KernelVariant& v) { return packed_bf16_body_possible(v); }
+
 }  // namespace magi::codegen

@@ -260,6 +260,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.unroll = pointwise_unroll_for(kv, numel, sm_count_of(std::max<int>(device_.index(), 0)));
   set_index_rank(kv, space, args);
   kv.strided_vectors = strided_vectors_for(kv, space, args, [](int) { return true; });
+  kv.packed_bf16 = codegen::packed_bf16_enabled() && codegen::packed_bf16_possible(kv);
   return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
 }
 
@@ -314,6 +315,17 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
             gpu.unroll = 4;
             cuda += codegen::print_cuda(gpu) + "\n";
           }
+        }
+        // And on packed bf16 pairs, where the body qualifies.
+        gpu.rows_in_warps = gpu.streamed_rows = false;
+        gpu.unroll = 1;
+        gpu.vector_width = widest;
+        gpu.strided_vectors = strided && widest > 1 && spec_.schedule != codegen::Schedule::kColumn;
+        if (codegen::packed_bf16_possible(gpu)) {
+          gpu.packed_bf16 = true;
+          cuda += codegen::print_cuda(gpu) + "\n";
+          gpu.unroll = 4;
+          cuda += codegen::print_cuda(gpu) + "\n";
         }
         codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda, gpu.symbol(), 90);
       }
@@ -642,11 +654,12 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
                  (kv.vector_width * inputs[i].element_size()) ==
              0;
     });
+    kv.packed_bf16 = codegen::packed_bf16_enabled() && codegen::packed_bf16_possible(kv);
   }
 
   // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
   // per FusedKernel, so its fingerprint need not be part of it).
-  std::string key(kv.access.size() + 9, ' ');
+  std::string key(kv.access.size() + 10, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
@@ -657,6 +670,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);
   key[kv.access.size() + 8] = kv.strided_vectors ? 'v' : 's';
+  key[kv.access.size() + 9] = kv.packed_bf16 ? 'p' : 'f';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);

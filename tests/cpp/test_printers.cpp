@@ -406,12 +406,12 @@ TEST(FusedKernel, UnitStridedInputsLoadWholeVectors) {
 
 // rotate_half over rows of `width` (x * cos + cat(-x[..., h:], x[..., :h]) * sin, h = width / 2),
 // fused: the graph whose one fusion node runs it.
-std::unique_ptr<Graph> rotate_half_graph(int64_t width) {
+std::unique_ptr<Graph> rotate_half_graph(int64_t width, c10::ScalarType dtype = kF32) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
-  Value* x = b.input("x", {sym("s0"), width});
-  Value* cos = b.input("cos", {width});
-  Value* sin = b.input("sin", {width});
+  Value* x = b.input("x", {sym("s0"), width}, dtype);
+  Value* cos = b.input("cos", {width}, dtype);
+  Value* sin = b.input("sin", {width}, dtype);
   Value* lo = b.slice(x, 0, width / 2, "slice");
   Value* hi = b.slice(x, width / 2, INT64_MAX, "slice_1");
   Value* rot = b.cat_last({b.unary("aten::neg", hi, "neg"), lo}, "cat");
@@ -447,6 +447,46 @@ TEST(PrintedKernel, CatSelectsTestEachVectorOnceWhenItsBoundIsAMultipleOfTheWidt
                        .empty());
     }
   }
+}
+
+// A bf16 rotary (products, a sum, a negation and a select of bf16 values, each rounded to bf16)
+// runs on packed pairs: one fma.rn.bf16x2 per pair of elements and op, the words loaded and
+// stored as they are, no rounding of floats. The float32 rotary, a bf16 one in vectors of 4,
+// and a bf16 SiLU-product (a function besides those) keep the float body.
+TEST(PrintedKernel, Bf16ProductsAndSumsRunOnPackedPairs) {
+  const std::vector<AccessClass> access = {AccessClass::kContiguous, AccessClass::kColumn,
+                                           AccessClass::kColumn};
+  auto bf16 = rotate_half_graph(16, kBF16);
+  const codegen::KernelSpec spec = codegen::lower_group(
+      *nodes_of_kind(*bf16, NodeKind::kFusion).at(0)->piece(), "fused_rotate_half_bf16");
+  auto v = variant(spec, access, 8, 0);
+  ASSERT_TRUE(codegen::packed_bf16_possible(v));
+  v.packed_bf16 = true;
+  EXPECT_EQ(v.symbol().substr(v.symbol().size() - 3), "_p2") << v.symbol();
+  const std::string packed = codegen::print_cuda(v);
+  for (const char* piece : {"magi_bf16x2_mul(", "magi_bf16x2_add(", " ^ 0x80008000u)",
+                            "magi_load_words<true>(in0 + base, u0);", "magi_store16(out0 + base"}) {
+    EXPECT_NE(packed.find(piece), std::string::npos) << piece << "\n" << packed;
+  }
+  EXPECT_EQ(packed.find("magi_round_bf16"), std::string::npos) << packed;
+  if (codegen::nvrtc_available()) {
+    EXPECT_FALSE(
+        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + packed, v.symbol(), 90).empty());
+  }
+  EXPECT_FALSE(codegen::packed_bf16_possible(variant(spec, access, 4, 0)));
+
+  auto f32 = rotate_half_graph(16);
+  const codegen::KernelSpec spec32 = codegen::lower_group(
+      *nodes_of_kind(*f32, NodeKind::kFusion).at(0)->piece(), "fused_rotate_half_f32");
+  EXPECT_FALSE(codegen::packed_bf16_possible(variant(spec32, access, 8, 0)));
+
+  auto silu = silu_mul_group();
+  ASSERT_TRUE(passes::fuse_groups(*silu));
+  const codegen::KernelSpec spec_silu = codegen::lower_group(
+      *nodes_of_kind(*silu, NodeKind::kFusion).at(0)->piece(), "fused_silu_mul_bf16");
+  EXPECT_FALSE(codegen::packed_bf16_possible(
+      variant(spec_silu, {AccessClass::kContiguous, AccessClass::kColumn, AccessClass::kContiguous},
+              8, 0)));
 }
 
 // exp(x) -> neg feeding an mm, and the mm's value through cos and sin to the graph's output:

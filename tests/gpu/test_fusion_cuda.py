@@ -159,6 +159,54 @@ def test_unit_strided_inputs_load_whole_vectors(assert_close_rel):
         assert kernel["symbol"].endswith("_sv") == whole, (offset, pitch, kernel["symbol"])
 
 
+_PACKED_RUN = """
+import sys, torch
+sys.path[:0] = [{tests!r}, {examples!r}]
+from _fusion_patterns import BY_NAME, _rotary_inputs
+from magi_compiler import magi_compile
+from magi_compiler.inspection import last_compiled
+
+def fma(x, y, z):
+    return x * y + z
+
+def diff(x, y, z):
+    return x - y * z
+
+torch.manual_seed(0)
+rotary = BY_NAME["rotary"].fn
+three = lambda b: [torch.randn(b, 64, 256, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+for fn, make in ((rotary, lambda b: _rotary_inputs(b, torch.bfloat16, "cuda")),
+                 (fma, three), (diff, three)):
+    compiled = magi_compile(fn, dynamic_arg_dims={{}})
+    for b in (3, 5):
+        args = make(b)
+        got, want = compiled(*args), fn(*args)
+        assert torch.equal(got, want), (fn.__name__, (got.float() - want.float()).abs().max())
+    symbols = [k["symbol"] for k in last_compiled().executable.generated_kernels()]
+    assert symbols and all(s.endswith("_p2") for s in symbols), symbols
+print("packed ok")
+"""
+
+
+def test_packed_bf16_pairs_match_eager_bit_for_bit():
+    """MAGI_PACKED_BF16=1 (a process of its own: the variable is read once per process): a
+    bf16 rotary and products and sums of bf16 tensors run on packed pairs (kernel names end
+    in _p2) and give eager's bits exactly, as the float body does."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = _PACKED_RUN.format(tests=str(root / "tests"), examples=str(root / "examples"))
+    env = {**os.environ, "MAGI_PACKED_BF16": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "packed ok" in done.stdout
+
+
 @pytest.mark.usefixtures("no_fallback")
 def test_cpu_scalar_tensor_operand(assert_close_rel):
     """Eager takes a CPU 0-dim tensor beside CUDA tensors; the op reading it stays an ATen

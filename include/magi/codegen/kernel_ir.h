@@ -145,6 +145,10 @@ struct KernelVariant {
   /// addresses, so its vectors load as one access each, with no check at run time (the
   /// broadcast cos and sin of a rotary embedding).
   bool strided_vectors = false;
+  /// GPU pointwise kernels over bf16 whose ops are products, sums, differences, negations and
+  /// selects of bf16 values, each rounded to bf16: computed on packed pairs (bf16x2), bit for
+  /// bit as the float body (see printer_packed.cpp). Off unless MAGI_PACKED_BF16=1.
+  bool packed_bf16 = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;
 };
