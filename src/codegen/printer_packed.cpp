@@ -7,9 +7,14 @@
 // rounds once, as fma.rn.bf16x2 does. The float sum of two bf16 values is exact unless their
 // exponents differ by more than 16; then the smaller one is below 2^-16 of the larger, far
 // under half a bf16 step, and both ways give the larger value. Negation flips the sign bits, a
-// select picks whole words (lane-uniform columns), and a rounding of a bf16 value changes
-// nothing. Anything else (constants, other functions, a product read before its rounding)
-// keeps the float body.
+// select picks whole words (lane-uniform columns), a constant that is a bf16 value (a pad's
+// zero, a scale of 0.5) is that value twice, and a rounding of a bf16 value changes nothing.
+// Anything else (other constants, other functions, a product read before its rounding) keeps
+// the float body.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -26,6 +31,19 @@ bool is_bf16_round(const KOp& op) {
 
 bool is_pair_arithmetic(const KOp& op) {
   return op.kind == KOpKind::kBinary && (op.fn == "mul" || op.fn == "add" || op.fn == "sub");
+}
+
+// The word of constant `c` as a bf16 pair ("0x3f003f00u" for 0.5), or "" when its value is no
+// bf16 value (then the float body's product with it is not a bf16 product).
+std::string const_words(const KOp& c) {
+  if (c.kind != KOpKind::kConst || !c.fn.empty() || std::isnan(c.value)) return "";
+  const float f = static_cast<float>(c.value);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if (static_cast<double>(f) != c.value || (bits & 0xffffu) != 0) return "";
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08xu", (bits & 0xffff0000u) | (bits >> 16));
+  return text;
 }
 
 // Whether input load `op` can be read as whole bf16 vectors.
@@ -61,7 +79,7 @@ bool packed_bf16_body_possible(const KernelVariant& v) {
     const KOp& op = s.ops[n];
     auto exact_args = [&] {
       for (int a : op.args) {
-        if (!exact.count(a)) return false;
+        if (!exact.count(a) && const_words(s.ops[a]).empty()) return false;
       }
       return true;
     };
@@ -143,7 +161,10 @@ void emit_packed_bf16_body(std::ostream& os, const KernelVariant& v, const std::
   const std::string in2 = ind + "  ";
   for (int n : ops) {
     const KOp& op = s.ops[n];
-    auto a = [&](int k) { return name(s, op.args[static_cast<size_t>(k)]); };
+    auto a = [&](size_t k) {
+      const std::string c = const_words(s.ops[op.args[k]]);
+      return c.empty() ? name(s, op.args[k]) : c;
+    };
     std::string e;
     switch (op.kind) {
       case KOpKind::kLoad:
@@ -152,9 +173,14 @@ void emit_packed_bf16_body(std::ostream& os, const KernelVariant& v, const std::
       case KOpKind::kUnary:  // neg
         e = "(" + a(0) + " ^ 0x80008000u)";
         break;
-      case KOpKind::kSelect:  // whole words: every lane of the vector takes the same piece
-        e = expr(s, n, nullptr, false);
+      case KOpKind::kSelect: {  // whole words: every lane of the vector takes the same piece
+        const std::string c = op.shift == 0 ? "col" : "(col + " + std::to_string(op.shift) + "LL)";
+        e = a(op.bounds.size());
+        for (size_t k = op.bounds.size(); k-- > 0;) {
+          e = "(" + c + " < " + std::to_string(op.bounds[k]) + "LL ? " + a(k) + " : " + e + ")";
+        }
         break;
+      }
       case KOpKind::kRound:  // of a bf16 value, or of a pair op that rounded already
         e = a(0);
         break;

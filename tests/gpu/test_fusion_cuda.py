@@ -172,11 +172,15 @@ def fma(x, y, z):
 def diff(x, y, z):
     return x - y * z
 
+def halves(x, y, z):
+    return (x + y) * 0.5 - z
+
 torch.manual_seed(0)
-rotary = BY_NAME["rotary"].fn
+rotary, rotary_grad = BY_NAME["rotary"].fn, BY_NAME["rotary_grad"].fn
+tables = lambda b: _rotary_inputs(b, torch.bfloat16, "cuda")
 three = lambda b: [torch.randn(b, 64, 256, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
-for fn, make in ((rotary, lambda b: _rotary_inputs(b, torch.bfloat16, "cuda")),
-                 (fma, three), (diff, three)):
+for fn, make in ((rotary, tables), (rotary_grad, tables), (fma, three), (diff, three),
+                 (halves, three)):
     compiled = magi_compile(fn, dynamic_arg_dims={{}})
     for b in (3, 5):
         args = make(b)
@@ -190,8 +194,9 @@ print("packed ok")
 
 def test_packed_bf16_pairs_match_eager_bit_for_bit():
     """MAGI_PACKED_BF16=1 (a process of its own: the variable is read once per process): a
-    bf16 rotary and products and sums of bf16 tensors run on packed pairs (kernel names end
-    in _p2) and give eager's bits exactly, as the float body does."""
+    bf16 rotary, its backward (zero pads), and products and sums of bf16 tensors (one with a
+    scale of 0.5) run on packed pairs (kernel names end in _p2) and give eager's bits exactly,
+    as the float body does."""
     import os
     import subprocess
     import sys
