@@ -2,11 +2,12 @@
 // word, loaded and stored as they are in memory, with one bf16x2 instruction per product or
 // sum of a pair instead of unpacking each element to float, computing, rounding and packing.
 //
-// The result is bit for bit what the float body computes, for the ops allowed here. The
-// float product of two bf16 values is exact (8 + 8 significant bits), so rounding it to bf16
-// rounds once, as fma.rn.bf16x2 does. The float sum of two bf16 values is exact unless their
-// exponents differ by more than 16; then the smaller one is below 2^-16 of the larger, far
-// under half a bf16 step, and both ways give the larger value. Negation flips the sign bits, a
+// The result is bit for bit what the float body computes, for the ops allowed here, except for
+// the encoding of NaNs (the float body's stores make every NaN 0x7fff; here a NaN loaded,
+// negated or selected keeps its bits). The float product of two bf16 values is exact (8 + 8
+// significant bits), so rounding it to bf16 rounds once, as fma.rn.bf16x2 does. Their float
+// sum is rounded twice, to float and then to bf16, which gives the once-rounded sum because
+// float has at least 2 x 8 + 2 significant bits. Negation flips the sign bits, a
 // select picks whole words (lane-uniform columns), a constant that is a bf16 value (a pad's
 // zero, a scale of 0.5) is that value twice, and a rounding of a bf16 value changes nothing.
 // Anything else (other constants, other functions, a product read before its rounding) keeps
@@ -176,8 +177,10 @@ void emit_packed_bf16_body(std::ostream& os, const KernelVariant& v, const std::
       case KOpKind::kSelect: {  // whole words: every lane of the vector takes the same piece
         const std::string c = op.shift == 0 ? "col" : "(col + " + std::to_string(op.shift) + "LL)";
         e = a(op.bounds.size());
-        for (size_t k = op.bounds.size(); k-- > 0;) {
-          e = "(" + c + " < " + std::to_string(op.bounds[k]) + "LL ? " + a(k) + " : " + e + ")";
+        for (size_t k = op.bounds.size(); k-- > 0;) {  // 32-bit compares where bounds fit
+          const bool wide = op.bounds[k] > 0x7fffffffLL;
+          e = "(" + c + " < " + std::to_string(op.bounds[k]) + (wide ? "LL ? " : " ? ") + a(k) +
+              " : " + e + ")";
         }
         break;
       }

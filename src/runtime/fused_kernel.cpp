@@ -273,6 +273,10 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
   auto v = std::make_unique<Variant>();
   v->variant = kv;
   v->variant.spec = &spec_;
+  // Packed bf16 pairs follow from what the key holds (the access classes, the width, whole
+  // strided vectors) and the process's setting: decided once per variant, not per call.
+  v->variant.packed_bf16 = device.is_cuda() && codegen::packed_bf16_enabled() &&
+                           codegen::packed_bf16_possible(v->variant);
   try {
     if (device.is_cuda()) {
       v->source = codegen::print_cuda(v->variant);
@@ -654,12 +658,11 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
                  (kv.vector_width * inputs[i].element_size()) ==
              0;
     });
-    kv.packed_bf16 = codegen::packed_bf16_enabled() && codegen::packed_bf16_possible(kv);
   }
 
   // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
   // per FusedKernel, so its fingerprint need not be part of it).
-  std::string key(kv.access.size() + 10, ' ');
+  std::string key(kv.access.size() + 9, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
@@ -670,7 +673,6 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);
   key[kv.access.size() + 8] = kv.strided_vectors ? 'v' : 's';
-  key[kv.access.size() + 9] = kv.packed_bf16 ? 'p' : 'f';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);
