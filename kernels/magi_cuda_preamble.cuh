@@ -286,9 +286,8 @@ __device__ __forceinline__ unsigned magi_bf16x2_fma(unsigned a, unsigned b, unsi
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 #else  // in float, rounded once more to bf16: the float body's results for the uses below
-  return magi_pack2<magi_bf16>(
-      magi_bf16_half(a, 0) * magi_bf16_half(b, 0) + magi_bf16_half(c, 0),
-      magi_bf16_half(a, 1) * magi_bf16_half(b, 1) + magi_bf16_half(c, 1));
+  return magi_pack2<magi_bf16>(magi_bf16_half(a, 0) * magi_bf16_half(b, 0) + magi_bf16_half(c, 0),
+                               magi_bf16_half(a, 1) * magi_bf16_half(b, 1) + magi_bf16_half(c, 1));
 #endif
 }
 __device__ __forceinline__ unsigned magi_bf16x2_mul(unsigned a, unsigned b) {

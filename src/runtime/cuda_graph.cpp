@@ -307,6 +307,13 @@ CudaGraphRunner::~CudaGraphRunner() = default;
 
 namespace {
 using Lock = std::lock_guard<std::recursive_mutex>;
+
+// `read()` under the runners' lock.
+template <typename F>
+auto locked(std::recursive_mutex& mutex, F&& read) {
+  Lock lock(mutex);
+  return read();
+}
 }  // namespace
 
 std::recursive_mutex& CudaGraphRunner::Impl::lock() {
@@ -331,32 +338,25 @@ size_t CudaGraphRunner::num_graphs() const {
   return n;
 }
 size_t CudaGraphRunner::num_captures() const {
-  Lock lock(Impl::lock());
-  return impl_->captures;
+  return locked(Impl::lock(), [this] { return impl_->captures; });
 }
 size_t CudaGraphRunner::num_replays() const {
-  Lock lock(Impl::lock());
-  return impl_->replays;
+  return locked(Impl::lock(), [this] { return impl_->replays; });
 }
 size_t CudaGraphRunner::num_padded_calls() const {
-  Lock lock(Impl::lock());
-  return impl_->padded_calls;
+  return locked(Impl::lock(), [this] { return impl_->padded_calls; });
 }
 size_t CudaGraphRunner::num_direct_launches() const {
-  Lock lock(Impl::lock());
-  return impl_->direct_launches;
+  return locked(Impl::lock(), [this] { return impl_->direct_launches; });
 }
 size_t CudaGraphRunner::num_fresh_output_buffers() const {
-  Lock lock(Impl::lock());
-  return impl_->fresh_buffers;
+  return locked(Impl::lock(), [this] { return impl_->fresh_buffers; });
 }
 size_t CudaGraphRunner::num_input_retargets() const {
-  Lock lock(Impl::lock());
-  return impl_->input_retargets;
+  return locked(Impl::lock(), [this] { return impl_->input_retargets; });
 }
 size_t CudaGraphRunner::num_ungraphed_calls() const {
-  Lock lock(Impl::lock());
-  return impl_->ungraphed_calls;
+  return locked(Impl::lock(), [this] { return impl_->ungraphed_calls; });
 }
 size_t CudaGraphRunner::num_executables() const {
   Lock lock(Impl::lock());

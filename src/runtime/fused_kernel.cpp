@@ -287,51 +287,9 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
       v->cpu = reinterpret_cast<void (*)(const MagiArgs*)>(codegen::get_cpu_function(
           std::string(codegen::kCpuPreamble) + "\n" + v->source, v->variant.symbol()));
       if (verify_cuda_codegen()) {
-        // Also prove the CUDA form of this variant compiles (CPU-only test runs).
-        // Both the width the CPU chose (1) and the 16-byte vectors a GPU uses when aligned
-        // (a row length and element count of 0 let every width through).
-        codegen::KernelVariant gpu = v->variant;
-        const int widest = vector_width_for(spec_, gpu.access, 0, 0, [](int) { return true; });
-        std::string cuda;
-        // Strided inputs are read both ways: checked at run time, and as whole vectors
-        // (KernelVariant::strided_vectors).
-        const bool strided =
-            std::count(gpu.access.begin(), gpu.access.end(), AccessClass::kStrided) > 0;
-        for (bool vectors : {false, true}) {
-          if (vectors && (!strided || widest == 1 || spec_.schedule == codegen::Schedule::kColumn))
-            break;
-          gpu.strided_vectors = vectors;
-          gpu.unroll = 1;
-          // Row kernels in each layout: rows in registers one per block, rows in warps, and
-          // streamed rows.
-          for (int layout = 0; layout < 3; ++layout) {
-            if (layout > 0 && spec_.schedule != codegen::Schedule::kRow) break;
-            gpu.rows_in_warps = layout == 1;
-            gpu.streamed_rows = layout == 2;
-            for (int width : {1, widest}) {
-              if (vectors && width == 1) continue;
-              gpu.vector_width = width;
-              cuda += codegen::print_cuda(gpu) + "\n";
-              if (widest == 1) break;
-            }
-          }
-          if (spec_.schedule == codegen::Schedule::kPointwise) {  // and with 4 vectors per thread
-            gpu.unroll = 4;
-            cuda += codegen::print_cuda(gpu) + "\n";
-          }
-        }
-        // And on packed bf16 pairs, where the body qualifies.
-        gpu.rows_in_warps = gpu.streamed_rows = false;
-        gpu.unroll = 1;
-        gpu.vector_width = widest;
-        gpu.strided_vectors = strided && widest > 1 && spec_.schedule != codegen::Schedule::kColumn;
-        if (codegen::packed_bf16_possible(gpu)) {
-          gpu.packed_bf16 = true;
-          cuda += codegen::print_cuda(gpu) + "\n";
-          gpu.unroll = 4;
-          cuda += codegen::print_cuda(gpu) + "\n";
-        }
-        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda, gpu.symbol(), 90);
+        // Also prove the CUDA forms of this variant compile (CPU-only test runs).
+        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda_forms(v->variant),
+                                       v->variant.symbol(), 90);
       }
     }
   } catch (const std::exception& e) {
@@ -660,8 +618,9 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
     });
   }
 
-  // Per-call key: access classes, vector width, row layout and device type (the spec is fixed
-  // per FusedKernel, so its fingerprint need not be part of it).
+  // Per-call key: access classes, vector width, device, row layout, index rank and width,
+  // vectors per thread and whole strided vectors (the spec is fixed per FusedKernel, so its
+  // fingerprint need not be part of it; packed bf16 pairs follow from these, variant_for).
   std::string key(kv.access.size() + 9, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';

@@ -1,6 +1,7 @@
 // FusedKernel's choice of kernel variant per call (src/runtime/kernel_variant.h).
 #include "kernel_variant.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -112,6 +113,48 @@ void adapt_column_access(const codegen::KernelSpec& spec, size_t rank,
 bool verify_cuda_codegen() {
   const char* env = std::getenv("MAGI_VERIFY_CUDA_CODEGEN");
   return env != nullptr && std::string(env) == "1";
+}
+
+std::string cuda_forms(const codegen::KernelVariant& cpu) {
+  const codegen::KernelSpec& spec = *cpu.spec;
+  codegen::KernelVariant gpu = cpu;
+  // A row length and element count of 0 let every width through.
+  const int widest = vector_width_for(spec, gpu.access, 0, 0, [](int) { return true; });
+  const bool strided = std::count(gpu.access.begin(), gpu.access.end(), AccessClass::kStrided) > 0;
+  const bool whole = strided && widest > 1 && spec.schedule != codegen::Schedule::kColumn;
+  std::string cuda;
+  for (bool vectors : {false, true}) {
+    if (vectors && !whole) break;
+    gpu.strided_vectors = vectors;
+    gpu.unroll = 1;
+    // Row kernels in each layout: rows in registers one per block, rows in warps, streamed.
+    for (int layout = 0; layout < 3; ++layout) {
+      if (layout > 0 && spec.schedule != codegen::Schedule::kRow) break;
+      gpu.rows_in_warps = layout == 1;
+      gpu.streamed_rows = layout == 2;
+      for (int width : {1, widest}) {
+        if (vectors && width == 1) continue;
+        gpu.vector_width = width;
+        cuda += codegen::print_cuda(gpu) + "\n";
+        if (widest == 1) break;
+      }
+    }
+    if (spec.schedule == codegen::Schedule::kPointwise) {  // and with 4 vectors per thread
+      gpu.unroll = 4;
+      cuda += codegen::print_cuda(gpu) + "\n";
+    }
+  }
+  gpu.rows_in_warps = gpu.streamed_rows = false;
+  gpu.unroll = 1;
+  gpu.vector_width = widest;
+  gpu.strided_vectors = whole;
+  if (codegen::packed_bf16_possible(gpu)) {
+    gpu.packed_bf16 = true;
+    cuda += codegen::print_cuda(gpu) + "\n";
+    gpu.unroll = 4;
+    cuda += codegen::print_cuda(gpu) + "\n";
+  }
+  return cuda;
 }
 
 // Vectors per thread of a GPU pointwise variant over `numel` elements on a device of

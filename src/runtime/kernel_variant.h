@@ -45,6 +45,10 @@ void adapt_column_access(const codegen::KernelSpec& spec, size_t rank,
                          std::vector<codegen::AccessClass>& access);
 /// MAGI_VERIFY_CUDA_CODEGEN=1: CPU runs also NVRTC-compile the CUDA forms of their variants.
 bool verify_cuda_codegen();
+/// The CUDA forms a GPU may print for CPU variant `cpu`, one source: the width the CPU chose
+/// (1) and the widest vectors, each row layout, 4 vectors per thread for pointwise kernels,
+/// strided inputs checked and whole, and packed bf16 pairs where the body qualifies.
+std::string cuda_forms(const codegen::KernelVariant& cpu);
 /// Vectors per thread of a GPU pointwise variant (KernelVariant::unroll).
 int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count);
 /// The SM count of CUDA device `index`, or an H100's (132) where no driver answers.
