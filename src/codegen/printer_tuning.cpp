@@ -48,7 +48,7 @@ bool strided_vectors_enabled() {
 }
 
 bool packed_bf16_enabled() {
-  static const bool on = env_int("MAGI_PACKED_BF16", 0, 0, 1) == 1;
+  static const bool on = env_int("MAGI_PACKED_BF16", 1, 0, 1) == 1;
   return on;
 }
 

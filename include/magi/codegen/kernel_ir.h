@@ -147,8 +147,8 @@ struct KernelVariant {
   bool strided_vectors = false;
   /// GPU pointwise kernels over bf16 whose ops are products, sums, differences, negations and
   /// selects of bf16 values, each rounded to bf16: computed on packed pairs (bf16x2), bit for
-  /// bit as the float body but for NaN encodings (see printer_packed.cpp). Off unless
-  /// MAGI_PACKED_BF16=1.
+  /// bit as the float body but for NaN encodings (see printer_packed.cpp). Off with
+  /// MAGI_PACKED_BF16=0.
   bool packed_bf16 = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;

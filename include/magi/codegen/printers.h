@@ -35,8 +35,8 @@ bool dependent_launch();
 /// vector-aligned row starts, load whole vectors with no check (KernelVariant::strided_vectors);
 /// 0: every strided input is checked at run time. Read by the runtime's variant choice.
 bool strided_vectors_enabled();
-/// MAGI_PACKED_BF16 (default 0, not yet measured on a GPU): 1 computes GPU pointwise kernels
-/// that qualify on packed bf16 pairs (KernelVariant::packed_bf16).
+/// MAGI_PACKED_BF16 (default 1): GPU pointwise kernels that qualify compute on packed bf16 pairs
+/// (KernelVariant::packed_bf16); 0: on floats.
 bool packed_bf16_enabled();
 /// Whether variant `v` (its vector width and access classes set) qualifies for packed_bf16.
 bool packed_bf16_possible(const KernelVariant& v);
