@@ -11,7 +11,8 @@ the runner comparing the parameters on every call (set_steady_inputs(False)), an
 replays kept to two executables per graph (set_max_executables(2)); the
 C++ direct call alone (no nn.Module call, no Python dispatch); the runner's stages
 (set_stage_timing) inside those calls, both ways; and the floors: an empty nn.Module call, and
-CUDAGraph.replay() of a one-kernel graph (what one launch costs through PyTorch).
+CUDAGraph.replay() of a one-kernel graph (what one launch costs through PyTorch) and of graphs of
+16, 64 and 128 one-element kernels (the driver's launch cost by node count on this host).
 
     python scripts/gpu/host_floor.py [--iters 400] [--inputs 4] [--modes default,arguments]
         [--json PATH]
@@ -158,6 +159,18 @@ def main() -> None:
         with torch.cuda.graph(graph):
             y.add_(1)
         result["one_kernel_graph_replay"] = busy(graph.replay, [()], args.iters)
+        # The driver's launch cost by graph size: graphs of K one-element kernels, so that the
+        # stack's own launch stage can be read against the floor for its node count on this host.
+        for k in (16, 64, 128):
+            g = torch.cuda.CUDAGraph()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                y.add_(1)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(g):
+                for _ in range(k):
+                    y.add_(1)
+            result[f"graph_of_{k}_kernels_replay"] = busy(g.replay, [()], args.iters)
         seen: dict[str, int] = {}
         for guards in args.modes.split(","):
             seen[guards] = seen.get(guards, 0) + 1
