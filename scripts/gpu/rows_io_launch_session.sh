@@ -6,7 +6,10 @@
 #   beside torch.compile with ldg and plain vector I/O, in the default layout and in
 #   torch.compile's shape (512 threads of 2 held vectors, the weight in the output pass).
 # - The driver's graph-launch floor by node count on the host (host_floor.py's graphs of 16, 64
-#   and 128 kernels) beside the stack's own launch stage, to read the 10 µs target against it.
+#   and 128 kernels) beside the stack's own launch stage, to read the 10 µs target against it;
+#   and whether the programmatic edges of dependent launches (MAGI_DEPENDENT_LAUNCH, on by
+#   default, also inside graphs) make the graph's launch dearer: host time with it off and on,
+#   alternating processes.
 # (carry .deps)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -28,3 +31,8 @@ print({k: round(v, 2) for k, v in d.items() if isinstance(v, float)})
 v = d.get("default", {})
 print({k: round(x, 2) for k, x in v.items() if k in ("call", "native_alone", "stage_launch")})
 PY
+for dl in 0 1 0 1; do
+  echo "== host time, MAGI_DEPENDENT_LAUNCH=$dl" | tee -a "$S"
+  MAGI_DEPENDENT_LAUNCH=$dl timeout 90 python benchmarks/host_overhead.py --device cuda \
+    --variants magi_cg,magi_cg --out "$OUT/host_dl$dl.json" 2>&1 | grep "CUDA graphs" | tee -a "$S"
+done
