@@ -49,11 +49,13 @@ def test_the_pass_can_be_disabled(monkeypatch, assert_close_rel):
     assert "aten::index_copy(" in text and "aten::copy_(" in text, text
 
 
-def test_the_layers_mask_selects_fuse_across_the_cache_updates(assert_close_rel):
+@pytest.mark.parametrize("cse", [False, True])
+def test_the_layers_mask_selects_fuse_across_the_cache_updates(cse, assert_close_rel):
     """A 3-layer GPT-2-style model with a static KV cache (benchmarks/models/causal_lm.py):
-    each layer's cache update is in place, and the layers' mask selects (where(mask, 0, -inf),
-    one per layer, between the updates) are still one generated kernel: fuse_groups lets a group
-    span a write of memory nothing in its span reads."""
+    each layer's cache update is in place. The layers' mask selects (where(mask, 0, -inf), one
+    per layer, between the updates) are all alike: eliminate_common_subexpressions makes them
+    one select that every layer reads. Without that pass they are still one generated kernel:
+    fuse_groups lets a group span a write of memory nothing in its span reads."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     from magi_compiler import inspection, magi_compile
 
@@ -61,7 +63,10 @@ def test_the_layers_mask_selects_fuse_across_the_cache_updates(assert_close_rel)
 
     cfg = LMConfig("gpt2", 100, 64, 3, 4, 4, 128, max_seq=16)
     eager = CausalLM(cfg).eval()
-    compiled = magi_compile(CausalLM(cfg).eval(), dynamic_arg_dims={})
+    off = {"pass_config": {"disabled_passes": ["eliminate_common_subexpressions"]}}
+    compiled = magi_compile(
+        CausalLM(cfg).eval(), dynamic_arg_dims={}, **({} if cse else {"config_patch": off})
+    )
     compiled.load_state_dict(eager.state_dict())
     with torch.no_grad():
         for start, seq in ((0, 4), (4, 4)):
@@ -73,6 +78,10 @@ def test_the_layers_mask_selects_fuse_across_the_cache_updates(assert_close_rel)
     text = str(inspection.last_compiled("inference").graph)
     assert text.count("aten::index_copy_(") == 2 * cfg.layers, text
     assert "aten::copy_(" not in text, text
+    if cse:
+        assert text.count("aten::where.self(") == 1, text
+        assert text.count(", %where, None)") == cfg.layers, text  # each layer's attention
+        return
     # One node (a fusion) makes the three layers' selects.
     names = [f"%where{'' if i == 0 else f'_{i}'}:" for i in range(cfg.layers)]
     assert any(

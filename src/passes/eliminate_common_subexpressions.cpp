@@ -1,0 +1,257 @@
+// eliminate_common_subexpressions: a node that computes what an earlier node computed (the
+// same ATen operator or structural node on the same inputs) reads the earlier one's results
+// instead, and goes. A model that builds its rotary tables or attention mask in every layer
+// then builds them once per call: fewer kernels per call, and fewer nodes in a CUDA graph.
+//
+// Requires: a verified graph. Guarantees: a verified graph with the same outputs.
+//
+// What merges: Constant nodes with equal literals (compared exactly: 0.0 and -0.0 differ;
+// tensors of up to 64 elements on the host by dtype, shape, strides and bytes; other literals
+// never merge), getitems of tensors, lists of tensors, and ATen operators that return tensors,
+// are functional (no written argument) and draw no random numbers.
+//
+// What never merges: inputs, the Output node, piece calls and fusions; custom ops (a
+// registered op may have effects its schema does not declare); size arithmetic and lists of
+// sizes (they cost nothing to repeat, and a size shared across a boundary op would make pieces
+// that were alike differ: split_at_boundaries stores alike pieces once); nodes that read or
+// produce a value that a written argument may alias (any value connected to a written one
+// through views or in-place results: its contents differ before and after the write); and
+// nodes whose results, or views of them, the graph returns (two outputs stay two tensors that
+// share no memory, as eager returns them).
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "magi/ir/node.h"
+#include "magi/ir/op_info.h"
+#include "magi/passes/passes.h"
+
+namespace magi::passes {
+namespace {
+
+// Union-find over the graph's values, joining each value with those it may share memory with.
+class AliasSets {
+ public:
+  explicit AliasSets(const ir::Graph& graph) {
+    for (const ir::Node* node : graph.nodes()) {
+      for (const ir::Value* v : node->outputs()) index_.emplace(v, index_.size());
+    }
+    parent_.resize(index_.size());
+    std::iota(parent_.begin(), parent_.end(), size_t{0});
+    for (const ir::Node* node : graph.nodes()) join_aliases(*node);
+  }
+  // Marks the set of `v` (and everything joined to it) as written, or as returned.
+  void mark_written(const ir::Value* v) { written_.push_back(find(index_.at(v))); }
+  void mark_returned(const ir::Value* v) { returned_.push_back(find(index_.at(v))); }
+  bool written(const ir::Value* v) { return in(written_, v); }
+  bool returned(const ir::Value* v) { return in(returned_, v); }
+
+ private:
+  bool in(const std::vector<size_t>& marked, const ir::Value* v) {
+    const size_t root = find(index_.at(v));
+    for (size_t m : marked) {
+      if (find(m) == root) return true;
+    }
+    return false;
+  }
+  size_t find(size_t i) {
+    while (parent_[i] != i) i = parent_[i] = parent_[parent_[i]];
+    return i;
+  }
+  void join(const ir::Value* a, const ir::Value* b) {
+    parent_[find(index_.at(a))] = find(index_.at(b));
+  }
+  // Views, in-place results and getitems of lists share memory with what they come from; a list
+  // shares with its items.
+  void join_aliases(const ir::Node& node) {
+    switch (node.kind()) {
+      case ir::NodeKind::kGetItem:
+        join(node.output(), node.input(0));
+        return;
+      case ir::NodeKind::kMakeList:
+        for (const ir::Value* item : node.inputs()) join(node.output(), item);
+        return;
+      case ir::NodeKind::kAtenOp:
+      case ir::NodeKind::kCustomOp: {
+        const auto& args = node.schema().arguments();
+        const auto& returns = node.schema().returns();
+        for (size_t k = 0; k < node.outputs().size() && k < returns.size(); ++k) {
+          const c10::AliasInfo* out = returns[k].alias_info();
+          if (out == nullptr) {
+            // Views the schema does not annotate (aten::_unsafe_view) alias their first input.
+            if (ir::output_aliases_input(node, k)) join(node.output(k), node.input(0));
+            continue;
+          }
+          // The arguments in the result's alias set: `self` of a view or an in-place op.
+          for (size_t i = 0; i < args.size() && i < node.inputs().size(); ++i) {
+            const c10::AliasInfo* in = args[i].alias_info();
+            if (in == nullptr) continue;
+            for (const auto& set : in->beforeSets()) {
+              if (out->beforeSets().count(set)) {
+                join(node.output(k), node.input(i));
+                break;
+              }
+            }
+          }
+        }
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  std::unordered_map<const ir::Value*, size_t> index_;
+  std::vector<size_t> parent_;
+  std::vector<size_t> written_;
+  std::vector<size_t> returned_;
+};
+
+// The arguments an operator node writes (schema alias annotations with a write); every input
+// of a piece call (a piece may write its inputs in place).
+std::vector<const ir::Value*> written_arguments(const ir::Node& node) {
+  std::vector<const ir::Value*> out;
+  if (node.kind() == ir::NodeKind::kCallPiece) return {node.inputs().begin(), node.inputs().end()};
+  if (!node.is_operator()) return out;
+  const auto& args = node.schema().arguments();
+  for (size_t i = 0; i < args.size() && i < node.inputs().size(); ++i) {
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite())
+      out.push_back(node.input(i));
+  }
+  return out;
+}
+
+// Tensor literals of at most this many elements merge when equal.
+constexpr int64_t kMaxTensorLiteral = 64;
+
+// An exact text form of a literal, or "" when literals of its type never merge.
+std::string literal_key(const c10::IValue& v) {
+  auto real = [](double d) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    return std::to_string(bits);
+  };
+  if (v.isNone()) return "none";
+  if (v.isBool()) return v.toBool() ? "true" : "false";
+  if (v.isInt()) return "i" + std::to_string(v.toInt());
+  if (v.isDouble()) return "d" + real(v.toDouble());
+  if (v.isString()) return "s" + std::to_string(v.toStringRef().size()) + ":" + v.toStringRef();
+  if (v.isDevice()) return "D" + v.toDevice().str();
+  std::string key;
+  if (v.isTensor()) {
+    // Small host tensors (a scalar the trace lifted, such as the divisor of `x / 128`), by their
+    // dtype, shape, strides and bytes.
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.device().is_cpu() || t.numel() > kMaxTensorLiteral || t.is_sparse() ||
+        t.requires_grad()) {
+      return "";
+    }
+    const at::Tensor dense = t.contiguous();
+    // A wrapped Python number promotes types as a scalar, a 0-dim tensor does not.
+    key = std::string(t.unsafeGetTensorImpl()->is_wrapped_number() ? "W" : "T") +
+          c10::toString(t.scalar_type()) + "[";
+    for (int64_t d : t.sizes()) key += std::to_string(d) + ",";
+    key += "][";
+    for (int64_t d : t.strides()) key += std::to_string(d) + ",";
+    key += "]";
+    const auto* bytes = static_cast<const unsigned char*>(dense.data_ptr());
+    for (size_t i = 0; i < dense.nbytes(); ++i) key += std::to_string(bytes[i]) + ".";
+  } else if (v.isIntList()) {
+    key = "I";
+    for (int64_t x : v.toIntList()) key += std::to_string(x) + ",";
+  } else if (v.isDoubleList()) {
+    key = "F";
+    for (double x : v.toDoubleList()) key += real(x) + ",";
+  } else if (v.isBoolList()) {
+    key = "B";
+    for (bool x : v.toBoolList()) key += x ? "1" : "0";
+  }
+  return key;
+}
+
+// What makes two nodes compute the same thing, or "" when `node` may not merge.
+std::string node_key(const ir::Node& node, AliasSets& aliases) {
+  std::string key = std::to_string(static_cast<int>(node.kind())) + "|";
+  switch (node.kind()) {
+    case ir::NodeKind::kConstant: {
+      const std::string literal = literal_key(node.constant());
+      if (literal.empty()) return "";
+      key += literal;
+      break;
+    }
+    case ir::NodeKind::kGetItem:
+      if (node.output()->kind() != ir::ValueKind::kTensor) return "";
+      key += std::to_string(node.item_index());
+      break;
+    case ir::NodeKind::kMakeList:  // of tensors: what a cat or a stack reads
+      if (node.output()->kind() != ir::ValueKind::kTensorList &&
+          node.output()->kind() != ir::ValueKind::kOptionalTensorList)
+        return "";
+      break;
+    case ir::NodeKind::kAtenOp: {
+      const auto& schema = node.schema();
+      if (schema.returns().empty() || schema.is_mutable() || ir::is_random_operator(node))
+        return "";
+      for (const ir::Value* out : node.outputs()) {
+        if (out->kind() != ir::ValueKind::kTensor && out->kind() != ir::ValueKind::kTensorList)
+          return "";
+      }
+      key += node.op_name();
+      break;
+    }
+    default:  // inputs, the Output node, sizes, lists, custom ops, piece calls, fusions
+      return "";
+  }
+  for (const ir::Value* in : node.inputs()) {
+    if (aliases.written(in)) return "";
+    key += "|" + std::to_string(reinterpret_cast<uintptr_t>(in));
+  }
+  for (const ir::Value* out : node.outputs()) {
+    if (aliases.written(out)) return "";
+    // The kind tells an int from a dtype or a scalar with the same literal.
+    key += "|" + std::to_string(static_cast<int>(out->kind()));
+  }
+  return key;
+}
+
+// Whether the graph returns a result of `node` or a view of one.
+bool is_returned(const ir::Node& node, AliasSets& aliases) {
+  for (const ir::Value* out : node.outputs()) {
+    if (aliases.returned(out)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool eliminate_common_subexpressions(ir::Graph& graph) {
+  AliasSets aliases(graph);
+  const std::vector<ir::Node*> nodes = graph.nodes();
+  for (const ir::Node* node : nodes) {
+    for (const ir::Value* v : written_arguments(*node)) aliases.mark_written(v);
+  }
+  for (const ir::Value* v : graph.outputs()) aliases.mark_returned(v);
+  std::unordered_map<std::string, ir::Node*> first;
+  bool changed = false;
+  // In execution order: a node's inputs are already the first of their kind when it is keyed.
+  for (ir::Node* node : nodes) {
+    const std::string key = node_key(*node, aliases);
+    if (key.empty()) continue;
+    auto [it, inserted] = first.emplace(key, node);
+    if (inserted || is_returned(*node, aliases)) continue;
+    ir::Node* earlier = it->second;
+    for (size_t k = 0; k < node->outputs().size(); ++k) {
+      ir::Value* from = node->output(k);
+      const std::vector<ir::Node*> users = from->users();
+      for (ir::Node* user : users) user->replace_input(from, earlier->output(k));
+    }
+    graph.erase(node);
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace magi::passes
