@@ -173,6 +173,14 @@ int64_t column_reduced_dims(const Node& node) {
   return op_info(node).op_class == OpClass::kColumnReduction ? leading_prefix(node, 1) : 0;
 }
 
+bool is_pure_operator(const Node& node) {
+  if (node.kind() != NodeKind::kAtenOp) return false;
+  const c10::FunctionSchema& schema = node.schema();
+  if (schema.returns().empty() || schema.is_mutable()) return false;
+  if (is_random_operator(node)) return false;
+  return node.op().operator_name().name.find("empty") == std::string::npos;  // uninitialised
+}
+
 bool is_random_operator(const Node& node) {
   if (node.kind() != NodeKind::kAtenOp && node.kind() != NodeKind::kCustomOp) return false;
   if (node.op().hasTag(at::Tag::nondeterministic_seeded)) return true;

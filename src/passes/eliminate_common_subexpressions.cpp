@@ -7,30 +7,56 @@
 //
 // What merges: Constant nodes with equal literals (compared exactly: 0.0 and -0.0 differ;
 // tensors of up to 64 elements on the host by dtype, shape, strides and bytes; other literals
-// never merge), getitems of tensors, lists of tensors, and ATen operators that return tensors,
-// are functional (no written argument) and draw no random numbers.
+// never merge), getitems of tensors, lists of tensors, and ATen operators that return tensors
+// and are pure (ir::is_pure_operator: no written argument, no random numbers).
 //
 // What never merges: inputs, the Output node, piece calls and fusions; custom ops (a
-// registered op may have effects its schema does not declare); size arithmetic and lists of
-// sizes (they cost nothing to repeat, and a size shared across a boundary op would make pieces
-// that were alike differ: split_at_boundaries stores alike pieces once); nodes that read or
-// produce a value that a written argument may alias (any value connected to a written one
+// registered op may have effects its schema does not declare); `empty` ops (uninitialised
+// memory); size arithmetic and lists of sizes (they cost nothing to repeat); a repeat and its
+// first on two sides of a boundary call (split_at_boundaries makes each stretch between two
+// boundary calls a piece, and stores alike pieces once: each piece keeps its own); nodes that read
+// or produce a value that a written argument may alias (any value connected to a written one
 // through views or in-place results: its contents differ before and after the write); and
 // nodes whose results, or views of them, the graph returns (two outputs stay two tensors that
 // share no memory, as eager returns them).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "magi/ir/node.h"
 #include "magi/ir/op_info.h"
+#include "magi/ir/structural_hash.h"
 #include "magi/passes/passes.h"
 
 namespace magi::passes {
 namespace {
+
+// The alias sets an argument or result annotation names, those of a list's items included.
+std::vector<c10::Symbol> alias_sets(const c10::AliasInfo* info) {
+  std::vector<c10::Symbol> sets;
+  if (info == nullptr) return sets;
+  sets.insert(sets.end(), info->beforeSets().begin(), info->beforeSets().end());
+  for (const c10::AliasInfo& item : info->containedTypes()) {
+    const std::vector<c10::Symbol> inner = alias_sets(&item);
+    sets.insert(sets.end(), inner.begin(), inner.end());
+  }
+  return sets;
+}
+
+// Whether an annotation says the argument is written (`Tensor(a!)`, `Tensor(a!)[]`).
+bool writes(const c10::AliasInfo* info) {
+  if (info == nullptr) return false;
+  if (info->isWrite()) return true;
+  for (const c10::AliasInfo& item : info->containedTypes()) {
+    if (writes(&item)) return true;
+  }
+  return false;
+}
 
 // Union-find over the graph's values, joining each value with those it may share memory with.
 class AliasSets {
@@ -43,20 +69,14 @@ class AliasSets {
     std::iota(parent_.begin(), parent_.end(), size_t{0});
     for (const ir::Node* node : graph.nodes()) join_aliases(*node);
   }
-  // Marks the set of `v` (and everything joined to it) as written, or as returned.
-  void mark_written(const ir::Value* v) { written_.push_back(find(index_.at(v))); }
-  void mark_returned(const ir::Value* v) { returned_.push_back(find(index_.at(v))); }
-  bool written(const ir::Value* v) { return in(written_, v); }
-  bool returned(const ir::Value* v) { return in(returned_, v); }
+  // Marks the set of `v` (and everything joined to it) as written, or as returned. The sets
+  // are final once constructed: marks and queries come after every join.
+  void mark_written(const ir::Value* v) { written_.insert(find(index_.at(v))); }
+  void mark_returned(const ir::Value* v) { returned_.insert(find(index_.at(v))); }
+  bool written(const ir::Value* v) { return written_.count(find(index_.at(v))) > 0; }
+  bool returned(const ir::Value* v) { return returned_.count(find(index_.at(v))) > 0; }
 
  private:
-  bool in(const std::vector<size_t>& marked, const ir::Value* v) {
-    const size_t root = find(index_.at(v));
-    for (size_t m : marked) {
-      if (find(m) == root) return true;
-    }
-    return false;
-  }
   size_t find(size_t i) {
     while (parent_[i] != i) i = parent_[i] = parent_[parent_[i]];
     return i;
@@ -79,18 +99,14 @@ class AliasSets {
         const auto& args = node.schema().arguments();
         const auto& returns = node.schema().returns();
         for (size_t k = 0; k < node.outputs().size() && k < returns.size(); ++k) {
-          const c10::AliasInfo* out = returns[k].alias_info();
-          if (out == nullptr) {
-            // Views the schema does not annotate (aten::_unsafe_view) alias their first input.
-            if (ir::output_aliases_input(node, k)) join(node.output(k), node.input(0));
-            continue;
-          }
-          // The arguments in the result's alias set: `self` of a view or an in-place op.
+          // Views the schema does not annotate (aten::_unsafe_view) alias their first input.
+          if (ir::output_aliases_input(node, k)) join(node.output(k), node.input(0));
+          // The arguments in the result's alias sets: `self` of a view or an in-place op, of
+          // a split or unbind (`Tensor(a)[]`: the set is on the list's items).
+          const std::vector<c10::Symbol> out = alias_sets(returns[k].alias_info());
           for (size_t i = 0; i < args.size() && i < node.inputs().size(); ++i) {
-            const c10::AliasInfo* in = args[i].alias_info();
-            if (in == nullptr) continue;
-            for (const auto& set : in->beforeSets()) {
-              if (out->beforeSets().count(set)) {
+            for (const c10::Symbol& set : alias_sets(args[i].alias_info())) {
+              if (std::find(out.begin(), out.end(), set) != out.end()) {
                 join(node.output(k), node.input(i));
                 break;
               }
@@ -106,8 +122,8 @@ class AliasSets {
 
   std::unordered_map<const ir::Value*, size_t> index_;
   std::vector<size_t> parent_;
-  std::vector<size_t> written_;
-  std::vector<size_t> returned_;
+  std::unordered_set<size_t> written_;
+  std::unordered_set<size_t> returned_;
 };
 
 // The arguments an operator node writes (schema alias annotations with a write); every input
@@ -118,14 +134,10 @@ std::vector<const ir::Value*> written_arguments(const ir::Node& node) {
   if (!node.is_operator()) return out;
   const auto& args = node.schema().arguments();
   for (size_t i = 0; i < args.size() && i < node.inputs().size(); ++i) {
-    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite())
-      out.push_back(node.input(i));
+    if (writes(args[i].alias_info())) out.push_back(node.input(i));
   }
   return out;
 }
-
-// Tensor literals of at most this many elements merge when equal.
-constexpr int64_t kMaxTensorLiteral = 64;
 
 // An exact text form of a literal, or "" when literals of its type never merge.
 std::string literal_key(const c10::IValue& v) {
@@ -142,23 +154,16 @@ std::string literal_key(const c10::IValue& v) {
   if (v.isDevice()) return "D" + v.toDevice().str();
   std::string key;
   if (v.isTensor()) {
-    // Small host tensors (a scalar the trace lifted, such as the divisor of `x / 128`), by their
-    // dtype, shape, strides and bytes.
+    // Small host tensors (a scalar the trace lifted, such as the divisor of `x / 128`), by
+    // their dtype, sizes, wrapped-number flag and bytes (ir::tensor_key); not conjugated,
+    // negated, quantized or Python-backed ones, whose bytes do not say their value.
     const at::Tensor& t = v.toTensor();
-    if (!t.defined() || !t.device().is_cpu() || t.numel() > kMaxTensorLiteral || t.is_sparse() ||
-        t.requires_grad()) {
+    if (!t.defined() || t.is_conj() || t.is_neg() || t.is_quantized() ||
+        t.key_set().has(c10::DispatchKey::Python) || t.requires_grad()) {
       return "";
     }
-    const at::Tensor dense = t.contiguous();
-    // A wrapped Python number promotes types as a scalar, a 0-dim tensor does not.
-    key = std::string(t.unsafeGetTensorImpl()->is_wrapped_number() ? "W" : "T") +
-          c10::toString(t.scalar_type()) + "[";
-    for (int64_t d : t.sizes()) key += std::to_string(d) + ",";
-    key += "][";
-    for (int64_t d : t.strides()) key += std::to_string(d) + ",";
-    key += "]";
-    const auto* bytes = static_cast<const unsigned char*>(dense.data_ptr());
-    for (size_t i = 0; i < dense.nbytes(); ++i) key += std::to_string(bytes[i]) + ".";
+    key = ir::tensor_key(t);
+    if (key.rfind("tensor:", 0) != 0) return "";  // by identity: not a value
   } else if (v.isIntList()) {
     key = "I";
     for (int64_t x : v.toIntList()) key += std::to_string(x) + ",";
@@ -192,9 +197,7 @@ std::string node_key(const ir::Node& node, AliasSets& aliases) {
         return "";
       break;
     case ir::NodeKind::kAtenOp: {
-      const auto& schema = node.schema();
-      if (schema.returns().empty() || schema.is_mutable() || ir::is_random_operator(node))
-        return "";
+      if (!ir::is_pure_operator(node)) return "";
       for (const ir::Value* out : node.outputs()) {
         if (out->kind() != ir::ValueKind::kTensor && out->kind() != ir::ValueKind::kTensorList)
           return "";
@@ -227,22 +230,37 @@ bool is_returned(const ir::Node& node, AliasSets& aliases) {
 
 }  // namespace
 
-bool eliminate_common_subexpressions(ir::Graph& graph) {
+bool eliminate_common_subexpressions(ir::Graph& graph,
+                                     const std::vector<std::string>& splitting_ops) {
   AliasSets aliases(graph);
   const std::vector<ir::Node*> nodes = graph.nodes();
   for (const ir::Node* node : nodes) {
     for (const ir::Value* v : written_arguments(*node)) aliases.mark_written(v);
   }
   for (const ir::Value* v : graph.outputs()) aliases.mark_returned(v);
-  std::unordered_map<std::string, ir::Node*> first;
+  // The first node of each key, and the stretch between boundary calls it is in. Each stretch
+  // becomes a piece (split_at_boundaries): a repeat in a later stretch is left to compute its
+  // own result and becomes the first of its stretch. Merged, it would be an input of its piece
+  // (copied in by a piecewise CUDA graph each call), and pieces that were alike would differ.
+  std::unordered_map<std::string, std::pair<ir::Node*, int>> first;
+  int stretch = 0;
   bool changed = false;
   // In execution order: a node's inputs are already the first of their kind when it is keyed.
   for (ir::Node* node : nodes) {
+    if (node->is_operator() && is_boundary_call(*node, splitting_ops)) {
+      ++stretch;
+      continue;
+    }
     const std::string key = node_key(*node, aliases);
     if (key.empty()) continue;
-    auto [it, inserted] = first.emplace(key, node);
-    if (inserted || is_returned(*node, aliases)) continue;
-    ir::Node* earlier = it->second;
+    auto [it, inserted] = first.emplace(key, std::make_pair(node, stretch));
+    if (inserted) continue;
+    if (it->second.second != stretch) {
+      it->second = {node, stretch};
+      continue;
+    }
+    if (is_returned(*node, aliases)) continue;
+    ir::Node* earlier = it->second.first;
     for (size_t k = 0; k < node->outputs().size(); ++k) {
       ir::Value* from = node->output(k);
       const std::vector<ir::Node*> users = from->users();

@@ -23,7 +23,9 @@ constexpr PassEntry kPipeline[] = {
     {"eliminate_dead_code",
      [](ir::Graph& g, const PipelineOptions&) { return eliminate_dead_code(g); }},
     {"eliminate_common_subexpressions",
-     [](ir::Graph& g, const PipelineOptions&) { return eliminate_common_subexpressions(g); }},
+     [](ir::Graph& g, const PipelineOptions& o) {
+       return eliminate_common_subexpressions(g, o.splitting_ops);
+     }},
     {"constants_to_device",
      [](ir::Graph& g, const PipelineOptions&) { return constants_to_device(g); }},
     {"group_query_attention",

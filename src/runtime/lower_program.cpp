@@ -14,15 +14,6 @@
 namespace magi::runtime {
 namespace {
 
-// Operators whose results depend on their operands alone: not mutating, not random.
-bool is_pure_operator(const ir::Node& node) {
-  if (node.kind() != ir::NodeKind::kAtenOp) return false;
-  const c10::FunctionSchema& schema = node.schema();
-  if (schema.returns().empty() || schema.is_mutable()) return false;
-  if (ir::is_random_operator(node)) return false;
-  return node.op().operator_name().name.find("empty") == std::string::npos;  // uninitialised
-}
-
 // Whether the call of `instr` (a kCall of `node`) may draw random numbers that its results
 // depend on. Custom operators are opaque: they may. Attention whose dropout_p is the constant 0
 // takes a Philox offset but uses no numbers.
@@ -336,7 +327,7 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       case ir::NodeKind::kCustomOp:
         instr.kind = InstrKind::kCall;
         instr.op = node->op();
-        instr.pure = is_pure_operator(*node);
+        instr.pure = ir::is_pure_operator(*node);
         p.calls_custom_ops |= node->kind() == ir::NodeKind::kCustomOp;
         if (may_draw_random(*node, instr, p.constants)) {
           if (!p.draws_random) {

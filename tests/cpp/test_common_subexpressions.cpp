@@ -78,7 +78,9 @@ TEST(CommonSubexpressions, LiteralsMergeOnlyWhenTheirBitsAgree) {
   Value* two_as_int = times(g.add_constant(2, ir::ValueKind::kScalar), "two_int");
   Value* a = b.add(zero, negative_zero, "a");
   g.set_outputs({b.add(a, b.add(two_as_float, two_as_int, "b"), "c")});
-  cse(g);  // merges the adds' equal alphas, not the factors
+  const size_t before = g.num_nodes();
+  EXPECT_TRUE(cse(g));  // the three adds' alphas (1) are one constant now
+  EXPECT_EQ(g.num_nodes(), before - 2);
   EXPECT_EQ(count_ops(g, "aten::mul.Scalar"), 4u);
 }
 
@@ -87,18 +89,22 @@ TEST(CommonSubexpressions, SmallTensorLiteralsMergeByValueLargeOnesNever) {
   test::Builder b(g);
   Value* x = b.input("x", {kN});
   const ir::TensorType t = *x->tensor_type();
-  // The lifted divisor of `x / 128` in two layers, and one of `x / 64`.
+  // The lifted divisor of `x / 128` in two layers, one of `x / 64`, and a 0-dim tensor of 128
+  // that is no wrapped number (it takes part in type promotion as a tensor).
   Value* d1 = b.binary("aten::div", x, b.number(128), t, "d1");
   Value* d2 = b.binary("aten::div", x, b.number(128), t, "d2");
   Value* d3 = b.binary("aten::div", x, b.number(64), t, "d3");
+  Value* d4 = b.binary(
+      "aten::div", x, g.add_constant(at::scalar_tensor(128.0, at::kDouble), ir::ValueKind::kTensor),
+      t, "d4");
   // Two equal tensors of 100 elements: above the size whose bytes the pass compares.
   Value* big1 = g.add_constant(at::ones({100}), ir::ValueKind::kTensor);
   Value* big2 = g.add_constant(at::ones({100}), ir::ValueKind::kTensor);
   Value* s1 = b.op("aten::sum", "", {big1, b.none()}, test::tensor_type({}), "s1");
   Value* s2 = b.op("aten::sum", "", {big2, b.none()}, test::tensor_type({}), "s2");
-  g.set_outputs({b.add(d1, d2, "a"), d3, s1, s2});
+  g.set_outputs({b.add(d1, d2, "a"), d3, d4, s1, s2});
   EXPECT_TRUE(cse(g));
-  EXPECT_EQ(count_ops(g, "aten::div.Tensor"), 2u);  // d2 is d1; d3 divides by 64
+  EXPECT_EQ(count_ops(g, "aten::div.Tensor"), 3u);  // d2 is d1; d3 divides by 64, d4 by a tensor
   EXPECT_EQ(count_ops(g, "aten::sum"), 2u);
 }
 
@@ -106,14 +112,14 @@ TEST(CommonSubexpressions, RandomAndCustomOpsStay) {
   Graph g;
   test::Builder b(g);
   Value* x = b.input("x", {kN});
+  const ir::TensorType t = *x->tensor_type();
   auto dropout = [&](const char* name) {
-    return test::named(g.add_op(test::op("aten::dropout"), {x, b.floating(0.5), b.flag(true)}),
-                       name);
+    return b.op("aten::dropout", "", {x, b.floating(0.5), b.flag(true)}, t, name);
   };
   Value* r1 = dropout("r1");
   Value* r2 = dropout("r2");
-  Value* c1 = test::named(g.add_op(test::op("magi_cse_test::twice"), {x}), "c1");
-  Value* c2 = test::named(g.add_op(test::op("magi_cse_test::twice"), {x}), "c2");
+  Value* c1 = b.op("magi_cse_test::twice", "", {x}, t, "c1");
+  Value* c2 = b.op("magi_cse_test::twice", "", {x}, t, "c2");
   g.set_outputs({b.add(r1, r2, "r"), b.add(c1, c2, "c")});
   cse(g);  // merges the equal constants only
   EXPECT_EQ(count_ops(g, "aten::dropout"), 2u);
@@ -161,6 +167,64 @@ TEST(CommonSubexpressions, ReturnedDuplicatesStayTwoTensors) {
   EXPECT_EQ(count_ops(g, "aten::exp"), 2u);
   EXPECT_EQ(count_ops(g, "aten::neg"), 1u);
   EXPECT_EQ(count_ops(g, "aten::sin"), 2u);
+}
+
+TEST(CommonSubexpressions, ListViewsOfARepeatStayApartWhenReturned) {
+  // (x + 1).unbind(0)[0] twice, both returned: unbind's result is a list of views of its input
+  // (`Tensor(a)[]`), so merging the adds would return two views of one buffer.
+  Graph g;
+  test::Builder b(g);
+  Value* x = b.input("x", {2, 4});
+  Value* items[2];
+  for (int i = 0; i < 2; ++i) {
+    Value* shifted = b.binary("aten::add", x, b.number(1.0), *x->tensor_type(), "shifted");
+    Value* parts =
+        test::named(g.add_op(test::op("aten::unbind", "int"), {shifted, b.integer(0)}), "parts");
+    items[i] = test::named(g.add_getitem(parts, 0), "item");
+    items[i]->set_kind(ir::ValueKind::kTensor);
+    items[i]->set_tensor_type(test::tensor_type({4}));
+  }
+  g.set_outputs({items[0], items[1]});
+  cse(g);
+  EXPECT_EQ(count_ops(g, "aten::add.Tensor"), 2u);
+  EXPECT_EQ(count_ops(g, "aten::unbind.int"), 2u);
+}
+
+TEST(CommonSubexpressions, EmptyOpsStay) {
+  // Uninitialised memory: two empty_like results are two buffers, whatever fills them later.
+  Graph g;
+  test::Builder b(g);
+  Value* x = b.input("x", {kN});
+  auto empty = [&](const char* name) {
+    return b.op("aten::empty_like", "", {x, b.none(), b.none(), b.none(), b.none(), b.none()},
+                *x->tensor_type(), name);
+  };
+  Value* e1 = empty("e1");
+  Value* e2 = empty("e2");
+  g.set_outputs({b.add(e1, e2, "sum")});
+  cse(g);
+  EXPECT_EQ(count_ops(g, "aten::empty_like"), 2u);
+}
+
+TEST(CommonSubexpressions, RepeatsAcrossABoundaryCallStayInTheirPieces) {
+  // exp(x) before and after a boundary call (named in splitting_ops): each stretch becomes a
+  // piece, and each piece keeps its own exp; a third exp after the boundary merges with the
+  // second. Without the boundary all three merge.
+  for (bool boundary : {true, false}) {
+    Graph g;
+    test::Builder b(g);
+    Value* x = b.input("x", {kN});
+    Value* e1 = b.unary("aten::exp", x, "e1");
+    Value* r = b.unary("aten::relu", e1, "r");
+    Value* e2 = b.unary("aten::exp", x, "e2");
+    Value* e3 = b.unary("aten::exp", x, "e3");
+    g.set_outputs({b.add(b.add(r, e2, "a"), e3, "b")});
+    const std::vector<std::string> splitting =
+        boundary ? std::vector<std::string>{"aten::relu"} : std::vector<std::string>{};
+    EXPECT_TRUE(eliminate_common_subexpressions(g, splitting));
+    EXPECT_TRUE(ir::verify_errors(g).empty());
+    EXPECT_EQ(count_ops(g, "aten::exp"), boundary ? 2u : 1u) << ir::to_string(g);
+  }
 }
 
 }  // namespace

@@ -42,6 +42,12 @@ struct OpInfo {
 /// name may still draw: callers that must be sure treat custom ops as drawing.
 bool is_random_operator(const Node& node);
 
+/// Whether `node` is an ATen operator whose results depend on its operands alone: it returns
+/// something, writes no argument, draws no random numbers, and is not an `empty` of
+/// uninitialised memory. The executor folds such calls on constants; common-subexpression
+/// elimination merges repeats of them.
+bool is_pure_operator(const Node& node);
+
 /// Classifies `node` (an AtenOp). Checks argument values too: a reduction over a dim other
 /// than the last, a cast that changes device, or a gelu with an unknown approximation are
 /// kOther. `reason`, when given, says why a node is not fusible.

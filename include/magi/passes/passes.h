@@ -16,13 +16,15 @@ namespace magi::passes {
 /// in-place writes).
 bool eliminate_dead_code(ir::Graph& graph);
 
-/// Makes a node that computes what an earlier node computed (an ATen operator that is
-/// functional and draws no random numbers, or a constant, list, getitem or symbolic arithmetic,
-/// on the same inputs) read the earlier node's results instead, and removes it: a model that
-/// builds its rotary tables or mask in every layer builds them once. Leaves custom ops, nodes
-/// touching memory some op writes, and nodes whose results the graph returns.
+/// Makes a node that computes what an earlier node computed (a pure ATen operator returning
+/// tensors, a constant, a tensor list or a getitem of one, on the same inputs) read the earlier
+/// node's results instead, and removes it: a model that builds its rotary tables or mask in
+/// every layer builds them once. Leaves custom ops, nodes touching memory some op writes,
+/// results the graph returns (or views of them), and repeats on the other side of a boundary
+/// call (`splitting_ops` as split_at_boundaries takes them) from their first.
 /// See src/passes/eliminate_common_subexpressions.cpp.
-bool eliminate_common_subexpressions(ir::Graph& graph);
+bool eliminate_common_subexpressions(ir::Graph& graph,
+                                     const std::vector<std::string>& splitting_ops = {});
 
 /// Gives an op that copies a tensor argument into its first argument's memory (index_put's
 /// values, index_copy's source, copy_'s src, ...) a copy on that argument's device of the host
