@@ -129,6 +129,20 @@ def measure(guards: str, model, xs, iters: int) -> dict[str, float]:
     return out
 
 
+def _graph_of_kernels(y: torch.Tensor, k: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `k` in-place adds to `y` (warmed up on a side stream first)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y.add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(k):
+            y.add_(1)
+    return graph
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=400)
@@ -149,28 +163,14 @@ def main() -> None:
     with torch.no_grad():
         empty = torch.nn.Identity()
         result["empty_module_call"] = busy(empty, [(x,) for x in xs], args.iters)
+        # The driver's launch cost by graph size: graphs of K one-element kernels (K = 1: what
+        # one launch costs through PyTorch), so that the stack's own launch stage can be read
+        # against the floor for its node count on this host.
         y = torch.zeros(16, device="cuda")
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            y.add_(1)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            y.add_(1)
-        result["one_kernel_graph_replay"] = busy(graph.replay, [()], args.iters)
-        # The driver's launch cost by graph size: graphs of K one-element kernels, so that the
-        # stack's own launch stage can be read against the floor for its node count on this host.
-        for k in (16, 64, 128):
-            g = torch.cuda.CUDAGraph()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                y.add_(1)
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(g):
-                for _ in range(k):
-                    y.add_(1)
-            result[f"graph_of_{k}_kernels_replay"] = busy(g.replay, [()], args.iters)
+        for k in (1, 16, 64, 128):
+            graph = _graph_of_kernels(y, k)
+            key = "one_kernel_graph_replay" if k == 1 else f"graph_of_{k}_kernels_replay"
+            result[key] = busy(graph.replay, [()], args.iters)
         seen: dict[str, int] = {}
         for guards in args.modes.split(","):
             seen[guards] = seen.get(guards, 0) + 1

@@ -97,37 +97,14 @@ class KeyWriter {
   }
 
   void write_ivalue(const c10::IValue& v, const Node& node) {
-    if (v.isNone()) {
-      os_ << "None";
-    } else if (v.isBool()) {
-      os_ << (v.toBool() ? "True" : "False");
-    } else if (v.isInt()) {
-      os_ << "i" << v.toInt();
-    } else if (v.isDouble()) {
-      double d = v.toDouble();
-      uint64_t bits = 0;
-      std::memcpy(&bits, &d, sizeof bits);
-      os_ << "d" << std::hex << bits << std::dec;
-    } else if (v.isString()) {
-      os_ << "s" << v.toStringRef().size() << ':' << v.toStringRef();
-    } else if (v.isDevice()) {
-      os_ << "dev:" << v.toDevice().str();
-    } else if (v.isTensor()) {
-      write_tensor(v.toTensor());
-    } else if (v.isIntList() || v.isDoubleList() || v.isBoolList()) {
-      os_ << '[';
-      for (const auto& item : v.toListRef()) {
-        write_ivalue(item, node);
-        os_ << ',';
-      }
-      os_ << ']';
+    const std::string literal = literal_key(v);
+    if (!literal.empty()) {
+      os_ << literal;
     } else {
       // Anything else is never shared: the key names the node itself.
       os_ << v.tagKind() << '@' << static_cast<const void*>(&node);
     }
   }
-
-  void write_tensor(const at::Tensor& t) { os_ << tensor_key(t); }
 
   std::ostringstream os_;
   std::unordered_map<const Value*, int64_t> ids_;
@@ -140,7 +117,10 @@ std::string tensor_key(const at::Tensor& t) {
   if (!t.defined()) return "undefined";
   std::ostringstream os;
   constexpr int64_t kMaxBytesByValue = 256;
-  if (t.device().is_cpu() && t.is_contiguous() && t.layout() == c10::kStrided &&
+  // By value only where the bytes are the value: not conjugated, negated, quantized or
+  // Python-backed tensors.
+  if (t.device().is_cpu() && t.is_contiguous() && t.layout() == c10::kStrided && !t.is_conj() &&
+      !t.is_neg() && !t.is_quantized() && !t.key_set().has(c10::DispatchKey::Python) &&
       t.numel() * static_cast<int64_t>(t.element_size()) <= kMaxBytesByValue) {
     os << "tensor:" << dtype_short_name(t.scalar_type()) << t.sizes()
        << (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "") << ':' << std::hex;
@@ -151,6 +131,33 @@ std::string tensor_key(const at::Tensor& t) {
     return os.str();
   }
   os << "tensor@" << static_cast<const void*>(t.unsafeGetTensorImpl());
+  return os.str();
+}
+
+std::string literal_key(const c10::IValue& v) {
+  std::ostringstream os;
+  if (v.isNone()) {
+    os << "None";
+  } else if (v.isBool()) {
+    os << (v.toBool() ? "True" : "False");
+  } else if (v.isInt()) {
+    os << "i" << v.toInt();
+  } else if (v.isDouble()) {
+    double d = v.toDouble();
+    uint64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    os << "d" << std::hex << bits << std::dec;
+  } else if (v.isString()) {
+    os << "s" << v.toStringRef().size() << ':' << v.toStringRef();
+  } else if (v.isDevice()) {
+    os << "dev:" << v.toDevice().str();
+  } else if (v.isTensor()) {
+    os << tensor_key(v.toTensor());
+  } else if (v.isIntList() || v.isDoubleList() || v.isBoolList()) {
+    os << '[';
+    for (const auto& item : v.toListRef()) os << literal_key(item) << ',';
+    os << ']';
+  }
   return os.str();
 }
 

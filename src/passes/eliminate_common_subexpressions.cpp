@@ -5,9 +5,9 @@
 //
 // Requires: a verified graph. Guarantees: a verified graph with the same outputs.
 //
-// What merges: Constant nodes with equal literals (compared exactly: 0.0 and -0.0 differ;
-// tensors of up to 64 elements on the host by dtype, shape, strides and bytes; other literals
-// never merge), getitems of tensors, lists of tensors, and ATen operators that return tensors
+// What merges: Constant nodes with equal literals (ir::literal_key, as split_at_boundaries
+// compares pieces: numbers exactly, 0.0 and -0.0 differ; small host tensors by value, others by
+// identity), getitems of tensors, lists of tensors, and ATen operators that return tensors
 // and are pure (ir::is_pure_operator: no written argument, no random numbers).
 //
 // What never merges: inputs, the Output node, piece calls and fusions; custom ops (a
@@ -21,7 +21,6 @@
 // share no memory, as eager returns them).
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 #include <string>
 #include <unordered_map>
@@ -139,50 +138,12 @@ std::vector<const ir::Value*> written_arguments(const ir::Node& node) {
   return out;
 }
 
-// An exact text form of a literal, or "" when literals of its type never merge.
-std::string literal_key(const c10::IValue& v) {
-  auto real = [](double d) {
-    uint64_t bits = 0;
-    std::memcpy(&bits, &d, sizeof bits);
-    return std::to_string(bits);
-  };
-  if (v.isNone()) return "none";
-  if (v.isBool()) return v.toBool() ? "true" : "false";
-  if (v.isInt()) return "i" + std::to_string(v.toInt());
-  if (v.isDouble()) return "d" + real(v.toDouble());
-  if (v.isString()) return "s" + std::to_string(v.toStringRef().size()) + ":" + v.toStringRef();
-  if (v.isDevice()) return "D" + v.toDevice().str();
-  std::string key;
-  if (v.isTensor()) {
-    // Small host tensors (a scalar the trace lifted, such as the divisor of `x / 128`), by
-    // their dtype, sizes, wrapped-number flag and bytes (ir::tensor_key); not conjugated,
-    // negated, quantized or Python-backed ones, whose bytes do not say their value.
-    const at::Tensor& t = v.toTensor();
-    if (!t.defined() || t.is_conj() || t.is_neg() || t.is_quantized() ||
-        t.key_set().has(c10::DispatchKey::Python) || t.requires_grad()) {
-      return "";
-    }
-    key = ir::tensor_key(t);
-    if (key.rfind("tensor:", 0) != 0) return "";  // by identity: not a value
-  } else if (v.isIntList()) {
-    key = "I";
-    for (int64_t x : v.toIntList()) key += std::to_string(x) + ",";
-  } else if (v.isDoubleList()) {
-    key = "F";
-    for (double x : v.toDoubleList()) key += real(x) + ",";
-  } else if (v.isBoolList()) {
-    key = "B";
-    for (bool x : v.toBoolList()) key += x ? "1" : "0";
-  }
-  return key;
-}
-
 // What makes two nodes compute the same thing, or "" when `node` may not merge.
 std::string node_key(const ir::Node& node, AliasSets& aliases) {
   std::string key = std::to_string(static_cast<int>(node.kind())) + "|";
   switch (node.kind()) {
     case ir::NodeKind::kConstant: {
-      const std::string literal = literal_key(node.constant());
+      const std::string literal = ir::literal_key(node.constant());
       if (literal.empty()) return "";
       key += literal;
       break;

@@ -526,6 +526,11 @@ TEST(StructuralKey, SmallTensorConstantsMatchByValueOthersByIdentity) {
   EXPECT_NE(ir::structural_key(a), ir::structural_key(c));
   EXPECT_NE(ir::structural_key(a), ir::structural_key(d));
   EXPECT_NE(ir::structural_key(d), ir::structural_key(e));  // equal values, other tensor
+  // A conjugate's bytes are its input's: it is named by identity, not by those bytes.
+  const at::Tensor z = at::ones({2}, at::kComplexFloat);
+  EXPECT_EQ(ir::tensor_key(z), ir::tensor_key(at::ones({2}, at::kComplexFloat)));
+  EXPECT_NE(ir::tensor_key(z.conj()), ir::tensor_key(z));
+  EXPECT_EQ(ir::tensor_key(z.conj()).rfind("tensor@", 0), 0u);
 }
 
 }  // namespace

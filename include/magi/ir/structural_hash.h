@@ -21,9 +21,16 @@ namespace magi::ir {
 std::string structural_key(const Graph& graph);
 
 /// The part of structural_key naming a tensor constant: small contiguous CPU tensors (literals
-/// such as the eps in `x + 1e-6`, the True of `mask[pos] = True`) by dtype, sizes and bytes,
-/// others by identity. Equal keys: the constants are interchangeable.
+/// such as the eps in `x + 1e-6`, the True of `mask[pos] = True`) by dtype, sizes, wrapped-number
+/// flag and bytes, others (conjugated, negated, quantized or Python-backed ones too) by identity.
+/// Equal keys: the constants are interchangeable.
 std::string tensor_key(const at::Tensor& t);
+
+/// The part of structural_key naming a literal (a Constant node's value): numbers exactly (a
+/// double by its bits: 0.0 and -0.0 differ), strings, devices, lists of those, and tensors by
+/// tensor_key. Empty for any other value, which matches only its own node. Equal keys: the
+/// literals are interchangeable.
+std::string literal_key(const c10::IValue& v);
 
 /// A hash of structural_key(graph).
 uint64_t structural_hash(const Graph& graph);
