@@ -364,7 +364,7 @@ __device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T
 }
 
 // magi_load_raw under an L2 eviction policy (16-byte vectors; other widths load plainly).
-template <typename T, int V>
+template <bool kLast = false, typename T, int V>
 __device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, MagiVec<T, V>& out,
                                                    unsigned long long policy) {
   constexpr int kBytes = static_cast<int>(sizeof(T)) * V;
@@ -372,9 +372,29 @@ __device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, Magi
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
       uint4& raw = reinterpret_cast<uint4*>(out.v)[c];
+      const uint4* at = reinterpret_cast<const uint4*>(p) + c;
+#if defined(MAGI_STREAM_L1)
+      // kLast: the row's last read (the output pass), else a pass another one reads again.
+#if MAGI_STREAM_L1 == 1
+#define MAGI_STREAM_LD "ld.global.nc"
+#else
+#define MAGI_STREAM_LD "ld.global"
+#endif
+      if constexpr (kLast) {
+        asm(MAGI_STREAM_LD ".L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+            : "l"(at), "l"(policy));
+      } else {
+        asm(MAGI_STREAM_LD ".L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+            : "l"(at), "l"(policy));
+      }
+#undef MAGI_STREAM_LD
+#else
       asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-          : "l"(reinterpret_cast<const uint4*>(p) + c), "l"(policy));
+          : "l"(at), "l"(policy));
+#endif
     }
   } else {
     magi_load_raw(p, out);

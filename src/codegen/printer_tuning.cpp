@@ -100,6 +100,15 @@ bool row_stream_hints() {
   return on;
 }
 
+int stream_min_blocks() {  // read at every print, as row_min_blocks
+  return env_int("MAGI_ROW_STREAM_MIN_BLOCKS", 0, 0, 32);
+}
+
+int row_stream_l1() {
+  static const int mode = env_int("MAGI_ROW_STREAM_L1", 0, 0, 2);
+  return mode;
+}
+
 const std::string& vector_io_mode() {
   static const std::string mode = [] {
     const char* text = std::getenv("MAGI_VECTOR_IO");
@@ -118,6 +127,8 @@ std::string cuda_preamble() {
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     defines = "#define MAGI_VECTOR_IO_" + upper + " 1\n";
   }
+  if (row_stream_l1() != 0)
+    defines += "#define MAGI_STREAM_L1 " + std::to_string(row_stream_l1()) + "\n";
   return defines + kCudaPreamble + "\n";
 }
 

@@ -41,7 +41,9 @@ std::string print_cuda(const KernelVariant& v) {
   emit_header_comment(os, v);
   const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
   os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads;
-  const int min_blocks = s.schedule == Schedule::kRow && !v.streamed_rows ? row_min_blocks() : 0;
+  const int min_blocks = s.schedule != Schedule::kRow ? 0
+                         : v.streamed_rows            ? stream_min_blocks()
+                                                      : row_min_blocks();
   if (min_blocks > 0) os << ", " << min_blocks;
   os << ") " << v.symbol() << "(const MagiArgs a) {\n";
   os << "  magi_wait_for_prior_grids();\n";
@@ -179,10 +181,9 @@ std::string print_cuda(const KernelVariant& v) {
             v.access[i] == AccessClass::kColumn ? " + col0" : " + row * cols + col0";
         o << ind << "  " << raw_type(i) << " s" << i << "[K];\n";
         if (row_stream_hints()) {
-          const char* policy =
-              v.access[i] == AccessClass::kContiguous && output_pass ? "drop" : "keep";
-          loads << ind << "      magi_load_raw_hint(" << in << at << ", " << slot << ", " << policy
-                << ");\n";
+          const bool last = v.access[i] == AccessClass::kContiguous && output_pass;
+          loads << ind << "      magi_load_raw_hint" << (last ? "<true>(" : "(") << in << at << ", "
+                << slot << ", " << (last ? "drop" : "keep") << ");\n";
         } else {
           const char* keep = v.access[i] == AccessClass::kColumn ? "<true>" : "";
           loads << ind << "      magi_load_raw" << keep << "(" << in << at << ", " << slot

@@ -64,6 +64,14 @@ int stream_chunks_per_thread();
 /// passes (evict_last loads, evict_first in the last pass): on by default,
 /// MAGI_ROW_STREAM_HINTS=0 turns it off.
 bool row_stream_hints();
+/// Blocks per SM a streamed-row kernel asks the compiler to make room for (the second bound of
+/// its __launch_bounds__): 0 (default) leaves registers to the compiler.
+/// MAGI_ROW_STREAM_MIN_BLOCKS (0-32), read at every print.
+int stream_min_blocks();
+/// L1 eviction hints on the hinted loads of streamed rows (MAGI_ROW_STREAM_L1): 0 (default) none;
+/// 1 evict_last in the passes before the last and evict_first in the last, on the read-only path
+/// (ld.global.nc); 2 the same hints on plain ld.global, the form torch.compile's kernels use.
+int row_stream_l1();
 /// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "cs" (default) streaming
 /// (evict-first) loads and stores, except loads of per-column inputs every row reads again,
 /// all loads of pointwise kernels (__ldg) and stores of outputs a library operator reads

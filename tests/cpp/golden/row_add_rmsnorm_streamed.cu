@@ -64,8 +64,8 @@ extern "C" __global__ void __launch_bounds__(512) fused_row_add_rmsnorm_streamed
       for (int k = 0; k < K; ++k) {
         const long long col0 = step + (long long)k * blockDim.x * V;
         if (col0 < cols) {
-          magi_load_raw_hint(in0 + row * cols + col0, s0[k], drop);
-          magi_load_raw_hint(in1 + row * cols + col0, s1[k], drop);
+          magi_load_raw_hint<true>(in0 + row * cols + col0, s0[k], drop);
+          magi_load_raw_hint<true>(in1 + row * cols + col0, s1[k], drop);
           magi_load_raw_hint(in2 + col0, s2[k], keep);
         }
       }
