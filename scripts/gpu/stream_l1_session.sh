@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 5 (2026-11-28, evening): RMSNorm's last gap to torch.compile on the H200. Its kernel reads
-# each row twice, 512 threads of 2 vectors at 32 registers, the second read served from L1
-# (L1::evict_last, then L1::evict_first). Our two-pass (streamed) layout, forced for 8192-wide
-# rows by MAGI_ROW_CHUNKS=1, in the same shape: 4 blocks per SM asked of ptxas
-# (MAGI_ROW_STREAM_MIN_BLOCKS=4), without and with the L1 hints (MAGI_ROW_STREAM_L1=1 on the
-# read-only path, 2 on plain ld.global), beside the default held layout. Then the CUDA test files
-# the row layout does not touch (graphs, runner, memory, offload, recompute, end to end), in the
-# time left.   (carry .deps)
+# Issue 5 (2026-11-28, second session): RMSNorm's last gap to torch.compile on the H200.
+# torch.compile's kernel reads each row twice, 512 threads of 2 vectors at 32 registers, the
+# second read served from L1 (L1::evict_last, then L1::evict_first). Our two-pass (streamed)
+# layout, forced for 8192-wide rows by MAGI_ROW_CHUNKS=1, in the same shape: 4 blocks per SM
+# asked of ptxas (MAGI_ROW_STREAM_MIN_BLOCKS=4), without and with the L1 hints
+# (MAGI_ROW_STREAM_L1=1 on the read-only path, 2 on plain ld.global), beside the default held
+# layout. Then the CUDA test files the row layout does not touch (graphs, runner, memory,
+# offload, recompute, end to end), in the time left.   (carry .deps)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
