@@ -195,7 +195,11 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
     // reduce-overhead cleared the workspaces and that pool went back to the driver, its
     // replays wrote to freed memory (an illegal memory access).
     at::cuda::clearCublasWorkspaces();
-    e.graph->capture_begin(graph_pool);
+    // Thread-local capture mode: calls unsafe during a capture (cudaMalloc, synchronising
+    // ones) are refused on this thread only. In the global mode (PyTorch's default) another
+    // thread of a server allocating for its own eager work while we capture would fail, or
+    // invalidate this capture.
+    e.graph->capture_begin(graph_pool, cudaStreamCaptureModeThreadLocal);
     try {
       ArenaOffScope no_arena;
       for (size_t i = 0; i < n && copy_nodes; ++i) {

@@ -344,6 +344,51 @@ def test_calls_from_two_threads_take_turns(batches, counters, lowered):
     assert runner.num_replays == graphs + 2 * calls  # each capture's replay, then every call
 
 
+def test_capture_beside_another_threads_allocations(counters, lowered):
+    """While the main thread warms up and captures, another thread keeps allocating and freeing
+    device memory for eager work of its own (the caching allocator emptied each time, so every
+    step calls cudaMalloc and cudaFree). Captures run in thread-local capture mode: neither
+    thread fails, the capture counts as one, and the results match eager."""
+    import threading
+
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    stop, errors, steps = threading.Event(), [], [0]
+
+    def allocate() -> None:
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    torch.cuda.empty_cache()
+                    n = (2 << 20) + (steps[0] % 7) * 4096  # 8 MiB and up
+                    t = torch.empty(n, device="cuda")
+                    t.fill_(1.0)
+                    assert t.sum().item() == t.numel()
+                    del t
+                    steps[0] += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    xs = [torch.randn(4, 16, 256, device="cuda") for _ in range(3)]
+    with torch.no_grad():
+        expected = [eager(x) for x in xs]
+        th = threading.Thread(target=allocate)
+        th.start()
+        try:
+            got = [compiled(x) for x in xs]  # warm-up, capture, replay
+            torch.cuda.synchronize()
+        finally:
+            stop.set()
+            th.join()
+    assert not errors, errors
+    assert steps[0] > 0
+    for y, ref in zip(got, expected, strict=True):
+        assert (y - ref).abs().max().item() < 1e-3
+    runner = lowered[0].magi_cuda_graphs
+    assert runner.num_captures == 1
+
+
 def test_replaced_parameter_recaptures(counters, lowered, assert_close_rel):
     eager = _block(torch.float32)
     compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
