@@ -81,6 +81,11 @@ int row_min_blocks() {  // read at every print (kernels are printed once each)
   return env_int("MAGI_ROW_MIN_BLOCKS", 0, 0, 32);
 }
 
+bool row_grid_loop() {
+  static const bool on = env_int("MAGI_ROW_GRID_LOOP", 1, 0, 1) == 1;
+  return on;
+}
+
 int stream_threads_per_block() {
   static const int threads = [] {
     int t = env_int("MAGI_ROW_STREAM_THREADS", 512, 32, 1024);

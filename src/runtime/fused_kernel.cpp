@@ -664,8 +664,12 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       if (per_sm <= 0) per_sm = std::max<int64_t>(1, 2048 / block_threads);
       int64_t cap = codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm
                                                        : int64_t{0x7fffffff};
-      blocks = static_cast<unsigned>(
-          std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, cap));
+      const int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
+      // Printed without a loop over rows (MAGI_ROW_GRID_LOOP=0), a kernel reaches only the rows
+      // of its grid.
+      MAGI_CHECK(needed <= cap || kv.row_loop, "a row kernel over ", rows, " rows needs ", needed,
+                 " blocks, more than a grid has; set MAGI_ROW_GRID_LOOP=1");
+      blocks = static_cast<unsigned>(std::min<int64_t>(needed, cap));
     }
     blocks = std::max(blocks, 1u);
     void* stream =

@@ -132,6 +132,7 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
       if (layout > 0 && spec.schedule != codegen::Schedule::kRow) break;
       gpu.rows_in_warps = layout == 1;
       gpu.streamed_rows = layout == 2;
+      gpu.row_loop = rows_loop_by_grid();
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;
@@ -145,6 +146,7 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
     }
   }
   gpu.rows_in_warps = gpu.streamed_rows = false;
+  gpu.row_loop = true;
   gpu.unroll = 1;
   gpu.vector_width = widest;
   gpu.strided_vectors = whole;
@@ -201,6 +203,9 @@ void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
   const int64_t threads = threads_per_row(cols, kv.vector_width);
   kv.rows_in_warps = threads <= 32;
   kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
+  kv.row_loop = rows_loop_by_grid();
 }
+
+bool rows_loop_by_grid() { return codegen::kernel_grid_mode() != 'a' || codegen::row_grid_loop(); }
 
 }  // namespace magi::runtime::detail

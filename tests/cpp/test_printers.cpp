@@ -233,6 +233,33 @@ TEST(PrintedKernel, RowMinBlocksBoundsKernelsThatHoldTheirRows) {
                    .empty());
 }
 
+// A row kernel whose launch grid covers every row (KernelVariant::row_loop false,
+// MAGI_ROW_GRID_LOOP=0) takes its block's row(s) with no loop over rows, in each of the three
+// GPU layouts, names itself with _g, and still compiles; by default the loop is printed.
+TEST(PrintedKernel, RowKernelsWithoutTheGridLoop) {
+  std::unique_ptr<Graph> group = add_rmsnorm_group();
+  codegen::KernelSpec spec = codegen::lower_group(*group, "fused_rows");
+  const std::vector<AccessClass> access = {AccessClass::kContiguous, AccessClass::kContiguous,
+                                           AccessClass::kColumn};
+  for (int layout = 0; layout < 3; ++layout) {
+    codegen::KernelVariant v = variant(spec, access, 8, 0);
+    v.rows_in_warps = layout == 1;
+    v.streamed_rows = layout == 2;
+    const std::string looped = codegen::print_cuda(v);
+    EXPECT_NE(looped.find("gridDim.x"), std::string::npos) << layout;
+    v.row_loop = false;
+    const std::string source = codegen::print_cuda(v);
+    SCOPED_TRACE(source);
+    EXPECT_EQ(source.find("gridDim"), std::string::npos);
+    EXPECT_NE(source.find("// the grid covers every row"), std::string::npos);
+    EXPECT_EQ(v.symbol().substr(v.symbol().size() - 2), "_g");
+    if (!codegen::nvrtc_available()) continue;
+    EXPECT_FALSE(codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + source,
+                                                v.symbol(), 90)
+                     .empty());
+  }
+}
+
 // The group as a FusedKernel (the golden variants: a transposed u, a [cols] bias or weight)
 // against the same group run op by op through ATen.
 TEST_P(PrintedKernel, RunsLikeAten) {

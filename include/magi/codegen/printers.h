@@ -54,6 +54,11 @@ int max_threads_per_block();
 /// blocks)): 0 (default) leaves registers to the compiler. MAGI_ROW_MIN_BLOCKS (0-32), read at
 /// every print.
 int row_min_blocks();
+/// Whether GPU row kernels loop over rows by the grid's stride (MAGI_ROW_GRID_LOOP=1, the
+/// default) or, when the launch's grid covers every row (MAGI_KERNEL_GRID=all), take their
+/// block's row(s) with no loop (0). Read once per process; each variant records its choice
+/// (KernelVariant::row_loop).
+bool row_grid_loop();
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
 int stream_threads_per_block();
