@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 5 (written 2026-11-28, second session; not yet run): row kernels without the loop over
-# rows (MAGI_ROW_GRID_LOOP=0), which on sm_90 need 10-27 fewer registers (docs/config.md). With
-# it, torch.compile's shape (512 threads x 2 held vectors) needs 32 registers for RMSNorm,
-# LayerNorm and softmax (4 blocks of 512 per SM), and the weight loaded late 40 for RMSNorm.
+# rows (MAGI_ROW_GRID_LOOP=0), which on sm_90 need 7-27 fewer registers (docs/config.md). With
+# it, torch.compile's shape (512 threads x 2 held vectors) needs 32 registers for RMSNorm and
+# LayerNorm (40 and 52 with the loop) and 31 for softmax: 4 blocks of 512 per SM. The weight
+# loaded late (RMSNorm 40 registers either way) for comparison.
 # First the CUDA fusion tests with it (the _g kernels' results), then the four row kernels
 # beside torch.compile at 16384 x 8192 in each setting, the default again last; rows of 32768
 # (streamed) both ways; the Llama prefill both ways. Only the first JSONs come back (8 files).

@@ -132,7 +132,7 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
       if (layout > 0 && spec.schedule != codegen::Schedule::kRow) break;
       gpu.rows_in_warps = layout == 1;
       gpu.streamed_rows = layout == 2;
-      gpu.row_loop = rows_loop_by_grid();
+      gpu.row_loop = spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid();
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;

@@ -260,6 +260,26 @@ TEST(PrintedKernel, RowKernelsWithoutTheGridLoop) {
   }
 }
 
+// The streamed layout's hinted loads with L1 eviction hints (MAGI_ROW_STREAM_L1=1 on the
+// read-only path, =2 on plain ld.global: the preamble's define) compile for sm_90.
+TEST(PrintedKernel, StreamedLoadsWithL1HintsCompile) {
+  if (!codegen::nvrtc_available()) GTEST_SKIP() << "NVRTC is not installed on this machine";
+  std::unique_ptr<Graph> group = add_rmsnorm_group();
+  codegen::KernelSpec spec = codegen::lower_group(*group, "fused_l1_hints");
+  codegen::KernelVariant v = variant(
+      spec, {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8, 0);
+  v.streamed_rows = true;
+  const std::string source = codegen::print_cuda(v);
+  ASSERT_NE(source.find("magi_load_raw_hint<true>("), std::string::npos);
+  for (const char* mode : {"1", "2"}) {
+    SCOPED_TRACE(mode);
+    EXPECT_FALSE(codegen::compile_cuda_to_cubin(std::string("#define MAGI_STREAM_L1 ") + mode +
+                                                    "\n" + codegen::kCudaPreamble + "\n" + source,
+                                                v.symbol(), 90)
+                     .empty());
+  }
+}
+
 // The group as a FusedKernel (the golden variants: a transposed u, a [cols] bias or weight)
 // against the same group run op by op through ATen.
 TEST_P(PrintedKernel, RunsLikeAten) {
