@@ -2,6 +2,7 @@
 //   magi::UserError        -> magi_compiler.UserError        (a ValueError)
 //   magi::UnsupportedError -> magi_compiler.UnsupportedError (a NotImplementedError)
 //   magi::InternalError    -> magi_compiler.InternalError    (a RuntimeError)
+//   magi::DeviceError      -> magi_compiler.DeviceError      (a RuntimeError)
 #include "bindings.h"
 #include "magi/common/error.h"
 #include "magi/common/log.h"
@@ -12,6 +13,7 @@ void bind_errors(py::module_& m) {
   py::register_exception<magi::UserError>(m, "UserError", PyExc_ValueError);
   py::register_exception<magi::UnsupportedError>(m, "UnsupportedError", PyExc_NotImplementedError);
   py::register_exception<magi::InternalError>(m, "InternalError", PyExc_RuntimeError);
+  py::register_exception<magi::DeviceError>(m, "DeviceError", PyExc_RuntimeError);
 
   m.def(
       "set_log_level", [](const std::string& level) { log::set_level(log::parse_level(level)); },

@@ -7,7 +7,7 @@ from magi_compiler import _logging
 from magi_compiler._counters import get_counters, reset_counters
 from magi_compiler.api import magi_compile, magi_register_custom_op
 from magi_compiler.config import CompileConfig, get_compile_config
-from magi_compiler.errors import InternalError, UnsupportedError, UserError
+from magi_compiler.errors import DeviceError, InternalError, UnsupportedError, UserError
 
 _logging.init_from_env()
 
@@ -23,4 +23,5 @@ __all__ = [
     "UserError",
     "UnsupportedError",
     "InternalError",
+    "DeviceError",
 ]

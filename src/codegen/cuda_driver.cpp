@@ -162,13 +162,13 @@ const Driver& require_device(int device) {
   return d;
 }
 
-#define MAGI_CU_CALL(d, call, ...)                                                     \
-  do {                                                                                 \
-    CUresult magi_cu_result_ = (call);                                                 \
-    if (magi_cu_result_ != 0)                                                          \
-      ::magi::detail::throw_internal_error(                                            \
-          __FILE__, __LINE__, #call,                                                   \
-          ::magi::detail::str_cat(__VA_ARGS__, ": ", error_text(d, magi_cu_result_))); \
+#define MAGI_CU_CALL(d, call, ...)                                                   \
+  do {                                                                               \
+    CUresult magi_cu_result_ = (call);                                               \
+    if (magi_cu_result_ != 0)                                                        \
+      ::magi::detail::throw_driver_error(__FILE__, __LINE__, #call, magi_cu_result_, \
+                                         error_text(d, magi_cu_result_),             \
+                                         ::magi::detail::str_cat(__VA_ARGS__));      \
   } while (0)
 
 /// The primary context of each device, retained once and never released (PyTorch holds it

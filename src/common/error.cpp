@@ -23,4 +23,45 @@ void throw_internal_error(const char* file, int line, const char* condition, std
   throw InternalError(std::move(text));
 }
 
+namespace {
+// CUresult codes (cuda.h) whose cause is not ours to report as a bug.
+constexpr int kOutOfMemory = 2;
+constexpr int kEccUncorrectable = 214;
+constexpr int kCaptureFirst = 900, kCaptureLast = 908;  // CUDA_ERROR_STREAM_CAPTURE_*, 907 too
+bool sticky_fault(int code) {                           // the context is unusable after these
+  return code == 700 || code == 702 || code == 710 || (code >= 714 && code <= 719) ||
+         code == kEccUncorrectable;
+}
+}  // namespace
+
+void throw_driver_error(const char* file, int line, const char* call, int code,
+                        const std::string& code_text, const std::string& what) {
+  const std::string head = str_cat(what, ": ", code_text);
+  if (code >= kCaptureFirst && code <= kCaptureLast) {
+    throw_user_error(str_cat(
+        head,
+        ". A CUDA graph was being captured on this stream, and an operation a capture does not "
+        "allow broke it: a synchronisation (.item(), .cpu(), torch.cuda.synchronize()), an "
+        "allocation outside PyTorch's allocator, or work on a stream the capture does not "
+        "join, for example inside a custom op of a captured piece. Make such an op a splitting "
+        "op (splitting_ops), so that it runs between graphs, or set cudagraph_mode to PIECEWISE "
+        "or NONE."));
+  }
+  if (code == kOutOfMemory || sticky_fault(code)) {
+    std::string text =
+        code == kOutOfMemory
+            ? str_cat(head, ". The device has no memory left for this call.")
+            : str_cat(head,
+                      ". The device reported a fault. CUDA reports one at the first call after "
+                      "the kernel that caused it, which may be any earlier kernel on the "
+                      "device, ours or not; a device-side assert (CUDA_ERROR_ASSERT) usually "
+                      "means an index out of range, such as a token id beyond an embedding's "
+                      "rows. Run with CUDA_LAUNCH_BLOCKING=1 to find the kernel. The process's "
+                      "CUDA context cannot be used after this error.");
+    MAGI_LOG_ERROR(text);
+    throw DeviceError(std::move(text));
+  }
+  throw_internal_error(file, line, call, head);
+}
+
 }  // namespace magi::detail

@@ -117,6 +117,52 @@ TEST_F(CompilerTest, NvrtcSyntaxErrorNamesKernelAndCarriesLog) {
   EXPECT_EQ(files_with_extension(".cubin"), 0u);
 }
 
+// A failed driver call is reported by what its code says about the cause: a broken stream
+// capture is the user's to fix (which op, what to do), a device fault or exhausted memory
+// names no culprit and says how to find one, anything else is ours.
+TEST(DriverErrors, AreReportedByTheirCause) {
+  auto fail = [](int code, const char* name) {
+    detail::throw_driver_error("f.cpp", 1, "cuLaunchKernel(...)", code, name, "launch of `k`");
+  };
+  try {
+    fail(901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901): operation failed");
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("launch of `k`: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901)", 0), 0u) << m;
+    EXPECT_NE(m.find("splitting op (splitting_ops)"), std::string::npos) << m;
+    EXPECT_EQ(m.find("bug in magi-compiler"), std::string::npos) << m;
+  }
+  EXPECT_THROW(fail(908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"), UserError);
+  for (int code : {700, 710, 719}) {
+    try {
+      fail(code, "CUDA_ERROR_ASSERT");
+      FAIL() << "expected a DeviceError for " << code;
+    } catch (const DeviceError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("CUDA_LAUNCH_BLOCKING=1"), std::string::npos) << m;
+      EXPECT_EQ(m.find("bug in magi-compiler"), std::string::npos) << m;
+    }
+  }
+  try {
+    fail(2, "CUDA_ERROR_OUT_OF_MEMORY (2)");
+    FAIL() << "expected a DeviceError";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("no memory left"), std::string::npos) << e.what();
+  }
+  try {
+    fail(1, "CUDA_ERROR_INVALID_VALUE (1)");
+    FAIL() << "expected an InternalError";
+  } catch (const InternalError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("internal error at f.cpp:1: `cuLaunchKernel(...)` failed: launch of `k`: "
+                     "CUDA_ERROR_INVALID_VALUE (1)"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("bug in magi-compiler"), std::string::npos) << m;
+  }
+}
+
 TEST_F(CompilerTest, NvrtcDiskCacheServesAFreshMemoryCache) {
   require_nvrtc();
   std::vector<char> first = compile_cuda_to_cubin(kScaleKernel, "magi_test_scale", 80);

@@ -202,6 +202,9 @@ def test_errors_are_reexported():
     assert issubclass(magi_compiler.UserError, ValueError)
     assert issubclass(magi_compiler.UnsupportedError, NotImplementedError)
     assert issubclass(magi_compiler.InternalError, RuntimeError)
+    assert magi_compiler.errors.DeviceError is magi_compiler.DeviceError
+    assert issubclass(magi_compiler.DeviceError, RuntimeError)
+    assert not issubclass(magi_compiler.DeviceError, magi_compiler.InternalError)
 
 
 def test_backend_errors_keep_their_magi_type(counters):

@@ -1,8 +1,9 @@
-// The three kinds of error the library raises, and the macros that raise them.
+// The kinds of error the library raises, and the macros that raise them.
 //
 //   MAGI_CHECK(cond, ...)   bad input from the user          -> magi::UserError
 //   MAGI_UNSUPPORTED(...)   a construct we cannot compile    -> magi::UnsupportedError
 //   MAGI_ASSERT(cond, ...)  a broken invariant of our own    -> magi::InternalError
+//   (a failed CUDA driver call, by its code: one of the above or magi::DeviceError)
 //
 // Message pieces are streamed (`MAGI_CHECK(n > 1, "dim ", d, " has size ", n)`), so this
 // header needs neither fmt nor torch. python/csrc/bind_errors.cpp translates each class to
@@ -39,6 +40,14 @@ class InternalError : public Error {
   using Error::Error;
 };
 
+/// The GPU failed in a way that does not say whose code caused it: a fault the driver reports
+/// at the first call after the kernel that caused it (an illegal address, a device-side
+/// assert), or no device memory left.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 template <typename... Args>
@@ -52,20 +61,26 @@ std::string str_cat(const Args&... args) {
 [[noreturn]] void throw_unsupported(std::string message);
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
                                        std::string message);
+/// A failed CUDA driver call (`call`, for the context `what`) that returned `code`, named by
+/// `code_text`, reported by what its code says about the cause: a broken stream capture as a
+/// UserError, a device fault or exhausted memory as a DeviceError, anything else as ours.
+[[noreturn]] void throw_driver_error(const char* file, int line, const char* call, int code,
+                                     const std::string& code_text, const std::string& what);
 
 }  // namespace detail
 }  // namespace magi
 
-#define MAGI_CHECK(cond, ...)                                                 \
-  do {                                                                        \
+#define MAGI_CHECK(cond, ...)                                                            \
+  do {                                                                                   \
     if (!(cond)) ::magi::detail::throw_user_error(::magi::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 
-#define MAGI_UNSUPPORTED(...) ::magi::detail::throw_unsupported(::magi::detail::str_cat(__VA_ARGS__))
+#define MAGI_UNSUPPORTED(...) \
+  ::magi::detail::throw_unsupported(::magi::detail::str_cat(__VA_ARGS__))
 
-#define MAGI_ASSERT(cond, ...)                                                          \
-  do {                                                                                  \
-    if (!(cond))                                                                        \
-      ::magi::detail::throw_internal_error(__FILE__, __LINE__, #cond,                   \
+#define MAGI_ASSERT(cond, ...)                                                    \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      ::magi::detail::throw_internal_error(__FILE__, __LINE__, #cond,             \
                                            ::magi::detail::str_cat(__VA_ARGS__)); \
   } while (0)
