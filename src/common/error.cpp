@@ -34,18 +34,21 @@ bool sticky_fault(int code) {                           // the context is unusab
 }
 }  // namespace
 
+const char* capture_advice() {
+  return "An operation the capture does not allow ran in the captured code: a synchronisation "
+         "(.item(), .cpu(), torch.cuda.synchronize()), an allocation outside PyTorch's "
+         "allocator, or work on a stream the capture does not join, most often inside a custom "
+         "op. Make that op a boundary (register it with is_subgraph_boundary=True, or name it in "
+         "splitting_ops) and use cudagraph_mode PIECEWISE, so that it runs between graphs, or "
+         "set cudagraph_mode to NONE.";
+}
+
 void throw_driver_error(const char* file, int line, const char* call, int code,
                         const std::string& code_text, const std::string& what) {
   const std::string head = str_cat(what, ": ", code_text);
   if (code >= kCaptureFirst && code <= kCaptureLast) {
-    throw_user_error(str_cat(
-        head,
-        ". A CUDA graph was being captured on this stream, and an operation a capture does not "
-        "allow broke it: a synchronisation (.item(), .cpu(), torch.cuda.synchronize()), an "
-        "allocation outside PyTorch's allocator, or work on a stream the capture does not "
-        "join, for example inside a custom op of a captured piece. Make such an op a splitting "
-        "op (splitting_ops), so that it runs between graphs, or set cudagraph_mode to PIECEWISE "
-        "or NONE."));
+    throw_user_error(
+        str_cat(head, ". A CUDA graph was being captured on this stream. ", capture_advice()));
   }
   if (code == kOutOfMemory || sticky_fault(code)) {
     std::string text =

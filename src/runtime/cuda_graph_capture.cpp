@@ -7,9 +7,12 @@
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <exception>
 #include <map>
+#include <string>
 
 #include "cuda_graph_impl.h"
+#include "magi/common/error.h"
 #include "magi/common/log.h"
 
 namespace magi::runtime {
@@ -27,6 +30,29 @@ c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
     it = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
   }
   return it->second;
+}
+
+// An error thrown inside a capture. One that CUDA raises for an operation a capture does not
+// allow (a synchronisation such as .item(), an allocation outside PyTorch's allocator, work on
+// a stream the capture does not join), most often from a custom op in the captured code, is
+// the user's to fix: rethrown as a UserError saying how. Others are rethrown as they are.
+[[noreturn]] void rethrow_capture_failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const UserError&) {
+    throw;  // a driver call of ours already said what to do (detail::throw_driver_error)
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    bool capture = false;
+    for (const char* sign : {"capturing", "during capture", "capture sequence", "STREAM_CAPTURE",
+                             "graph capture", "uncaptured work"}) {
+      capture |= what.find(sign) != std::string::npos;
+    }
+    if (!capture) throw;
+    magi::detail::throw_user_error(magi::detail::str_cat(
+        "capturing a CUDA graph (cudagraph_mode FULL or PIECEWISE) failed: ", what, "\n",
+        magi::detail::capture_advice()));
+  }
 }
 
 }  // namespace
@@ -231,7 +257,8 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
       }
       e.graph.reset();
       at::cuda::clearCublasWorkspaces();
-      throw;
+      (void)cudaGetLastError();  // a refused call's error must not surface at a later launch
+      rethrow_capture_failure(std::current_exception());
     }
     e.graph->capture_end();
     at::cuda::clearCublasWorkspaces();

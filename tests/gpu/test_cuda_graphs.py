@@ -8,7 +8,7 @@ import copy
 import magi_compiler
 import pytest
 import torch
-from magi_compiler import magi_compile
+from magi_compiler import magi_compile, magi_register_custom_op
 
 pytestmark = [
     pytest.mark.gpu,
@@ -387,6 +387,45 @@ def test_capture_beside_another_threads_allocations(counters, lowered):
         assert (y - ref).abs().max().item() < 1e-3
     runner = lowered[0].magi_cuda_graphs
     assert runner.num_captures == 1
+
+
+@magi_register_custom_op(
+    name="magi_t_cg_cuda::normalise_by_max", infer_output_meta_fn=["x"], is_subgraph_boundary=True
+)
+def normalise_by_max(x: torch.Tensor) -> torch.Tensor:
+    return x / x.abs().max().item()  # .item() synchronises: a capture does not allow it
+
+
+class _SyncingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.down(normalise_by_max(self.up(x).relu()))
+
+
+def test_a_custom_op_that_synchronises_breaks_a_full_capture_with_advice(counters, lowered):
+    """A custom op that synchronises (.item()) cannot be captured: FULL mode raises UserError
+    saying what a capture does not allow and what to do, and PIECEWISE, which the message
+    advises, runs the op between graphs and matches eager."""
+    torch.manual_seed(0)
+    eager = _SyncingModel().cuda().eval()
+    x = torch.randn(4, 64, device="cuda")
+    with torch.no_grad():
+        expected = eager(x)
+        full = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+        full(x)  # warm-up, no capture yet
+        with pytest.raises(
+            magi_compiler.UserError,
+            match=r"(?s)capturing a CUDA graph.*"
+            r"is_subgraph_boundary=True.*PIECEWISE",
+        ):
+            full(x)
+        piecewise = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "PIECEWISE"})
+        for _ in range(3):  # warm-up, capture, replay
+            y = piecewise(x)
+    assert (y - expected).abs().max().item() < 1e-4
 
 
 def test_replaced_parameter_recaptures(counters, lowered, assert_close_rel):

@@ -61,6 +61,9 @@ std::string str_cat(const Args&... args) {
 [[noreturn]] void throw_unsupported(std::string message);
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
                                        std::string message);
+/// What to do when an operation a CUDA graph capture does not allow broke one (one text for
+/// every place that reports it).
+const char* capture_advice();
 /// A failed CUDA driver call (`call`, for the context `what`) that returned `code`, named by
 /// `code_text`, reported by what its code says about the cause: a broken stream capture as a
 /// UserError, a device fault or exhausted memory as a DeviceError, anything else as ours.
