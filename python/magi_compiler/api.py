@@ -29,7 +29,7 @@ from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig, CompileMode
-from magi_compiler.errors import InternalError, UnsupportedError, UserError
+from magi_compiler.errors import DeviceError, InternalError, UnsupportedError, UserError
 
 # Class attribute through which a model author gives a module its own settings (a dict of
 # CompileConfig overrides, like config_patch; the decorator's config_patch wins).
@@ -436,11 +436,11 @@ def _backend_for(config: CompileConfig) -> Callable:
 
 
 def _magi_error(e: BaseException) -> BaseException | None:
-    """The first UserError/UnsupportedError/InternalError in `e`'s chain of causes."""
+    """The first UserError/UnsupportedError/InternalError/DeviceError in `e`'s chain of causes."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (UserError, UnsupportedError, InternalError)):
+        if isinstance(e, (UserError, UnsupportedError, InternalError, DeviceError)):
             return e
         e = getattr(e, "inner_exception", None) or e.__cause__
     return None

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 6 (written 2026-11-28, second session; not yet run): what a user sees when a capture
 # breaks. A custom op that synchronises (.item()) in a FULL graph must raise UserError with
-# what to do, and PIECEWISE must then run it between graphs (test_cuda_graphs.py); then the
+# what to do, leave PyTorch's allocator with no capture under way (release_invalidated_capture;
+# empty_cache() asserts otherwise), and PIECEWISE must then run it between graphs
+# (test_cuda_graphs.py); then the
 # CUDA-graph test files and the custom-op file, which the capture's error path touches.
 # (carry .deps)
 set -uo pipefail

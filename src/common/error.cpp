@@ -26,11 +26,13 @@ void throw_internal_error(const char* file, int line, const char* condition, std
 namespace {
 // CUresult codes (cuda.h) whose cause is not ours to report as a bug.
 constexpr int kOutOfMemory = 2;
-constexpr int kEccUncorrectable = 214;
+constexpr int kEccUncorrectable = 214, kNvlinkUncorrectable = 220, kContained = 226;
+constexpr int kTensorMemoryLeak = 721, kExternalDevice = 911;
 constexpr int kCaptureFirst = 900, kCaptureLast = 908;  // CUDA_ERROR_STREAM_CAPTURE_*, 907 too
 bool sticky_fault(int code) {                           // the context is unusable after these
   return code == 700 || code == 702 || code == 710 || (code >= 714 && code <= 719) ||
-         code == kEccUncorrectable;
+         code == kTensorMemoryLeak || code == kEccUncorrectable || code == kNvlinkUncorrectable ||
+         code == kContained || code == kExternalDevice;
 }
 }  // namespace
 

@@ -170,6 +170,8 @@ AttentionChoice probe(AttentionBackend traced, const Args& a, const at::Tensor& 
         best = ms;
         choice.chosen = name;
       }
+    } catch (const DeviceError&) {
+      throw;  // a device fault is no verdict on the backend
     } catch (const std::exception& e) {
       after_failure();
       std::string what = e.what();
@@ -353,6 +355,8 @@ at::Tensor AttentionCall::run(const std::vector<c10::IValue>& args) const {
                  "its output layout differs from the traced backend's");
       out = std::move(named);
       chosen = policy_;
+    } catch (const DeviceError&) {
+      throw;  // a device fault is no verdict on the backend
     } catch (const std::exception& e) {
       after_failure();
       std::string what = e.what();

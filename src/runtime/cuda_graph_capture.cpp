@@ -4,7 +4,9 @@
 // at capture, more while a graph's inputs arrive from a few addresses in turn).
 // Without CUDA graph support in the build this file is empty (cuda_graph.cpp holds the stubs).
 #ifdef MAGI_HAVE_CUDA_GRAPHS
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <exception>
@@ -32,23 +34,49 @@ c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
   return it->second;
 }
 
-// An error thrown inside a capture. One that CUDA raises for an operation a capture does not
-// allow (a synchronisation such as .item(), an allocation outside PyTorch's allocator, work on
-// a stream the capture does not join), most often from a custom op in the captured code, is
-// the user's to fix: rethrown as a UserError saying how. Others are rethrown as they are.
-[[noreturn]] void rethrow_capture_failure(std::exception_ptr error) {
+// Whether `stream`'s capture was invalidated (by an operation the capture does not allow).
+bool capture_invalidated(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status == cudaStreamCaptureStatusInvalidated;
+}
+
+// After CUDA invalidated a capture, CUDAGraph::capture_end throws at cudaStreamEndCapture,
+// before it tells the allocators that the capture is over, and its reset() skips releasing the
+// pool of a capture that never ended. Left so, PyTorch's caching allocator would believe a
+// capture under way for the rest of the process (torch.cuda.empty_cache() then fails an
+// internal assert), and the pool's use count would never drop. A pool is released only by the
+// allocator that was recording to it.
+void release_invalidated_capture(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) {
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+    c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+  } catch (...) {
+  }
+  try {
+    at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
+    host->end_allocate_to_pool(pool);
+    host->release_pool(pool);
+  } catch (...) {
+  }
+}
+
+// An error thrown inside a capture that CUDA invalidated, or CUDA's own refusal of an
+// operation during a capture (a synchronisation such as .item(), an allocation outside
+// PyTorch's allocator, work on a stream the capture does not join), most often from a custom
+// op in the captured code: the user's to fix, rethrown as a UserError saying how. Others are
+// rethrown as they are.
+[[noreturn]] void rethrow_capture_failure(std::exception_ptr error, bool invalidated) {
   try {
     std::rethrow_exception(error);
   } catch (const UserError&) {
     throw;  // a driver call of ours already said what to do (detail::throw_driver_error)
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    bool capture = false;
-    for (const char* sign : {"capturing", "during capture", "capture sequence", "STREAM_CAPTURE",
-                             "graph capture", "uncaptured work"}) {
-      capture |= what.find(sign) != std::string::npos;
-    }
-    if (!capture) throw;
+    if (!invalidated && what.find("stream is capturing") == std::string::npos) throw;
     magi::detail::throw_user_error(magi::detail::str_cat(
         "capturing a CUDA graph (cudagraph_mode FULL or PIECEWISE) failed: ", what, "\n",
         magi::detail::capture_advice()));
@@ -226,6 +254,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
     // thread of a server allocating for its own eager work while we capture would fail, or
     // invalidate this capture.
     e.graph->capture_begin(graph_pool, cudaStreamCaptureModeThreadLocal);
+    std::exception_ptr failure;
     try {
       ArenaOffScope no_arena;
       for (size_t i = 0; i < n && copy_nodes; ++i) {
@@ -251,17 +280,21 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
         copy_dense(buffer, out, side.stream());
       }
     } catch (...) {
-      try {
-        e.graph->capture_end();
-      } catch (...) {
-      }
-      e.graph.reset();
-      at::cuda::clearCublasWorkspaces();
-      (void)cudaGetLastError();  // a refused call's error must not surface at a later launch
-      rethrow_capture_failure(std::current_exception());
+      failure = std::current_exception();
     }
-    e.graph->capture_end();
+    const bool invalidated = capture_invalidated(side.stream());
+    try {
+      e.graph->capture_end();
+    } catch (...) {
+      if (invalidated) release_invalidated_capture(device.index(), graph_pool);
+      if (!failure) failure = std::current_exception();
+    }
     at::cuda::clearCublasWorkspaces();
+    if (failure) {
+      e.graph.reset();
+      (void)cudaGetLastError();  // a refused call's error must not surface at a later launch
+      rethrow_capture_failure(failure, invalidated);
+    }
   }
   e.graph->instantiate();
   e.slots.clear();

@@ -292,6 +292,8 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
                                        v->variant.symbol(), 90);
       }
     }
+  } catch (const DeviceError&) {
+    throw;  // the device's fault, not the kernel's: ATen would meet it too
   } catch (const std::exception& e) {
     v->failed = true;
     MAGI_LOG_WARN("fused kernel ", v->variant.symbol(),

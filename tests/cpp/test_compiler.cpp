@@ -135,7 +135,7 @@ TEST(DriverErrors, AreReportedByTheirCause) {
     EXPECT_EQ(m.find("bug in magi-compiler"), std::string::npos) << m;
   }
   EXPECT_THROW(fail(908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"), UserError);
-  for (int code : {700, 710, 719}) {
+  for (int code : {700, 710, 719, 226, 911}) {
     try {
       fail(code, "CUDA_ERROR_ASSERT");
       FAIL() << "expected a DeviceError for " << code;
