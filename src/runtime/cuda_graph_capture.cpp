@@ -254,7 +254,6 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
     // thread of a server allocating for its own eager work while we capture would fail, or
     // invalidate this capture.
     e.graph->capture_begin(graph_pool, cudaStreamCaptureModeThreadLocal);
-    std::exception_ptr failure;
     try {
       ArenaOffScope no_arena;
       for (size_t i = 0; i < n && copy_nodes; ++i) {
@@ -280,21 +279,20 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::capture(
         copy_dense(buffer, out, side.stream());
       }
     } catch (...) {
-      failure = std::current_exception();
-    }
-    const bool invalidated = capture_invalidated(side.stream());
-    try {
-      e.graph->capture_end();
-    } catch (...) {
-      if (invalidated) release_invalidated_capture(device.index(), graph_pool);
-      if (!failure) failure = std::current_exception();
-    }
-    at::cuda::clearCublasWorkspaces();
-    if (failure) {
+      const std::exception_ptr failure = std::current_exception();
+      const bool invalidated = capture_invalidated(side.stream());
+      try {
+        e.graph->capture_end();
+      } catch (...) {
+        if (invalidated) release_invalidated_capture(device.index(), graph_pool);
+      }
       e.graph.reset();
+      at::cuda::clearCublasWorkspaces();
       (void)cudaGetLastError();  // a refused call's error must not surface at a later launch
       rethrow_capture_failure(failure, invalidated);
     }
+    e.graph->capture_end();
+    at::cuda::clearCublasWorkspaces();
   }
   e.graph->instantiate();
   e.slots.clear();
