@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda_graph_impl.h"
+#include "magi/codegen/compiler.h"
 #include "magi/common/error.h"
 #include "magi/common/log.h"
 
@@ -73,13 +74,13 @@ void release_invalidated_capture(c10::DeviceIndex device, c10::cuda::MempoolId_t
   try {
     std::rethrow_exception(error);
   } catch (const UserError&) {
-    throw;  // a driver call of ours already said what to do (detail::throw_driver_error)
+    throw;  // a driver call of ours already said what to do (codegen::throw_driver_error)
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (!invalidated && what.find("stream is capturing") == std::string::npos) throw;
     magi::detail::throw_user_error(magi::detail::str_cat(
         "capturing a CUDA graph (cudagraph_mode FULL or PIECEWISE) failed: ", what, "\n",
-        magi::detail::capture_advice()));
+        codegen::capture_advice()));
   }
 }
 

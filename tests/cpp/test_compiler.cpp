@@ -122,7 +122,7 @@ TEST_F(CompilerTest, NvrtcSyntaxErrorNamesKernelAndCarriesLog) {
 // names no culprit and says how to find one, anything else is ours.
 TEST(DriverErrors, AreReportedByTheirCause) {
   auto fail = [](int code, const char* name) {
-    detail::throw_driver_error("f.cpp", 1, "cuLaunchKernel(...)", code, name, "launch of `k`");
+    throw_driver_error("f.cpp", 1, "cuLaunchKernel(...)", code, name, "launch of `k`");
   };
   try {
     fail(901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901): operation failed");
@@ -130,7 +130,7 @@ TEST(DriverErrors, AreReportedByTheirCause) {
   } catch (const UserError& e) {
     const std::string m = e.what();
     EXPECT_EQ(m.rfind("launch of `k`: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901)", 0), 0u) << m;
-    EXPECT_NE(m.find(detail::capture_advice()), std::string::npos) << m;
+    EXPECT_NE(m.find(capture_advice()), std::string::npos) << m;
     EXPECT_NE(m.find("is_subgraph_boundary=True"), std::string::npos) << m;
     EXPECT_EQ(m.find("bug in magi-compiler"), std::string::npos) << m;
   }

@@ -100,13 +100,24 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
 
 /// Launches on `stream` (a cudaStream_t / CUstream handle). `args` are pointers to argument
 /// values, as for cuLaunchKernel. Makes the device's primary context current if it is not;
-/// raises the function's dynamic shared memory limit when shared_bytes > 48 KiB. Throws
-/// InternalError with the driver's message on failure. `dependent`: the kernel calls
+/// raises the function's dynamic shared memory limit when shared_bytes > 48 KiB. A failure
+/// throws as throw_driver_error says, with the driver's message. `dependent`: the kernel calls
 /// magi_wait_for_prior_grids() before its first memory access, so it may launch as a
 /// programmatic dependent of the stream's previous kernel (where kernel.dependent_launch).
 void launch_cuda_kernel(const CudaKernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                         unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
                         void* stream, void** args, bool dependent = false);
+
+/// What to do when an operation a CUDA graph capture does not allow broke one (the one text
+/// every place that reports it uses).
+const char* capture_advice();
+
+/// Reports a failed CUDA driver call (`call`, for the context `what`) that returned `code`,
+/// named by `code_text`, by what its code says about the cause: a broken stream capture as a
+/// UserError, a device fault or exhausted memory as a DeviceError, anything else as ours
+/// (InternalError, with `file` and `line`).
+[[noreturn]] void throw_driver_error(const char* file, int line, const char* call, int code,
+                                     const std::string& code_text, const std::string& what);
 
 /// Max dynamic shared memory per block (opt-in), number of SMs, compute capability of
 /// `device`. Queried once per device.

@@ -3,7 +3,7 @@
 //   MAGI_CHECK(cond, ...)   bad input from the user          -> magi::UserError
 //   MAGI_UNSUPPORTED(...)   a construct we cannot compile    -> magi::UnsupportedError
 //   MAGI_ASSERT(cond, ...)  a broken invariant of our own    -> magi::InternalError
-//   (a failed CUDA driver call, by its code: one of the above or magi::DeviceError)
+//   (a failed CUDA driver call, by its code: codegen::throw_driver_error)
 //
 // Message pieces are streamed (`MAGI_CHECK(n > 1, "dim ", d, " has size ", n)`), so this
 // header needs neither fmt nor torch. python/csrc/bind_errors.cpp translates each class to
@@ -61,14 +61,6 @@ std::string str_cat(const Args&... args) {
 [[noreturn]] void throw_unsupported(std::string message);
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
                                        std::string message);
-/// What to do when an operation a CUDA graph capture does not allow broke one (one text for
-/// every place that reports it).
-const char* capture_advice();
-/// A failed CUDA driver call (`call`, for the context `what`) that returned `code`, named by
-/// `code_text`, reported by what its code says about the cause: a broken stream capture as a
-/// UserError, a device fault or exhausted memory as a DeviceError, anything else as ours.
-[[noreturn]] void throw_driver_error(const char* file, int line, const char* call, int code,
-                                     const std::string& code_text, const std::string& what);
 
 }  // namespace detail
 }  // namespace magi
