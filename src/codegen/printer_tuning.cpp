@@ -81,9 +81,15 @@ int row_min_blocks() {  // read at every print (kernels are printed once each)
   return env_int("MAGI_ROW_MIN_BLOCKS", 0, 0, 32);
 }
 
-bool row_grid_loop() {
-  static const bool on = env_int("MAGI_ROW_GRID_LOOP", 1, 0, 1) == 1;
-  return on;
+bool row_grid_loop(bool streamed_rows, int64_t row_bytes) {
+  static const char mode = [] {
+    const char* text = std::getenv("MAGI_ROW_GRID_LOOP");
+    std::string m = text == nullptr || *text == '\0' ? "auto" : text;
+    MAGI_CHECK(m == "auto" || m == "0" || m == "1", "MAGI_ROW_GRID_LOOP=", m,
+               " is not one of auto, 0, 1");
+    return m[0];
+  }();
+  return mode == '1' || (mode == 'a' && !(streamed_rows && row_bytes <= kStreamedRowsWithoutLoop));
 }
 
 int stream_threads_per_block() {

@@ -621,9 +621,10 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   }
 
   // Per-call key: access classes, vector width, device, row layout, index rank and width,
-  // vectors per thread and whole strided vectors (the spec is fixed per FusedKernel, so its
-  // fingerprint need not be part of it; packed bf16 pairs follow from these, variant_for).
-  std::string key(kv.access.size() + 9, ' ');
+  // vectors per thread, whole strided vectors and the loop over rows (the spec is fixed per
+  // FusedKernel, so its fingerprint need not be part of it; packed bf16 pairs follow from these,
+  // variant_for).
+  std::string key(kv.access.size() + 10, ' ');
   for (size_t i = 0; i < kv.access.size(); ++i) key[i] = static_cast<char>(kv.access[i]);
   key[kv.access.size()] = '|';
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
@@ -634,6 +635,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);
   key[kv.access.size() + 8] = kv.strided_vectors ? 'v' : 's';
+  key[kv.access.size() + 9] = kv.row_loop ? 'l' : 'g';
   const Variant& v = variant_for(key, kv, device);
   if (v.failed) return run_fallback(inputs);
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);
@@ -667,7 +669,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
       int64_t cap = codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm
                                                        : int64_t{0x7fffffff};
       const int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
-      // Printed without a loop over rows (MAGI_ROW_GRID_LOOP=0), a kernel reaches only the rows
+      // Printed without a loop over rows (MAGI_ROW_GRID_LOOP), a kernel reaches only the rows
       // of its grid.
       MAGI_CHECK(needed <= cap || kv.row_loop, "a row kernel over ", rows, " rows needs ", needed,
                  " blocks, more than a grid has; set MAGI_ROW_GRID_LOOP=1");

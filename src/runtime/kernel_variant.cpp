@@ -132,7 +132,8 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
       if (layout > 0 && spec.schedule != codegen::Schedule::kRow) break;
       gpu.rows_in_warps = layout == 1;
       gpu.streamed_rows = layout == 2;
-      gpu.row_loop = spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid();
+      // Each layout as MAGI_ROW_GRID_LOOP prints it for its shortest rows.
+      gpu.row_loop = spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(layout == 2, 0);
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;
@@ -203,9 +204,17 @@ void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
   const int64_t threads = threads_per_row(cols, kv.vector_width);
   kv.rows_in_warps = threads <= 32;
   kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
-  kv.row_loop = rows_loop_by_grid();
+  int64_t widest = 0;  // bytes of an element of the widest input read along the row
+  for (size_t i = 0; i < kv.access.size(); ++i) {
+    if (kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kStrided) {
+      widest = std::max<int64_t>(widest, c10::elementSize(kv.spec->inputs[i].dtype));
+    }
+  }
+  kv.row_loop = rows_loop_by_grid(kv.streamed_rows, cols * widest);
 }
 
-bool rows_loop_by_grid() { return codegen::kernel_grid_mode() != 'a' || codegen::row_grid_loop(); }
+bool rows_loop_by_grid(bool streamed_rows, int64_t row_bytes) {
+  return codegen::kernel_grid_mode() != 'a' || codegen::row_grid_loop(streamed_rows, row_bytes);
+}
 
 }  // namespace magi::runtime::detail

@@ -86,13 +86,13 @@ std::unique_ptr<Graph> silu_mul_group() {
 }
 
 // h = x + residual; out = rmsnorm(h) * w, in bfloat16 with float32 math; returns (out, h).
-std::unique_ptr<Graph> add_rmsnorm_group() {
+std::unique_ptr<Graph> add_rmsnorm_group_of(int64_t cols) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   SymExpr rows = sym("s0");
-  Value* x = b.input("x", {rows, 64}, kBF16);
-  Value* residual = b.input("residual", {rows, 64}, kBF16);
-  Value* w = b.input("w", {64});
+  Value* x = b.input("x", {rows, cols}, kBF16);
+  Value* residual = b.input("residual", {rows, cols}, kBF16);
+  Value* w = b.input("w", {cols});
   Value* h = b.add(x, residual, "add", 30);
   Value* hf = b.cast(h, kF32, "float", 31);
   Value* sq = b.op("aten::pow", "Tensor_Scalar", {hf, b.scalar(2)}, *hf->tensor_type(), "pow", 32);
@@ -102,6 +102,8 @@ std::unique_ptr<Graph> add_rmsnorm_group() {
   g->set_outputs({b.cast(y, kBF16, "out", 34), h});
   return g;
 }
+
+std::unique_ptr<Graph> add_rmsnorm_group() { return add_rmsnorm_group_of(64); }
 
 // A weight gradient in bfloat16: p = g * xn (also an output), dw = sum(p, 0) * w cast to
 // bfloat16, w one value per column.
@@ -372,6 +374,36 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
 
   auto on_cpu = add_rmsnorm_group();
   EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
+}
+
+// By default (MAGI_ROW_GRID_LOOP=auto) the loop over rows is left out of streamed rows of up to
+// 64 KiB per input (8192 < cols <= 32768 bf16 values at the default 256 threads x 4 chunks of
+// 16 bytes; odd-length rows take narrower vectors, hence streamed sooner)
+// and kept for rows held in registers and for longer streamed rows: the variant the first call
+// of each row length will launch says so in its name.
+TEST(FusedKernel, TheDefaultDropsTheRowLoopFromStreamedRowsUpTo64KiB) {
+  for (const char* var :
+       {"MAGI_ROW_GRID_LOOP", "MAGI_KERNEL_GRID", "MAGI_ROW_CHUNKS", "MAGI_MAX_BLOCK_THREADS"}) {
+    if (std::getenv(var) != nullptr) GTEST_SKIP() << var << " is set";
+  }
+  EXPECT_TRUE(codegen::row_grid_loop(false, 1024));
+  EXPECT_FALSE(codegen::row_grid_loop(true, codegen::kStreamedRowsWithoutLoop));
+  EXPECT_TRUE(codegen::row_grid_loop(true, codegen::kStreamedRowsWithoutLoop + 2));
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  const std::vector<std::pair<int64_t, std::string>> cases = {{8192, "_ccl_v8"},
+                                                              {8194, "_ccl_v2_s_g"},
+                                                              {32768, "_ccl_v8_s_g"},
+                                                              {32770, "_ccl_v2_s"},
+                                                              {65536, "_ccl_v8_s"}};
+  for (const auto& [cols, suffix] : cases) {
+    auto g = add_rmsnorm_group_of(cols);
+    place_on(*g, cuda);
+    runtime::FusedKernel kernel(*g, "fused_add_rmsnorm");
+    auto expected = kernel.expected_cuda_source();
+    ASSERT_TRUE(expected.has_value());
+    const std::string& name = expected->name;
+    EXPECT_EQ(name.substr(name.size() - suffix.size()), suffix) << cols << ": " << name;
+  }
 }
 
 // A pointwise kernel that reads an input through general strides is predicted (and run) with

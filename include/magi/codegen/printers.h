@@ -3,6 +3,7 @@
 // line it came from.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "magi/codegen/kernel_ir.h"
@@ -54,11 +55,19 @@ int max_threads_per_block();
 /// blocks)): 0 (default) leaves registers to the compiler. MAGI_ROW_MIN_BLOCKS (0-32), read at
 /// every print.
 int row_min_blocks();
-/// Whether GPU row kernels loop over rows by the grid's stride (MAGI_ROW_GRID_LOOP=1, the
-/// default) or, when the launch's grid covers every row (MAGI_KERNEL_GRID=all), take their
-/// block's row(s) with no loop (0). Read once per process; each variant records its choice
-/// (KernelVariant::row_loop).
-bool row_grid_loop();
+/// Whether GPU row kernels of a layout (rows streamed, or held in registers or warps) loop over
+/// rows by the grid's stride or, when the launch's grid covers every row (MAGI_KERNEL_GRID=all),
+/// take their block's row(s) with no loop. `row_bytes`: a row of the kernel's widest row-wide
+/// input. MAGI_ROW_GRID_LOOP: `auto` (default) drops the loop from streamed rows of at most
+/// kStreamedRowsWithoutLoop bytes only, `1` keeps it everywhere, `0` drops it everywhere. Read
+/// once per process; each variant records its choice (KernelVariant::row_loop).
+bool row_grid_loop(bool streamed_rows, int64_t row_bytes);
+/// The longest streamed row (bytes of the widest row-wide input) that MAGI_ROW_GRID_LOOP=auto
+/// prints without the loop over rows. Without it the kernels take fewer registers, so more
+/// blocks per SM, each keeping its row in L2 between the passes over it. On an H200 (bf16,
+/// four row kernels) rows of 32 and 64 KiB gained 2-28 points of copy bandwidth; rows of
+/// 128 KiB lost 6-16 points on three of them (docs/config.md).
+constexpr int64_t kStreamedRowsWithoutLoop = int64_t{64} << 10;
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
 int stream_threads_per_block();
