@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 5, for the next session (written 2026-11-28, third session; not yet run). Rows longer
+# than 8192 bf16 values are streamed (two reads per row, the second from L2), and trail
+# torch.compile's: RMSNorm 95.0% of copy bandwidth at 16384 columns (torch.compile 96.9%),
+# 91.5% at 32768 (98.9%), LayerNorm 69.1% at 16384 (85.9%). With more threads per row
+# (MAGI_MAX_BLOCK_THREADS) they are held in registers instead and read once: 512 threads x 4
+# vectors hold 16384 values, 1024 x 4 hold 32768. ptxas for sm_90: the held kernels take 58
+# (RMSNorm), 50 (LayerNorm), 52 (softmax) and 93 (add+RMSNorm) registers at 512 threads, so
+# 2 blocks of 512 per SM (add+RMSNorm 1); at 1024 threads add+RMSNorm spills 148 bytes.
+# Each setting in its own process beside torch.compile, the default first and last.
+# (carry .deps)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+S="$OUT/summary.txt"
+gpu_build "$S" 2
+rm -f "$OUT/cmake.log" "$OUT/build.log"
+row_run() {  # LABEL ROWS COLS [VAR=VALUE ...]: the four row kernels beside torch.compile
+  local label="$1" rows="$2" cols="$3"
+  shift 3
+  echo "== $label ($rows x $cols) $*" | tee -a "$S"
+  env "$@" timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
+    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
+    --rows "$rows" --cols "$cols" --out "$OUT/band_$label.json" 2>&1 |
+    grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
+}
+row_run default_16384 8192 16384
+row_run t512_16384 8192 16384 MAGI_MAX_BLOCK_THREADS=512
+row_run t512_16384_noloop 8192 16384 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_GRID_LOOP=0
+row_run default_32768 4096 32768
+row_run t1024_32768 4096 32768 MAGI_MAX_BLOCK_THREADS=1024
+row_run t1024_32768_noloop 4096 32768 MAGI_MAX_BLOCK_THREADS=1024 MAGI_ROW_GRID_LOOP=0
+row_run default_16384_again 8192 16384
