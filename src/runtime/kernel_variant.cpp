@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "magi/codegen/compiler.h"
@@ -127,13 +128,17 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
     if (vectors && !whole) break;
     gpu.strided_vectors = vectors;
     gpu.unroll = 1;
-    // Row kernels in each layout: rows in registers one per block, rows in warps, streamed.
-    for (int layout = 0; layout < 3; ++layout) {
+    // Row kernels in each layout: rows in registers one per block, rows in warps, streamed;
+    // streamed once more for the longest rows where MAGI_ROW_GRID_LOOP prints those otherwise.
+    for (int layout = 0; layout < 4; ++layout) {
       if (layout > 0 && spec.schedule != codegen::Schedule::kRow) break;
+      const bool streamed = layout >= 2;
+      const int64_t row_bytes = layout == 3 ? std::numeric_limits<int64_t>::max() : 0;
+      if (layout == 3 && rows_loop_by_grid(true, row_bytes) == rows_loop_by_grid(true, 0)) break;
       gpu.rows_in_warps = layout == 1;
-      gpu.streamed_rows = layout == 2;
-      // Each layout as MAGI_ROW_GRID_LOOP prints it for its shortest rows.
-      gpu.row_loop = spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(layout == 2, 0);
+      gpu.streamed_rows = streamed;
+      gpu.row_loop =
+          spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(streamed, row_bytes);
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;
