@@ -14,6 +14,11 @@ source "$(dirname "$0")/env.sh"
 S="$OUT/summary.txt"
 gpu_build "$S" 2
 rm -f "$OUT/cmake.log" "$OUT/build.log"
+# First the tests written after the last GPU run: test_long_rows's exact suffix (_s_g up to
+# 64 KiB, _s beyond) and one kernel launching both forms over a dynamic row length.
+echo "== pytest: streamed rows with and without the row loop" | tee -a "$S"
+gpu_pytest gpu_row_loop_tests.log 120 tests/gpu/test_fusion_cuda.py -k "long_rows or one_kernel" |
+  tee -a "$S"
 row_run() {  # LABEL ROWS COLS [VAR=VALUE ...]: the four row kernels beside torch.compile
   local label="$1" rows="$2" cols="$3"
   shift 3

@@ -130,15 +130,22 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
     gpu.unroll = 1;
     // Row kernels in each layout: rows in registers one per block, rows in warps, streamed;
     // streamed once more for the longest rows where MAGI_ROW_GRID_LOOP prints those otherwise.
-    for (int layout = 0; layout < 4; ++layout) {
-      if (layout > 0 && spec.schedule != codegen::Schedule::kRow) break;
-      const bool streamed = layout >= 2;
-      const int64_t row_bytes = layout == 3 ? std::numeric_limits<int64_t>::max() : 0;
-      if (layout == 3 && rows_loop_by_grid(true, row_bytes) == rows_loop_by_grid(true, 0)) break;
-      gpu.rows_in_warps = layout == 1;
-      gpu.streamed_rows = streamed;
+    struct Layout {
+      bool in_warps, streamed;
+      int64_t row_bytes;  // of the widest input read along the row
+    };
+    constexpr int64_t kLongest = std::numeric_limits<int64_t>::max();
+    for (const Layout& l : {Layout{false, false, 0}, Layout{true, false, 0}, Layout{false, true, 0},
+                            Layout{false, true, kLongest}}) {
+      if ((l.in_warps || l.streamed) && spec.schedule != codegen::Schedule::kRow) break;
+      if (l.row_bytes == kLongest &&
+          rows_loop_by_grid(true, kLongest) == rows_loop_by_grid(true, 0)) {
+        break;
+      }
+      gpu.rows_in_warps = l.in_warps;
+      gpu.streamed_rows = l.streamed;
       gpu.row_loop =
-          spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(streamed, row_bytes);
+          spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(l.streamed, l.row_bytes);
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;
@@ -201,7 +208,9 @@ int64_t threads_per_row(int64_t cols, int width) {
   return std::min<int64_t>(fit, codegen::max_threads_per_block());
 }
 
-// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules): rows
+// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules), and
+// whether it loops over rows (rows_loop_by_grid, from the bytes of a row of its widest input
+// read along the row; none such, as in a kernel of per-column inputs only, counts 0): rows
 // of at most 32 threads run several to a block; rows longer than a block holds in registers
 // are streamed, once per pass over them.
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {

@@ -55,7 +55,8 @@ int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm
 int sm_count_of(int index);
 /// Threads per row of a GPU row kernel over rows of `cols` elements of vectors of `width`.
 int64_t threads_per_row(int64_t cols, int width);
-/// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules).
+/// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules) and
+/// whether it loops over rows (KernelVariant::row_loop).
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols);
 /// Whether GPU row kernels of a layout loop over rows by the grid's stride
 /// (KernelVariant::row_loop): not when the grid covers every row (MAGI_KERNEL_GRID=all) and

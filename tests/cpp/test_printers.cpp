@@ -377,10 +377,10 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
 }
 
 // By default (MAGI_ROW_GRID_LOOP=auto) the loop over rows is left out of streamed rows of up to
-// 64 KiB per input (8192 < cols <= 32768 bf16 values at the default 256 threads x 4 chunks of
-// 16 bytes; odd-length rows take narrower vectors, hence streamed sooner)
-// and kept for rows held in registers and for longer streamed rows: the variant the first call
-// of each row length will launch says so in its name.
+// 64 KiB of the widest input read along the row (8192 < cols <= 32768 bf16 values at the
+// default 256 threads x 4 chunks of 16 bytes; a row length not a multiple of 8 takes narrower
+// vectors, hence is streamed sooner) and kept for rows held in registers and for longer
+// streamed rows: the variant the first call of each row length will launch says so in its name.
 TEST(FusedKernel, TheDefaultDropsTheRowLoopFromStreamedRowsUpTo64KiB) {
   for (const char* var :
        {"MAGI_ROW_GRID_LOOP", "MAGI_KERNEL_GRID", "MAGI_ROW_CHUNKS", "MAGI_MAX_BLOCK_THREADS"}) {

@@ -123,8 +123,31 @@ def test_long_rows(name, cols, dtype, assert_close_rel):
     pattern.batches = (2, 3)
     (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
     kernels = assert_fused(run, pattern, dtype)
-    streamed = [k["symbol"].removesuffix("_g").endswith("_s") for k in kernels]  # _g: no row loop
-    assert all(streamed), [k["symbol"] for k in kernels]
+    # MAGI_ROW_GRID_LOOP=auto: no loop over rows (_g) for rows of at most 64 KiB
+    suffix = "_s_g" if cols * torch.empty((), dtype=dtype).element_size() <= 65536 else "_s"
+    assert all(k["symbol"].endswith(suffix) for k in kernels), [k["symbol"] for k in kernels]
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_one_kernel_launches_streamed_rows_with_and_without_the_row_loop(assert_close_rel):
+    """MAGI_ROW_GRID_LOOP=auto chooses the loop over rows at each launch from the row length:
+    one compiled RMSNorm over a dynamic row length runs rows of 32 KiB without it (_s_g) and
+    rows of 128 KiB with it (_s), two variants of one kernel, each matching eager."""
+
+    def norm(x, w):  # a code object of its own: Dynamo's cache is per code object
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+    from magi_compiler.inspection import last_compiled
+
+    compiled = magi_compile(norm, dynamic_arg_dims={"x": [0, 1], "w": [0]})
+    for cols in (16384, 65536):
+        x = torch.randn(3, cols, dtype=BF16, device="cuda")
+        w = torch.randn(cols, dtype=BF16, device="cuda")
+        assert_close_rel(compiled(x, w), norm(x, w), RTOL[BF16])
+    symbols = sorted(k["symbol"] for k in last_compiled().executable.generated_kernels())
+    assert len(symbols) == 2, symbols
+    assert symbols[0][:-2] == symbols[1][:-4] and symbols[1].endswith("_s_g"), symbols
 
 
 def test_unaligned_views_fall_back_to_narrow_accesses(assert_close_rel):

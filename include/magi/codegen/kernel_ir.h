@@ -133,7 +133,7 @@ struct KernelVariant {
   bool streamed_rows = false;
   /// GPU row kernels: loop over rows by the grid's stride (a block may take several rows);
   /// false, the launch's grid covers every row and a block takes its own (MAGI_ROW_GRID_LOOP:
-  /// streamed rows by default, with MAGI_KERNEL_GRID=all; symbol suffix _g).
+  /// streamed rows of at most 64 KiB by default, with MAGI_KERNEL_GRID=all; symbol suffix _g).
   bool row_loop = true;
   /// Row and pointwise kernels with strided inputs: the rank of the index space, which the
   /// printed kernel takes as a constant (its row-coordinate loops unroll to it); 0 otherwise.

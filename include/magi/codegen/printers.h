@@ -66,7 +66,8 @@ bool row_grid_loop(bool streamed_rows, int64_t row_bytes);
 /// prints without the loop over rows. Without it the kernels take fewer registers, so more
 /// blocks per SM, each keeping its row in L2 between the passes over it. On an H200 (bf16,
 /// four row kernels) rows of 32 and 64 KiB gained 2-28 points of copy bandwidth; rows of
-/// 128 KiB lost 6-16 points on three of them (docs/config.md).
+/// 128 KiB lost 6-16 points on three of them (docs/config.md). Measured with one or two inputs
+/// read along the row, and only on an H200 (50 MiB of L2).
 constexpr int64_t kStreamedRowsWithoutLoop = int64_t{64} << 10;
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
