@@ -35,15 +35,22 @@ gpu_build() {
   head -"$2" /tmp/build_summary.txt | tee -a "$1"
 }
 
-# gpu_row_bandwidth SUMMARY LABEL: bandwidth.py's four row kernels (RMSNorm, add+RMSNorm,
-# LayerNorm, softmax) beside torch.compile in one process, into $OUT/band_LABEL.json; the table
-# appended to SUMMARY. Settings come from the caller's environment.
-gpu_row_bandwidth() {
-  echo "== $2" | tee -a "$1"
-  timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
+# gpu_row_run SUMMARY LABEL ROWS COLS [VAR=VALUE ...]: bandwidth.py's four row kernels
+# (RMSNorm, add+RMSNorm, LayerNorm, softmax) at ROWS x COLS beside torch.compile, in a process
+# of their own with the settings given (and the caller's environment), into
+# ${ROW_JSON_DIR:-$OUT}/band_LABEL.json; the table appended to SUMMARY.
+gpu_row_run() {
+  local summary="$1" label="$2" rows="$3" cols="$4"
+  shift 4
+  echo "== $label ($rows x $cols) $*" | tee -a "$summary"
+  env "$@" timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
     --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --out "$OUT/band_$2.json" 2>&1 | grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$1"
+    --rows "$rows" --cols "$cols" --out "${ROW_JSON_DIR:-$OUT}/band_$label.json" 2>&1 |
+    grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$summary"
 }
+
+# gpu_row_bandwidth SUMMARY LABEL: gpu_row_run at bandwidth.py's full size, 16384 x 8192.
+gpu_row_bandwidth() { gpu_row_run "$1" "$2" 16384 8192; }
 
 # gpu_host_time SUMMARY: the 4-layer stack's host time per call in both guard modes beside
 # reduce-overhead (host_overhead.py, $OUT/host_overhead.json; the variants and their order from

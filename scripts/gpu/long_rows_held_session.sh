@@ -19,19 +19,10 @@ rm -f "$OUT/cmake.log" "$OUT/build.log"
 echo "== pytest: streamed rows with and without the row loop" | tee -a "$S"
 gpu_pytest gpu_row_loop_tests.log 120 tests/gpu/test_fusion_cuda.py -k "long_rows or one_kernel" |
   tee -a "$S"
-row_run() {  # LABEL ROWS COLS [VAR=VALUE ...]: the four row kernels beside torch.compile
-  local label="$1" rows="$2" cols="$3"
-  shift 3
-  echo "== $label ($rows x $cols) $*" | tee -a "$S"
-  env "$@" timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --rows "$rows" --cols "$cols" --out "$OUT/band_$label.json" 2>&1 |
-    grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
-}
-row_run default_16384 8192 16384
-row_run t512_16384 8192 16384 MAGI_MAX_BLOCK_THREADS=512
-row_run t512_16384_noloop 8192 16384 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_GRID_LOOP=0
-row_run default_32768 4096 32768
-row_run t1024_32768 4096 32768 MAGI_MAX_BLOCK_THREADS=1024
-row_run t1024_32768_noloop 4096 32768 MAGI_MAX_BLOCK_THREADS=1024 MAGI_ROW_GRID_LOOP=0
-row_run default_16384_again 8192 16384
+gpu_row_run "$S" default_16384 8192 16384
+gpu_row_run "$S" t512_16384 8192 16384 MAGI_MAX_BLOCK_THREADS=512
+gpu_row_run "$S" t512_16384_noloop 8192 16384 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_GRID_LOOP=0
+gpu_row_run "$S" default_32768 4096 32768
+gpu_row_run "$S" t1024_32768 4096 32768 MAGI_MAX_BLOCK_THREADS=1024
+gpu_row_run "$S" t1024_32768_noloop 4096 32768 MAGI_MAX_BLOCK_THREADS=1024 MAGI_ROW_GRID_LOOP=0
+gpu_row_run "$S" default_16384_again 8192 16384

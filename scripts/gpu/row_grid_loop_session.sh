@@ -21,11 +21,7 @@ MAGI_ROW_GRID_LOOP=0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 gpu_row_bandwi
 MAGI_ROW_GRID_LOOP=0 MAGI_ROW_COLUMN_LOADS=late gpu_row_bandwidth "$S" loop0_late
 mkdir -p /tmp/scratch && OUT=/tmp/scratch gpu_row_bandwidth "$S" loop1_again
 for loop in 1 0; do
-  echo "== 4096 x 32768, MAGI_ROW_GRID_LOOP=$loop" | tee -a "$S"
-  MAGI_ROW_GRID_LOOP=$loop timeout 100 python benchmarks/bandwidth.py --device cuda \
-    --no-compile-latency --variants torch.compile,magi_compile --rows 4096 --cols 32768 \
-    --only rmsnorm,add_rmsnorm,layer_norm,softmax --out "/tmp/band_long_loop$loop.json" 2>&1 |
-    grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$S"
+  ROW_JSON_DIR=/tmp gpu_row_run "$S" "long_loop$loop" 4096 32768 MAGI_ROW_GRID_LOOP=$loop
 done
 for loop in 1 0; do
   echo "== llama prefill, MAGI_ROW_GRID_LOOP=$loop" | tee -a "$S"

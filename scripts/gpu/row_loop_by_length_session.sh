@@ -12,8 +12,4 @@ gpu_build "$S" 2
 rm -f "$OUT/cmake.log" "$OUT/build.log"
 echo "== pytest GPU fusion" | tee -a "$S"
 gpu_pytest gpu_fusion.log 120 tests/gpu/test_fusion_cuda.py | tee -a "$S"
-echo "== auto (2048 x 65536)" | tee -a "$S"
-timeout 60 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-  --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-  --rows 2048 --cols 65536 --out "$OUT/band_auto_65536.json" 2>&1 |
-  grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
+gpu_row_run "$S" auto_65536 2048 65536

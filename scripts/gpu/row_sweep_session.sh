@@ -13,26 +13,17 @@ S="$OUT/summary.txt"
 gpu_build "$S" 2
 rm -f "$OUT/cmake.log" "$OUT/build.log"
 mkdir -p /tmp/json
-# row_run LABEL ROWS COLS [VAR=VALUE ...]: the four row kernels beside torch.compile.
-row_run() {
-  local label="$1" rows="$2" cols="$3"
-  shift 3
-  echo "== $label ($rows x $cols) $*" | tee -a "$S"
-  env "$@" timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --rows "$rows" --cols "$cols" --out "/tmp/json/band_$label.json" 2>&1 |
-    grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
-}
+export ROW_JSON_DIR=/tmp/json
 L0=MAGI_ROW_GRID_LOOP=0
-row_run loop0 16384 8192 $L0
-row_run loop0_t512k2_late 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 MAGI_ROW_COLUMN_LOADS=late
-row_run loop0_t1024k1 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=1024 MAGI_ROW_CHUNKS=1
-row_run loop0_late_b6 16384 8192 $L0 MAGI_ROW_COLUMN_LOADS=late MAGI_ROW_MIN_BLOCKS=6
-row_run loop0_t512k2_nopdl 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 MAGI_DEPENDENT_LAUNCH=0
-row_run loop0_t512k2_plain 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 MAGI_VECTOR_IO=plain
-row_run long_loop0_sk1 4096 32768 $L0 MAGI_ROW_STREAM_CHUNKS=1
-row_run long_loop0_sk1_t1024 4096 32768 $L0 MAGI_ROW_STREAM_CHUNKS=1 MAGI_ROW_STREAM_THREADS=1024
-row_run long_loop0_t256 4096 32768 $L0 MAGI_ROW_STREAM_THREADS=256
-row_run long_loop0 4096 32768 $L0
-row_run loop1 16384 8192 MAGI_ROW_GRID_LOOP=1
+gpu_row_run "$S" loop0 16384 8192 $L0
+gpu_row_run "$S" loop0_t512k2_late 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 MAGI_ROW_COLUMN_LOADS=late
+gpu_row_run "$S" loop0_t1024k1 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=1024 MAGI_ROW_CHUNKS=1
+gpu_row_run "$S" loop0_late_b6 16384 8192 $L0 MAGI_ROW_COLUMN_LOADS=late MAGI_ROW_MIN_BLOCKS=6
+gpu_row_run "$S" loop0_t512k2_nopdl 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 MAGI_DEPENDENT_LAUNCH=0
+gpu_row_run "$S" loop0_t512k2_plain 16384 8192 $L0 MAGI_MAX_BLOCK_THREADS=512 MAGI_ROW_CHUNKS=2 MAGI_VECTOR_IO=plain
+gpu_row_run "$S" long_loop0_sk1 4096 32768 $L0 MAGI_ROW_STREAM_CHUNKS=1
+gpu_row_run "$S" long_loop0_sk1_t1024 4096 32768 $L0 MAGI_ROW_STREAM_CHUNKS=1 MAGI_ROW_STREAM_THREADS=1024
+gpu_row_run "$S" long_loop0_t256 4096 32768 $L0 MAGI_ROW_STREAM_THREADS=256
+gpu_row_run "$S" long_loop0 4096 32768 $L0
+gpu_row_run "$S" loop1 16384 8192 MAGI_ROW_GRID_LOOP=1
 tar -C /tmp -czf "$OUT/band_json.tgz" json

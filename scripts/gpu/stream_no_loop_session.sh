@@ -15,22 +15,14 @@ rm -f "$OUT/cmake.log" "$OUT/build.log"
 echo "== pytest GPU fusion (default MAGI_ROW_GRID_LOOP=auto)" | tee -a "$S"
 gpu_pytest gpu_fusion.log 150 tests/gpu/test_fusion_cuda.py | tee -a "$S"
 mkdir -p /tmp/json
-row_run() {  # LABEL ROWS COLS [VAR=VALUE ...]: the four row kernels beside torch.compile
-  local label="$1" rows="$2" cols="$3"
-  shift 3
-  echo "== $label ($rows x $cols) $*" | tee -a "$S"
-  env "$@" timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
-    --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --rows "$rows" --cols "$cols" --out "/tmp/json/band_$label.json" 2>&1 |
-    grep -v "^\[magi" | grep -E "%|copy" | tail -5 | tee -a "$S"
-}
-row_run auto_8192 16384 8192
+export ROW_JSON_DIR=/tmp/json
+gpu_row_run "$S" auto_8192 16384 8192
 for shape in "8192 16384" "4096 32768" "2048 65536"; do
   set -- $shape
-  row_run "auto_$2" "$1" "$2"
-  row_run "loop1_$2" "$1" "$2" MAGI_ROW_GRID_LOOP=1
+  gpu_row_run "$S" "auto_$2" "$1" "$2"
+  gpu_row_run "$S" "loop1_$2" "$1" "$2" MAGI_ROW_GRID_LOOP=1
 done
-row_run stream8192_l1 16384 8192 MAGI_ROW_CHUNKS=1 MAGI_ROW_STREAM_L1=2
-row_run stream8192_l1_sk1 16384 8192 MAGI_ROW_CHUNKS=1 MAGI_ROW_STREAM_L1=2 MAGI_ROW_STREAM_CHUNKS=1
-row_run auto_32768_b4 4096 32768 MAGI_ROW_STREAM_MIN_BLOCKS=4
+gpu_row_run "$S" stream8192_l1 16384 8192 MAGI_ROW_CHUNKS=1 MAGI_ROW_STREAM_L1=2
+gpu_row_run "$S" stream8192_l1_sk1 16384 8192 MAGI_ROW_CHUNKS=1 MAGI_ROW_STREAM_L1=2 MAGI_ROW_STREAM_CHUNKS=1
+gpu_row_run "$S" auto_32768_b4 4096 32768 MAGI_ROW_STREAM_MIN_BLOCKS=4
 tar -C /tmp -czf "$OUT/band_json.tgz" json

@@ -228,12 +228,16 @@ ModuleTable& module_table() {
 // CUresult codes (cuda.h) whose cause is not ours to report as a bug.
 constexpr int kOutOfMemory = 2;
 constexpr int kEccUncorrectable = 214, kNvlinkUncorrectable = 220, kContained = 226;
+constexpr int kIllegalAddress = 700, kLaunchTimeout = 702, kAssert = 710;
+// CUDA_ERROR_HARDWARE_STACK_ERROR (714) through CUDA_ERROR_LAUNCH_FAILED (719).
+constexpr int kKernelFaultFirst = 714, kKernelFaultLast = 719;
 constexpr int kTensorMemoryLeak = 721, kExternalDevice = 911;
 constexpr int kCaptureFirst = 900, kCaptureLast = 908;  // CUDA_ERROR_STREAM_CAPTURE_*, 907 too
 bool sticky_fault(int code) {                           // the context is unusable after these
-  return code == 700 || code == 702 || code == 710 || (code >= 714 && code <= 719) ||
-         code == kTensorMemoryLeak || code == kEccUncorrectable || code == kNvlinkUncorrectable ||
-         code == kContained || code == kExternalDevice;
+  return code == kIllegalAddress || code == kLaunchTimeout || code == kAssert ||
+         (code >= kKernelFaultFirst && code <= kKernelFaultLast) || code == kTensorMemoryLeak ||
+         code == kEccUncorrectable || code == kNvlinkUncorrectable || code == kContained ||
+         code == kExternalDevice;
 }
 
 }  // namespace

@@ -50,18 +50,22 @@ bool capture_invalidated(cudaStream_t stream) {
 // pool of a capture that never ended. Left so, PyTorch's caching allocator would believe a
 // capture under way for the rest of the process (torch.cuda.empty_cache() then fails an
 // internal assert), and the pool's use count would never drop. A pool is released only by the
-// allocator that was recording to it.
+// allocator that was recording to it; one that was not refuses (logged at debug level).
 void release_invalidated_capture(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) {
   try {
     c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
     c10::cuda::CUDACachingAllocator::releasePool(device, pool);
-  } catch (...) {
+  } catch (const std::exception& e) {
+    MAGI_LOG_DEBUG("after a failed CUDA graph capture, the device allocator kept its pool: ",
+                   e.what());
   }
   try {
     at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
     host->end_allocate_to_pool(pool);
     host->release_pool(pool);
-  } catch (...) {
+  } catch (const std::exception& e) {
+    MAGI_LOG_DEBUG("after a failed CUDA graph capture, the host allocator kept its pool: ",
+                   e.what());
   }
 }
 
