@@ -240,7 +240,7 @@ def copy_bandwidth(rows: int, cols: int, dtype, device: str, warmup: int, iters:
 
 
 def measure_bandwidth(args) -> dict:
-    device, dtype = args.device, torch.bfloat16
+    device, dtype = args.device, getattr(torch, args.dtype)
     rows, cols = args.rows, args.cols
     # A long warm-up: the first kernels of a process can meet an idle GPU at low clocks, and a
     # low copy figure would inflate every percentage below.
@@ -286,7 +286,7 @@ def measure_bandwidth(args) -> dict:
         del input_sets, expected
         if device == "cuda":
             torch.cuda.empty_cache()
-    return {"copy": copy, "rows": rows, "cols": cols, "dtype": "bfloat16", "workloads": results}
+    return {"copy": copy, "rows": rows, "cols": cols, "dtype": args.dtype, "workloads": results}
 
 
 def print_header(variants) -> None:
@@ -412,6 +412,12 @@ def parse_args(argv):
     p.add_argument("--out", help="JSON path")
     p.add_argument("--rows", type=int)
     p.add_argument("--cols", type=int)
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default="bfloat16",
+        help="element type of the bandwidth workloads (default bfloat16)",
+    )
     p.add_argument("--hidden", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--compile-worker", action="store_true", help=argparse.SUPPRESS)

@@ -38,14 +38,15 @@ gpu_build() {
 # gpu_row_run SUMMARY LABEL ROWS COLS [VAR=VALUE ...]: bandwidth.py's four row kernels
 # (RMSNorm, add+RMSNorm, LayerNorm, softmax) at ROWS x COLS beside torch.compile, in a process
 # of their own with the settings given (and the caller's environment), into
-# ${ROW_JSON_DIR:-$OUT}/band_LABEL.json; the table appended to SUMMARY.
+# ${ROW_JSON_DIR:-$OUT}/band_LABEL.json, in the element type ${ROW_DTYPE:-bfloat16}; the table
+# appended to SUMMARY.
 gpu_row_run() {
   local summary="$1" label="$2" rows="$3" cols="$4"
   shift 4
-  echo "== $label ($rows x $cols) $*" | tee -a "$summary"
+  echo "== $label ($rows x $cols ${ROW_DTYPE:-bfloat16}) $*" | tee -a "$summary"
   env "$@" timeout 100 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
     --variants torch.compile,magi_compile --only rmsnorm,add_rmsnorm,layer_norm,softmax \
-    --rows "$rows" --cols "$cols" --out "${ROW_JSON_DIR:-$OUT}/band_$label.json" 2>&1 |
+    --rows "$rows" --cols "$cols" --dtype "${ROW_DTYPE:-bfloat16}" --out "${ROW_JSON_DIR:-$OUT}/band_$label.json" 2>&1 |
     grep -v "^\[magi" | grep -E "%|copy" | tail -6 | tee -a "$summary"
 }
 

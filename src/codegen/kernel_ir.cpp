@@ -100,7 +100,7 @@ std::string KernelVariant::symbol() const {
   std::string s = spec->name + "_";
   for (AccessClass a : access) s += static_cast<char>(a);
   s += "_v" + std::to_string(vector_width) + (rows_in_warps ? "_w" : "") +
-       (streamed_rows ? "_s" : "") + (row_loop ? "" : "_g");
+       (streamed_rows ? "_s" : "") + (wide_rows ? "_h" : "") + (row_loop ? "" : "_g");
   if (index_rank > 0) s += "_r" + std::to_string(index_rank) + (narrow_index ? "n" : "");
   if (unroll > 1) s += "_u" + std::to_string(unroll);
   if (strided_vectors) s += "_sv";

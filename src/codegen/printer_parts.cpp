@@ -243,6 +243,9 @@ void check_variant(const KernelVariant& v) {
               "kernel with more than ", passes::kMaxKernelArgs, " inputs and outputs");
   MAGI_ASSERT(!v.strided_vectors || (v.vector_width > 1 && v.spec->schedule != Schedule::kColumn),
               v.symbol(), ": whole strided vectors in a column kernel or at width 1");
+  MAGI_ASSERT(
+      !v.wide_rows || (v.spec->schedule == Schedule::kRow && !v.streamed_rows && !v.rows_in_warps),
+      v.symbol(), ": wide rows are a layout of row kernels holding one row per block");
 }
 
 // Lane loops index the per-thread register arrays (c<i>[k][j], t<i>[j], o<k>[j]); unless they

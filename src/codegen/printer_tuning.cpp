@@ -81,7 +81,7 @@ int row_min_blocks() {  // read at every print (kernels are printed once each)
   return env_int("MAGI_ROW_MIN_BLOCKS", 0, 0, 32);
 }
 
-bool row_grid_loop(bool streamed_rows, int64_t row_bytes) {
+bool row_grid_loop(const KernelVariant& v, int64_t row_bytes) {
   static const char mode = [] {
     const char* text = std::getenv("MAGI_ROW_GRID_LOOP");
     std::string m = text == nullptr || *text == '\0' ? "auto" : text;
@@ -89,7 +89,17 @@ bool row_grid_loop(bool streamed_rows, int64_t row_bytes) {
                " is not one of auto, 0, 1");
     return m[0];
   }();
-  return mode == '1' || (mode == 'a' && !(streamed_rows && row_bytes <= kStreamedRowsWithoutLoop));
+  const bool without = v.wide_rows || (v.streamed_rows && row_bytes <= kStreamedRowsWithoutLoop);
+  return mode == '1' || (mode == 'a' && !without);
+}
+
+int held_row_threads() {
+  static const int threads = [] {
+    int t = env_int("MAGI_ROW_HELD_THREADS", 512, 32, 1024);
+    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_ROW_HELD_THREADS=", t, " is not a power of two");
+    return t;
+  }();
+  return threads;
 }
 
 int stream_threads_per_block() {

@@ -52,7 +52,9 @@ std::string print_cuda(const KernelVariant& v) {
   const KernelSpec& s = *v.spec;
   std::ostringstream os;
   emit_header_comment(os, v);
-  const int block_threads = v.streamed_rows ? stream_threads_per_block() : max_threads_per_block();
+  const int block_threads = v.streamed_rows ? stream_threads_per_block()
+                            : v.wide_rows   ? held_row_threads()
+                                            : max_threads_per_block();
   os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads;
   const int min_blocks = s.schedule != Schedule::kRow ? 0
                          : v.streamed_rows            ? stream_min_blocks()

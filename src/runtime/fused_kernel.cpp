@@ -630,7 +630,8 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   key[kv.access.size() + 1] = static_cast<char>('0' + width);
   key[kv.access.size() + 2] = device.is_cuda() ? 'g' : 'c';
   key[kv.access.size() + 3] = static_cast<char>('0' + (device.is_cuda() ? device.index() : 0));
-  key[kv.access.size() + 4] = kv.rows_in_warps ? 'w' : (kv.streamed_rows ? 's' : 'b');
+  key[kv.access.size() + 4] =
+      kv.rows_in_warps ? 'w' : (kv.streamed_rows ? 's' : (kv.wide_rows ? 'h' : 'b'));
   key[kv.access.size() + 5] = static_cast<char>('0' + kv.index_rank);
   key[kv.access.size() + 6] = kv.narrow_index ? 'n' : 'w';
   key[kv.access.size() + 7] = static_cast<char>('0' + kv.unroll);

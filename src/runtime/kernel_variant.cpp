@@ -128,24 +128,28 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
     if (vectors && !whole) break;
     gpu.strided_vectors = vectors;
     gpu.unroll = 1;
-    // Row kernels in each layout: rows in registers one per block, rows in warps, streamed;
-    // streamed once more for the longest rows where MAGI_ROW_GRID_LOOP prints those otherwise.
+    // Row kernels in each layout: rows in registers one per block, rows in warps, wide rows in
+    // registers, streamed; streamed once more for the longest rows where MAGI_ROW_GRID_LOOP
+    // prints those otherwise.
     struct Layout {
-      bool in_warps, streamed;
+      bool in_warps, streamed, wide;
       int64_t row_bytes;  // of the widest input read along the row
     };
     constexpr int64_t kLongest = std::numeric_limits<int64_t>::max();
-    for (const Layout& l : {Layout{false, false, 0}, Layout{true, false, 0}, Layout{false, true, 0},
-                            Layout{false, true, kLongest}}) {
-      if ((l.in_warps || l.streamed) && spec.schedule != codegen::Schedule::kRow) break;
-      if (l.row_bytes == kLongest &&
-          rows_loop_by_grid(true, kLongest) == rows_loop_by_grid(true, 0)) {
-        break;
-      }
+    for (const Layout& l : {Layout{false, false, false, 0}, Layout{true, false, false, 0},
+                            Layout{false, false, true, 0}, Layout{false, true, false, 0},
+                            Layout{false, true, false, kLongest}}) {
+      if ((l.in_warps || l.streamed || l.wide) && spec.schedule != codegen::Schedule::kRow) break;
+      if (l.wide && codegen::held_row_threads() <= codegen::max_threads_per_block()) continue;
       gpu.rows_in_warps = l.in_warps;
       gpu.streamed_rows = l.streamed;
+      gpu.wide_rows = l.wide;
+      if (l.row_bytes == kLongest &&
+          rows_loop_by_grid(gpu, kLongest) == rows_loop_by_grid(gpu, 0)) {
+        break;
+      }
       gpu.row_loop =
-          spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(l.streamed, l.row_bytes);
+          spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(gpu, l.row_bytes);
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;
@@ -158,7 +162,7 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
       cuda += codegen::print_cuda(gpu) + "\n";
     }
   }
-  gpu.rows_in_warps = gpu.streamed_rows = false;
+  gpu.rows_in_warps = gpu.streamed_rows = gpu.wide_rows = false;
   gpu.row_loop = true;
   gpu.unroll = 1;
   gpu.vector_width = widest;
@@ -198,37 +202,42 @@ int sm_count_of(int index) {
 }
 
 // Threads per row of a GPU row kernel: the fewest (a power of two) for the row to fit in
-// registers, K chunks of V elements each, at most a block. Rows of at most 32 threads run
-// several to a block (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values
-// takes 4 lanes with 4 loads in flight each (with a block of 32 threads per row, three
-// quarters of them idle, the video-DiT block's q/k norm took 432 us per call on an H100).
+// registers, K chunks of V elements each, at most a block, or at most a wide block
+// (codegen::held_row_threads) where that holds the row; a row neither holds is streamed by a
+// block of max_threads_per_block threads. Rows of at most 32 threads run several to a block
+// (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values takes 4 lanes with 4
+// loads in flight each (with a block of 32 threads per row, three quarters of them idle, the
+// video-DiT block's q/k norm took 432 us per call on an H100).
 int64_t threads_per_row(int64_t cols, int width) {
   const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
   const int64_t fit = pow2_ceil((cols + per_thread - 1) / per_thread);
-  return std::min<int64_t>(fit, codegen::max_threads_per_block());
+  if (fit <= std::max(codegen::max_threads_per_block(), codegen::held_row_threads())) return fit;
+  return codegen::max_threads_per_block();
 }
 
 // The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules), and
 // whether it loops over rows (rows_loop_by_grid, from the bytes of a row of its widest input
 // read along the row; none such, as in a kernel of per-column inputs only, counts 0): rows
 // of at most 32 threads run several to a block; rows longer than a block holds in registers
-// are streamed, once per pass over them.
+// are held by a wider one (wide rows, up to codegen::held_row_threads) or else streamed, once
+// per pass over them.
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
   if (kv.spec->schedule != codegen::Schedule::kRow) return;
   const int64_t threads = threads_per_row(cols, kv.vector_width);
   kv.rows_in_warps = threads <= 32;
   kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
+  kv.wide_rows = !kv.streamed_rows && threads > codegen::max_threads_per_block();
   int64_t widest = 0;  // bytes of an element of the widest input read along the row
   for (size_t i = 0; i < kv.access.size(); ++i) {
     if (kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kStrided) {
       widest = std::max<int64_t>(widest, c10::elementSize(kv.spec->inputs[i].dtype));
     }
   }
-  kv.row_loop = rows_loop_by_grid(kv.streamed_rows, cols * widest);
+  kv.row_loop = rows_loop_by_grid(kv, cols * widest);
 }
 
-bool rows_loop_by_grid(bool streamed_rows, int64_t row_bytes) {
-  return codegen::kernel_grid_mode() != 'a' || codegen::row_grid_loop(streamed_rows, row_bytes);
+bool rows_loop_by_grid(const codegen::KernelVariant& kv, int64_t row_bytes) {
+  return codegen::kernel_grid_mode() != 'a' || codegen::row_grid_loop(kv, row_bytes);
 }
 
 }  // namespace magi::runtime::detail

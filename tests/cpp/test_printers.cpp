@@ -376,25 +376,30 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
 }
 
-// By default (MAGI_ROW_GRID_LOOP=auto) the loop over rows is left out of streamed rows of up to
-// 64 KiB of the widest input read along the row (8192 < cols <= 32768 bf16 values at the
-// default 256 threads x 4 chunks of 16 bytes; a row length not a multiple of 8 takes narrower
-// vectors, hence is streamed sooner) and kept for rows held in registers and for longer
-// streamed rows: the variant the first call of each row length will launch says so in its name.
-TEST(FusedKernel, TheDefaultDropsTheRowLoopFromStreamedRowsUpTo64KiB) {
-  for (const char* var :
-       {"MAGI_ROW_GRID_LOOP", "MAGI_KERNEL_GRID", "MAGI_ROW_CHUNKS", "MAGI_MAX_BLOCK_THREADS"}) {
+// At the defaults (256 threads of 4 chunks of 16 bytes, MAGI_ROW_HELD_THREADS=512,
+// MAGI_ROW_GRID_LOOP=auto) rows of up to 8192 bf16 values are held in registers by a block of
+// 256 threads, with the loop over rows; rows of up to 16384 by a wide block of 512 (_h), without
+// it; longer rows are streamed (_s), without the loop up to 64 KiB of the widest input read
+// along the row. A row length not a multiple of 8 takes narrower vectors, hence a wider block
+// or streaming sooner. The variant the first call of each row length will launch says so in
+// its name.
+TEST(FusedKernel, RowLengthsPickHeldWideAndStreamedLayouts) {
+  for (const char* var : {"MAGI_ROW_GRID_LOOP", "MAGI_KERNEL_GRID", "MAGI_ROW_CHUNKS",
+                          "MAGI_MAX_BLOCK_THREADS", "MAGI_ROW_HELD_THREADS"}) {
     if (std::getenv(var) != nullptr) GTEST_SKIP() << var << " is set";
   }
-  EXPECT_TRUE(codegen::row_grid_loop(false, 1024));
-  EXPECT_FALSE(codegen::row_grid_loop(true, codegen::kStreamedRowsWithoutLoop));
-  EXPECT_TRUE(codegen::row_grid_loop(true, codegen::kStreamedRowsWithoutLoop + 2));
+  codegen::KernelVariant held, wide, streamed;
+  wide.wide_rows = true;
+  streamed.streamed_rows = true;
+  EXPECT_TRUE(codegen::row_grid_loop(held, 1024));
+  EXPECT_FALSE(codegen::row_grid_loop(wide, 32768));
+  EXPECT_FALSE(codegen::row_grid_loop(streamed, codegen::kStreamedRowsWithoutLoop));
+  EXPECT_TRUE(codegen::row_grid_loop(streamed, codegen::kStreamedRowsWithoutLoop + 2));
   const c10::Device cuda(c10::DeviceType::CUDA, 0);
-  const std::vector<std::pair<int64_t, std::string>> cases = {{8192, "_ccl_v8"},
-                                                              {8194, "_ccl_v2_s_g"},
-                                                              {32768, "_ccl_v8_s_g"},
-                                                              {32770, "_ccl_v2_s"},
-                                                              {65536, "_ccl_v8_s"}};
+  const std::vector<std::pair<int64_t, std::string>> cases = {
+      {8192, "_ccl_v8"},      {8200, "_ccl_v8_h_g"}, {16384, "_ccl_v8_h_g"},
+      {4100, "_ccl_v4_h_g"},  {8194, "_ccl_v2_s_g"}, {16392, "_ccl_v8_s_g"},
+      {32768, "_ccl_v8_s_g"}, {32770, "_ccl_v2_s"},  {65536, "_ccl_v8_s"}};
   for (const auto& [cols, suffix] : cases) {
     auto g = add_rmsnorm_group_of(cols);
     place_on(*g, cuda);

@@ -113,26 +113,35 @@ def test_vector_width(name, cols, widths, dtype, assert_close_rel):
 @pytest.mark.usefixtures("no_fallback")
 @DTYPES
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layer_norm"])
-@pytest.mark.parametrize("cols", [65536, 65535, 9000, 4095])
+@pytest.mark.parametrize("cols", [65536, 65535, 16384, 9000, 6144, 4095])
 def test_long_rows(name, cols, dtype, assert_close_rel):
-    """Beyond the register-held row (256 threads x 4 chunks of 16 bytes: 8192 bf16 or 4096 f32
-    elements; odd rows, one element per access, 1024): the streamed layout (symbol suffix _s, then
-    _g for rows of at most 64 KiB, printed without the loop over rows), every pass reading the
-    row, K vectors ahead, under L2 eviction hints."""
+    """Beyond the row 256 threads hold in registers (4 chunks of 16 bytes each: 8192 bf16 or
+    4096 f32 elements; odd rows, one element per access, 1024): rows that 512 threads hold are
+    held by a wide block (symbol suffix _h), longer ones streamed (_s), every pass reading the
+    row, K vectors ahead, under L2 eviction hints; both printed without the loop over rows (_g)
+    up to 64 KiB of row."""
     pattern = width_pattern(name, cols, rows=2)
     pattern.batches = (2, 3)
     (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
     kernels = assert_fused(run, pattern, dtype)
-    # MAGI_ROW_GRID_LOOP=auto: no loop over rows (_g) for rows of at most 64 KiB
-    suffix = "_s_g" if cols * torch.empty((), dtype=dtype).element_size() <= 65536 else "_s"
+    two_bytes = dtype != torch.float32
+    suffix = {  # at the defaults: MAGI_ROW_HELD_THREADS=512, MAGI_ROW_GRID_LOOP=auto
+        65536: "_s",
+        65535: "_s",
+        16384: "_h_g" if two_bytes else "_s_g",
+        9000: "_h_g" if two_bytes else "_s_g",
+        6144: "_v8" if two_bytes else "_h_g",  # bf16: 192 threads' worth, a block of 256
+        4095: "_s_g",
+    }[cols]
     assert all(k["symbol"].endswith(suffix) for k in kernels), [k["symbol"] for k in kernels]
 
 
 @pytest.mark.usefixtures("no_fallback")
-def test_one_kernel_launches_streamed_rows_with_and_without_the_row_loop(assert_close_rel):
-    """MAGI_ROW_GRID_LOOP=auto chooses the loop over rows at each launch from the row length:
-    one compiled RMSNorm over a dynamic row length runs rows of 32 KiB without it (_s_g) and
-    rows of 128 KiB with it (_s), two variants of one kernel, each matching eager."""
+def test_one_kernel_launches_wide_and_streamed_rows_with_and_without_the_row_loop(assert_close_rel):
+    """The row layout and MAGI_ROW_GRID_LOOP=auto's loop over rows are chosen at each launch from
+    the row length: one compiled RMSNorm over a dynamic row length holds rows of 32 KiB in a
+    wide block (_h_g), streams rows of 64 KiB without the loop (_s_g) and rows of 128 KiB with
+    it (_s), three variants of one kernel, each matching eager."""
 
     def norm(x, w):  # a code object of its own: Dynamo's cache is per code object
         xf = x.float()
@@ -141,13 +150,13 @@ def test_one_kernel_launches_streamed_rows_with_and_without_the_row_loop(assert_
     from magi_compiler.inspection import last_compiled
 
     compiled = magi_compile(norm, dynamic_arg_dims={"x": [0, 1], "w": [0]})
-    for cols in (16384, 65536):
+    for cols in (16384, 32768, 65536):
         x = torch.randn(3, cols, dtype=BF16, device="cuda")
         w = torch.randn(cols, dtype=BF16, device="cuda")
         assert_close_rel(compiled(x, w), norm(x, w), RTOL[BF16])
-    symbols = sorted(k["symbol"] for k in last_compiled().executable.generated_kernels())
-    assert len(symbols) == 2, symbols
-    assert symbols[0][:-2] == symbols[1][:-4] and symbols[1].endswith("_s_g"), symbols
+    symbols = [k["symbol"] for k in last_compiled().executable.generated_kernels()]
+    stem = symbols[0][: symbols[0].rindex("_v8_") + 3]
+    assert sorted(symbols) == [stem + "_h_g", stem + "_s", stem + "_s_g"], symbols
 
 
 def test_unaligned_views_fall_back_to_narrow_accesses(assert_close_rel):

@@ -131,9 +131,14 @@ struct KernelVariant {
   /// GPU row kernels: rows longer than a block holds in registers, read once per pass over
   /// them (each step of a pass loads K vectors ahead); else held in registers, read once.
   bool streamed_rows = false;
+  /// GPU row kernels whose rows are held in registers: by a block of more threads than
+  /// MAGI_MAX_BLOCK_THREADS (at most MAGI_ROW_HELD_THREADS), printed with that bound instead
+  /// (rows of 8192 < cols <= 16384 bf16 values at the defaults; symbol suffix _h).
+  bool wide_rows = false;
   /// GPU row kernels: loop over rows by the grid's stride (a block may take several rows);
   /// false, the launch's grid covers every row and a block takes its own (MAGI_ROW_GRID_LOOP:
-  /// streamed rows of at most 64 KiB by default, with MAGI_KERNEL_GRID=all; symbol suffix _g).
+  /// wide rows and streamed rows of at most 64 KiB by default, with MAGI_KERNEL_GRID=all;
+  /// symbol suffix _g).
   bool row_loop = true;
   /// Row and pointwise kernels with strided inputs: the rank of the index space, which the
   /// printed kernel takes as a constant (its row-coordinate loops unroll to it); 0 otherwise.

@@ -55,13 +55,14 @@ int max_threads_per_block();
 /// blocks)): 0 (default) leaves registers to the compiler. MAGI_ROW_MIN_BLOCKS (0-32), read at
 /// every print.
 int row_min_blocks();
-/// Whether GPU row kernels of a layout (rows streamed, or held in registers or warps) loop over
-/// rows by the grid's stride or, when the launch's grid covers every row (MAGI_KERNEL_GRID=all),
-/// take their block's row(s) with no loop. `row_bytes`: a row of the kernel's widest row-wide
-/// input. MAGI_ROW_GRID_LOOP: `auto` (default) drops the loop from streamed rows of at most
-/// kStreamedRowsWithoutLoop bytes only, `1` keeps it everywhere, `0` drops it everywhere. Read
-/// once per process; each variant records its choice (KernelVariant::row_loop).
-bool row_grid_loop(bool streamed_rows, int64_t row_bytes);
+/// Whether GPU row kernels of `v`'s layout (its rows_in_warps, streamed_rows and wide_rows) loop
+/// over rows by the grid's stride or, when the launch's grid covers every row
+/// (MAGI_KERNEL_GRID=all), take their block's row(s) with no loop. `row_bytes`: a row of the
+/// kernel's widest row-wide input. MAGI_ROW_GRID_LOOP: `auto` (default) drops the loop from wide
+/// rows and from streamed rows of at most kStreamedRowsWithoutLoop bytes only, `1` keeps it
+/// everywhere, `0` drops it everywhere. Read once per process; each variant records its choice
+/// (KernelVariant::row_loop).
+bool row_grid_loop(const KernelVariant& v, int64_t row_bytes);
 /// The longest streamed row (bytes of the widest row-wide input) that MAGI_ROW_GRID_LOOP=auto
 /// prints without the loop over rows. Without it the kernels take fewer registers, so more
 /// blocks per SM, each keeping its row in L2 between the passes over it. On an H200 (bf16,
@@ -69,6 +70,14 @@ bool row_grid_loop(bool streamed_rows, int64_t row_bytes);
 /// 128 KiB lost 6-16 points on three of them (docs/config.md). Measured with one or two inputs
 /// read along the row, and only on an H200 (50 MiB of L2).
 constexpr int64_t kStreamedRowsWithoutLoop = int64_t{64} << 10;
+/// The most threads per block a GPU row kernel takes to hold its rows in registers: rows that do
+/// not fit in max_threads_per_block() threads but fit in this many are held by a wider block
+/// (KernelVariant::wide_rows) instead of streamed. 512 by default, MAGI_ROW_HELD_THREADS (a power
+/// of two, 32-1024; at most max_threads_per_block() turns wide rows off). On an H200, rows of
+/// 16384 bf16 values held by 512 threads without the loop over rows measured 96.3 / 97.5 / 97.3 /
+/// 95.1% of copy bandwidth (RMSNorm / add+RMSNorm / LayerNorm / softmax) against 94.8 / 99.4 /
+/// 69.1 / 82.0% streamed; rows of 32768 held by 1024 threads lost to streamed ones.
+int held_row_threads();
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
 int stream_threads_per_block();
