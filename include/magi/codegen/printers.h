@@ -74,9 +74,9 @@ constexpr int64_t kStreamedRowsWithoutLoop = int64_t{64} << 10;
 /// not fit in max_threads_per_block() threads but fit in this many are held by a wider block
 /// (KernelVariant::wide_rows) instead of streamed. 512 by default, MAGI_ROW_HELD_THREADS (a power
 /// of two, 32-1024; at most max_threads_per_block() turns wide rows off). On an H200, rows of
-/// 16384 bf16 values held by 512 threads without the loop over rows measured 96.3 / 97.5 / 97.3 /
-/// 95.1% of copy bandwidth (RMSNorm / add+RMSNorm / LayerNorm / softmax) against 94.8 / 99.4 /
-/// 69.1 / 82.0% streamed; rows of 32768 held by 1024 threads lost to streamed ones.
+/// 16384 bf16 values held by 512 threads without the loop over rows measured 96.4 / 97.5 / 96.7 /
+/// 95.3% of copy bandwidth (RMSNorm / add+RMSNorm / LayerNorm / softmax) against 95.0 / 99.6 /
+/// 68.9 / 82.2% streamed; rows of 32768 held by 1024 threads lost to streamed ones.
 int held_row_threads();
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
