@@ -93,6 +93,17 @@ bool row_grid_loop(const KernelVariant& v, int64_t row_bytes) {
   return mode == '1' || (mode == 'a' && !without);
 }
 
+char row_block_rounding() {  // read by the runtime's launch, not printed
+  static const char mode = [] {
+    const char* text = std::getenv("MAGI_ROW_BLOCK_ROUNDING");
+    std::string m = text == nullptr || *text == '\0' ? "warp" : text;
+    MAGI_CHECK(m == "warp" || m == "pow2", "MAGI_ROW_BLOCK_ROUNDING=", m,
+               " is not one of warp, pow2");
+    return m[0];
+  }();
+  return mode;
+}
+
 int held_row_threads() {
   static const int threads = [] {
     int t = env_int("MAGI_ROW_HELD_THREADS", 512, 32, 1024);

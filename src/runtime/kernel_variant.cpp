@@ -201,8 +201,9 @@ int sm_count_of(int index) {
   return codegen::cuda_driver_available() ? codegen::device_info(index).sm_count : 132;
 }
 
-// Threads per row of a GPU row kernel: the fewest (a power of two) for the row to fit in
-// registers, K chunks of V elements each, at most a block, or at most a wide block
+// Threads per row of a GPU row kernel: the fewest for the row to fit in registers, K chunks of
+// V elements each (a power of two up to a warp; beyond it whole warps, or a power of two with
+// MAGI_ROW_BLOCK_ROUNDING=pow2), at most a block, or at most a wide block
 // (codegen::held_row_threads) where that holds the row; a row neither holds is streamed by a
 // block of max_threads_per_block threads. Rows of at most 32 threads run several to a block
 // (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values takes 4 lanes with 4
@@ -210,7 +211,9 @@ int sm_count_of(int index) {
 // video-DiT block's q/k norm took 432 us per call on an H100).
 int64_t threads_per_row(int64_t cols, int width) {
   const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
-  const int64_t fit = pow2_ceil((cols + per_thread - 1) / per_thread);
+  const int64_t need = (cols + per_thread - 1) / per_thread;
+  int64_t fit = pow2_ceil(need);
+  if (fit > 32 && codegen::row_block_rounding() == 'w') fit = (need + 31) / 32 * 32;
   if (fit <= std::max(codegen::max_threads_per_block(), codegen::held_row_threads())) return fit;
   return codegen::max_threads_per_block();
 }

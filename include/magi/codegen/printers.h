@@ -78,6 +78,11 @@ constexpr int64_t kStreamedRowsWithoutLoop = int64_t{64} << 10;
 /// 95.3% of copy bandwidth (RMSNorm / add+RMSNorm / LayerNorm / softmax) against 95.0 / 99.6 /
 /// 68.9 / 82.2% streamed; rows of 32768 held by 1024 threads lost to streamed ones.
 int held_row_threads();
+/// How a GPU row kernel holding rows of more than 32 threads' worth rounds its block up: 'w'
+/// (default) to whole warps (a row of 12288 bf16 values: 384 threads of 4 chunks), 'p' to a
+/// power of two (512 threads, 3 of whose 4 chunks are used). MAGI_ROW_BLOCK_ROUNDING=warp|pow2.
+/// Read at each launch's layout choice; the printed kernels are the same either way.
+char row_block_rounding();
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
 int stream_threads_per_block();
