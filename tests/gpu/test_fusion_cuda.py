@@ -130,7 +130,7 @@ def test_long_rows(name, cols, dtype, assert_close_rel):
         65535: "_s",
         16384: "_h_g" if two_bytes else "_s_g",
         9000: "_h_g" if two_bytes else "_s_g",
-        6144: "_v8" if two_bytes else "_h_g",  # bf16: 192 threads' worth, a block of 256
+        6144: "_v8" if two_bytes else "_h_g",  # bf16: a block of 192 threads (6 warps)
         4095: "_s_g",
     }[cols]
     assert all(k["symbol"].endswith(suffix) for k in kernels), [k["symbol"] for k in kernels]
