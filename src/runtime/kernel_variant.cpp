@@ -204,8 +204,9 @@ int sm_count_of(int index) {
 // Threads per row of a GPU row kernel: the fewest for the row to fit in registers, K chunks of
 // V elements each (a power of two up to a warp; beyond it whole warps, or a power of two with
 // MAGI_ROW_BLOCK_ROUNDING=pow2), at most a block, or at most a wide block
-// (codegen::held_row_threads) where that holds the row; a row neither holds is streamed by a
-// block of max_threads_per_block threads. Rows of at most 32 threads run several to a block
+// (codegen::held_row_threads) where that holds the row; for a row neither holds, the most a
+// block holds, max_threads_per_block, which marks it streamed (its launch then takes
+// codegen::stream_threads_per_block threads). Rows of at most 32 threads run several to a block
 // (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values takes 4 lanes with 4
 // loads in flight each (with a block of 32 threads per row, three quarters of them idle, the
 // video-DiT block's q/k norm took 432 us per call on an H100).

@@ -83,7 +83,10 @@ struct CudaKernel {
   int blocks_per_sm[6] = {};
   /// Launches that allow it run as programmatic dependents (sm_90+, MAGI_DEPENDENT_LAUNCH).
   bool dependent_launch = false;
-  /// Resident blocks per multiprocessor at `threads` (a power of two in [32, 1024]).
+  /// Resident blocks per multiprocessor at `threads` (in [32, 1024]): exact for a power of two;
+  /// for another count of whole warps (a held row's block, MAGI_ROW_BLOCK_ROUNDING=warp) the
+  /// count of the next power of two up, a lower bound, so a one-wave grid
+  /// (MAGI_KERNEL_GRID=wave) of such blocks may leave room on each SM.
   int resident_blocks(int threads) const {
     int i = 0;
     while (i < 5 && (32 << i) < threads) ++i;

@@ -46,9 +46,10 @@ bool packed_bf16_possible(const KernelVariant& v);
 /// where used (no registers held across the reductions), 'r' with each row's loads, 'b' once
 /// per block before its first row. MAGI_ROW_COLUMN_LOADS=auto|late|row|block.
 char row_column_loads();
-/// Threads per block of every generated CUDA kernel, at most: 256 by default, so the compiler
-/// may give each thread up to 255 registers (a row kernel holds its row chunks in registers);
-/// MAGI_MAX_BLOCK_THREADS (a power of two, 32-1024).
+/// Threads per block of generated CUDA kernels, at most: 256 by default, so the compiler may
+/// give each thread up to 255 registers (a row kernel holds its row chunks in registers);
+/// MAGI_MAX_BLOCK_THREADS (a power of two, 32-1024). Row kernels over rows longer than that
+/// many threads hold take held_row_threads() (wide rows) or stream_threads_per_block().
 int max_threads_per_block();
 /// Blocks per SM a GPU row kernel whose rows fit in registers asks the compiler to make room for
 /// (the second bound of __launch_bounds__, capping registers per thread at 64K / (threads x
@@ -81,7 +82,7 @@ int held_row_threads();
 /// How a GPU row kernel holding rows of more than 32 threads' worth rounds its block up: 'w'
 /// (default) to whole warps (a row of 12288 bf16 values: 384 threads of 4 chunks), 'p' to a
 /// power of two (512 threads, 3 of whose 4 chunks are used). MAGI_ROW_BLOCK_ROUNDING=warp|pow2.
-/// Read at each launch's layout choice; the printed kernels are the same either way.
+/// Read once per process; the printed kernels are the same either way.
 char row_block_rounding();
 /// Threads per block of a GPU row kernel whose rows do not fit in registers (streamed rows):
 /// 512 by default, MAGI_ROW_STREAM_THREADS (a power of two, 32-1024).
