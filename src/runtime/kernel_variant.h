@@ -1,6 +1,7 @@
 // How FusedKernel chooses the kernel variant of a call (each input's access class, the vector
 // width, the row layout, vectors per thread, the index rank) and MagiArgs, the one argument of
-// every generated kernel. Private to the runtime layer: FusedKernel is its only user.
+// every generated kernel. Private to the runtime layer: FusedKernel is its only user (and
+// tests/cpp/test_printers.cpp checks threads_per_row).
 #pragma once
 
 #include <c10/core/ScalarType.h>

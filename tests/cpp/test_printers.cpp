@@ -22,6 +22,7 @@
 #include "magi/runtime/executor.h"
 #include "magi/runtime/fused_kernel.h"
 
+#include "../../src/runtime/kernel_variant.h"  // threads_per_row, private to the runtime
 #include "fusion_builder.h"
 #include "test_helpers.h"
 
@@ -383,6 +384,27 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
 // along the row. A row length not a multiple of 8 takes narrower vectors, hence a wider block
 // or streaming sooner. The variant the first call of each row length will launch says so in
 // its name.
+// The block of a row kernel holding rows in registers: a power of two up to a warp (rows share
+// a block and reduce by shuffles), whole warps beyond it (MAGI_ROW_BLOCK_ROUNDING=warp: no
+// chunk left idle but in the last warp), up to 256 threads, or 512 for a wide block; a row
+// that needs more is streamed (threads_per_row then answers the block the test for it uses).
+TEST(FusedKernel, HeldRowsTakeBlocksOfWholeWarps) {
+  for (const char* var : {"MAGI_ROW_CHUNKS", "MAGI_MAX_BLOCK_THREADS", "MAGI_ROW_HELD_THREADS",
+                          "MAGI_ROW_BLOCK_ROUNDING"}) {
+    if (std::getenv(var) != nullptr) GTEST_SKIP() << var << " is set";
+  }
+  using runtime::detail::threads_per_row;
+  // bf16 rows in 16-byte vectors: 32 values per thread (4 chunks of 8)
+  const std::vector<std::pair<int64_t, int64_t>> cases = {
+      {128, 4},    {1000, 32},  {1100, 64},   {2080, 96},   {5120, 160},  {6144, 192},
+      {8192, 256}, {8200, 288}, {12288, 384}, {16384, 512}, {16392, 256}, {65536, 256}};
+  for (const auto& [cols, threads] : cases) {
+    EXPECT_EQ(threads_per_row(cols, 8), threads) << cols << " columns";
+  }
+  EXPECT_EQ(threads_per_row(1001, 1), 256);  // odd: one value per access, 4 per thread
+  EXPECT_EQ(threads_per_row(4100, 4), 288);
+}
+
 TEST(FusedKernel, RowLengthsPickHeldWideAndStreamedLayouts) {
   for (const char* var : {"MAGI_ROW_GRID_LOOP", "MAGI_KERNEL_GRID", "MAGI_ROW_CHUNKS",
                           "MAGI_MAX_BLOCK_THREADS", "MAGI_ROW_HELD_THREADS"}) {
