@@ -3,6 +3,7 @@
 // hence of the kernel cache key.
 #include <cctype>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "magi/codegen/printers.h"
@@ -20,15 +21,30 @@ int env_int(const char* name, int fallback, int lo, int hi) {
              ", ", hi, "]");
   return static_cast<int>(v);
 }
+
+// `name`'s value, one of `choices`; the first when unset or empty.
+std::string env_choice(const char* name, std::initializer_list<const char*> choices) {
+  const char* text = std::getenv(name);
+  const std::string m = text == nullptr || *text == '\0' ? *choices.begin() : text;
+  std::string known;
+  for (const char* c : choices) {
+    if (m == c) return m;
+    known += (known.empty() ? "" : ", ") + std::string(c);
+  }
+  MAGI_CHECK(false, name, "=", m, " is not one of ", known);
+  return m;
+}
+
+// `name`'s value, a power of two in [32, 1024]; `fallback` when unset or empty.
+int env_block_threads(const char* name, int fallback) {
+  const int t = env_int(name, fallback, 32, 1024);
+  MAGI_CHECK((t & (t - 1)) == 0, name, "=", t, " is not a power of two");
+  return t;
+}
 }  // namespace
 
 char kernel_grid_mode() {
-  static const char mode = [] {
-    const char* text = std::getenv("MAGI_KERNEL_GRID");
-    std::string m = text == nullptr || *text == '\0' ? "all" : text;
-    MAGI_CHECK(m == "wave" || m == "all", "MAGI_KERNEL_GRID=", m, " is not one of all, wave");
-    return m[0];
-  }();
+  static const char mode = env_choice("MAGI_KERNEL_GRID", {"all", "wave"})[0];
   return mode;
 }
 
@@ -58,22 +74,12 @@ int pointwise_unroll() {
 }
 
 char row_column_loads() {
-  static const char mode = [] {
-    const char* text = std::getenv("MAGI_ROW_COLUMN_LOADS");
-    std::string m = text == nullptr || *text == '\0' ? "auto" : text;
-    MAGI_CHECK(m == "auto" || m == "block" || m == "row" || m == "late",
-               "MAGI_ROW_COLUMN_LOADS=", m, " is not one of auto, block, row, late");
-    return m[0];
-  }();
+  static const char mode = env_choice("MAGI_ROW_COLUMN_LOADS", {"auto", "block", "row", "late"})[0];
   return mode;
 }
 
 int max_threads_per_block() {
-  static const int threads = [] {
-    int t = env_int("MAGI_MAX_BLOCK_THREADS", 256, 32, 1024);
-    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_MAX_BLOCK_THREADS=", t, " is not a power of two");
-    return t;
-  }();
+  static const int threads = env_block_threads("MAGI_MAX_BLOCK_THREADS", 256);
   return threads;
 }
 
@@ -82,43 +88,23 @@ int row_min_blocks() {  // read at every print (kernels are printed once each)
 }
 
 bool row_grid_loop(const KernelVariant& v, int64_t row_bytes) {
-  static const char mode = [] {
-    const char* text = std::getenv("MAGI_ROW_GRID_LOOP");
-    std::string m = text == nullptr || *text == '\0' ? "auto" : text;
-    MAGI_CHECK(m == "auto" || m == "0" || m == "1", "MAGI_ROW_GRID_LOOP=", m,
-               " is not one of auto, 0, 1");
-    return m[0];
-  }();
+  static const char mode = env_choice("MAGI_ROW_GRID_LOOP", {"auto", "0", "1"})[0];
   const bool without = v.wide_rows || (v.streamed_rows && row_bytes <= kStreamedRowsWithoutLoop);
   return mode == '1' || (mode == 'a' && !without);
 }
 
 char row_block_rounding() {  // read by the runtime's launch, not printed
-  static const char mode = [] {
-    const char* text = std::getenv("MAGI_ROW_BLOCK_ROUNDING");
-    std::string m = text == nullptr || *text == '\0' ? "warp" : text;
-    MAGI_CHECK(m == "warp" || m == "pow2", "MAGI_ROW_BLOCK_ROUNDING=", m,
-               " is not one of warp, pow2");
-    return m[0];
-  }();
+  static const char mode = env_choice("MAGI_ROW_BLOCK_ROUNDING", {"warp", "pow2"})[0];
   return mode;
 }
 
 int held_row_threads() {
-  static const int threads = [] {
-    int t = env_int("MAGI_ROW_HELD_THREADS", 512, 32, 1024);
-    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_ROW_HELD_THREADS=", t, " is not a power of two");
-    return t;
-  }();
+  static const int threads = env_block_threads("MAGI_ROW_HELD_THREADS", 512);
   return threads;
 }
 
 int stream_threads_per_block() {
-  static const int threads = [] {
-    int t = env_int("MAGI_ROW_STREAM_THREADS", 512, 32, 1024);
-    MAGI_CHECK((t & (t - 1)) == 0, "MAGI_ROW_STREAM_THREADS=", t, " is not a power of two");
-    return t;
-  }();
+  static const int threads = env_block_threads("MAGI_ROW_STREAM_THREADS", 512);
   return threads;
 }
 
@@ -142,14 +128,30 @@ int row_stream_l1() {
 }
 
 const std::string& vector_io_mode() {
-  static const std::string mode = [] {
-    const char* text = std::getenv("MAGI_VECTOR_IO");
-    std::string m = text == nullptr || *text == '\0' ? "cs" : text;
-    MAGI_CHECK(m == "asm" || m == "ldg" || m == "plain" || m == "stcs" || m == "ldcs" || m == "cs",
-               "MAGI_VECTOR_IO=", m, " is not one of ldg, asm, plain, stcs, ldcs, cs");
-    return m;
-  }();
+  static const std::string mode =
+      env_choice("MAGI_VECTOR_IO", {"cs", "ldcs", "ldg", "asm", "plain", "stcs"});
   return mode;
+}
+
+void read_tuning_variables() {
+  (void)kernel_grid_mode();
+  (void)row_chunks_per_thread();
+  (void)dependent_launch();
+  (void)strided_vectors_enabled();
+  (void)packed_bf16_enabled();
+  (void)pointwise_unroll();
+  (void)row_column_loads();
+  (void)max_threads_per_block();
+  (void)row_min_blocks();
+  (void)row_grid_loop(KernelVariant{}, 0);
+  (void)row_block_rounding();
+  (void)held_row_threads();
+  (void)stream_threads_per_block();
+  (void)stream_chunks_per_thread();
+  (void)row_stream_hints();
+  (void)stream_min_blocks();
+  (void)row_stream_l1();
+  (void)vector_io_mode();
 }
 
 std::string cuda_preamble() {

@@ -273,6 +273,7 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
   auto v = std::make_unique<Variant>();
   v->variant = kv;
   v->variant.spec = &spec_;
+  codegen::read_tuning_variables();  // a mistyped one is the user's error, not a fallback
   // Packed bf16 pairs follow from what the key holds (the access classes, the width, whole
   // strided vectors) and the process's setting: decided once per variant, not per call.
   v->variant.packed_bf16 = device.is_cuda() && codegen::packed_bf16_enabled() &&

@@ -109,6 +109,10 @@ int row_stream_l1();
 /// / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming
 /// stores or loads only. Kept for measuring one against another.
 const std::string& vector_io_mode();
+/// Reads every tuning variable above: a value one does not take is a UserError naming it. The
+/// runtime calls this before it compiles a kernel, outside the fallback to ATen that a kernel
+/// failing to compile takes, so that a mistyped setting stops the compile instead.
+void read_tuning_variables();
 /// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
 /// the tuning variables above ask of it.
 std::string cuda_preamble();
