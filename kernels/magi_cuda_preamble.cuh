@@ -154,6 +154,18 @@ __device__ __forceinline__ A magi_round_f16(A v) {
   return static_cast<A>(magi_f16_to_float(magi_float_to_f16(static_cast<float>(v))));
 }
 
+// L2 eviction policies (sm_80+) for loads that say how long their lines should stay.
+__device__ __forceinline__ unsigned long long magi_l2_evict_last() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ unsigned long long magi_l2_evict_first() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // One 16-byte load. MAGI_VECTOR_IO (docs/config.md) picks how: with the streaming hint (cs,
 // the default, and ldcs: evict first, since each byte is read once), through the read-only
 // path (ldg, the build without any define), written out in PTX (asm) or left to the compiler
@@ -175,6 +187,19 @@ __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #elif defined(MAGI_VECTOR_IO_LDCS) || defined(MAGI_VECTOR_IO_CS)
   if constexpr (kKeep) return __ldg(reinterpret_cast<const uint4*>(p));
   return __ldcs(reinterpret_cast<const uint4*>(p));
+#elif defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_L1)
+  // Under an L2 evict_last policy (torch.compile's first read of a norm's row); L1 not
+  // allocated (l2last) or evict_last there (l2last_l1, torch.compile's form). Measuring modes.
+  if constexpr (kKeep) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint4 r;
+#if defined(MAGI_VECTOR_IO_L2LAST)
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+#else
+  asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+#endif
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "l"(magi_l2_evict_last()));
+  return r;
 #else
   return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
@@ -204,18 +229,6 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
 #pragma unroll
     for (int j = 0; j < V; ++j) out[j] = magi_to_acc<A>(p[j]);
   }
-}
-
-// L2 eviction policies (sm_80+) for loads that say how long their lines should stay.
-__device__ __forceinline__ unsigned long long magi_l2_evict_last() {
-  unsigned long long policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ unsigned long long magi_l2_evict_first() {
-  unsigned long long policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
 }
 
 // One 16-byte store of four words. Built from words rather than from converted elements:
