@@ -1,13 +1,16 @@
-"""Does where the output lands in device memory move a memory-bound kernel's bandwidth?
+"""Does where a memory-bound kernel's buffers land in device memory move its bandwidth?
 
 RMSNorm and add+RMSNorm (16384 x 8192 bf16) under magi_compile and torch.compile, timed as
-the bandwidth benchmark times them, after a pad allocation of each size below ahead of the
-outputs (the caching allocator's segments are freed first, so each pad moves where the next
-outputs land). Prints % of the copy bandwidth measured the same way.
+the bandwidth benchmark times them, after a pad allocation of each size below (the caching
+allocator's segments are freed first, so each pad moves where the next buffers land). With
+``--move outputs`` (the default) the inputs stay and the pad goes ahead of the outputs; with
+``--move inputs`` the inputs are allocated anew after the pad, the outputs after them. Prints %
+of the copy bandwidth measured the same way.
 
-    python scripts/gpu/placement_probe.py [variant ...]
+    python scripts/gpu/placement_probe.py [--move inputs|outputs] [variant ...]
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -17,24 +20,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bandwidth  # noqa: E402
 
 ROWS, COLS = 16384, 8192
-variants = sys.argv[1:] or ["magi_compile", "torch.compile"]
+p = argparse.ArgumentParser()
+p.add_argument("--move", choices=["inputs", "outputs"], default="outputs")
+p.add_argument("variants", nargs="*", default=["magi_compile", "torch.compile"])
+args = p.parse_args()
 workloads = [w for w in bandwidth.WORKLOADS if w.name in ("rmsnorm", "add_rmsnorm")]
-inputs = {
-    w.name: [w.inputs(ROWS, COLS, torch.bfloat16, "cuda") for _ in range(2)] for w in workloads
-}
-fns = {(v, w.name): bandwidth.make_variant(v, w) for v in variants for w in workloads}
+
+
+def new_inputs() -> dict:
+    return {
+        w.name: [w.inputs(ROWS, COLS, torch.bfloat16, "cuda") for _ in range(2)] for w in workloads
+    }
+
+
+inputs = new_inputs()
+fns = {(v, w.name): bandwidth.make_variant(v, w) for v in args.variants for w in workloads}
 for (_v, name), f in fns.items():
     f(*inputs[name][0])
 torch.cuda.synchronize()
 copy = bandwidth.copy_bandwidth(ROWS, COLS, torch.bfloat16, "cuda", 5, 120)["gbps"]
-print(f"copy {copy:.0f} GB/s")
+print(f"copy {copy:.0f} GB/s; moving the {args.move}")
 for pad_mib in (0, 2, 64, 130, 256, 0):
     torch.cuda.synchronize()
+    if args.move == "inputs":
+        inputs = None
     torch.cuda.empty_cache()
     pad = torch.empty(pad_mib * 2**20 + 1, dtype=torch.uint8, device="cuda")
+    if args.move == "inputs":
+        inputs = new_inputs()
     line = [f"pad {pad_mib:4d} MiB:"]
     for w in workloads:
-        for v in variants:
+        for v in args.variants:
             t = bandwidth.time_interleaved(
                 {"f": fns[(v, w.name)]}, inputs[w.name], "cuda", 5, 120, 1
             )["f"]
