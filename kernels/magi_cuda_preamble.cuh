@@ -166,6 +166,21 @@ __device__ __forceinline__ unsigned long long magi_l2_evict_first() {
   return policy;
 }
 
+// One 16-byte load of data every row reads again (a norm's weight and bias): through the
+// read-only path, or under L1 evict_last (MAGI_KEEP_LOADS=l1last, a measuring mode: torch.compile
+// loads a norm's weight that way).
+__device__ __forceinline__ uint4 magi_load_keep16(const void* p) {
+#if defined(MAGI_KEEP_L1LAST)
+  uint4 r;
+  asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+#else
+  return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
+
 // One 16-byte load. MAGI_VECTOR_IO (docs/config.md) picks how: with the streaming hint (cs,
 // the default, and ldcs: evict first, since each byte is read once), through the read-only
 // path (ldg, the build without any define), written out in PTX (asm) or left to the compiler
@@ -185,12 +200,12 @@ __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #elif defined(MAGI_VECTOR_IO_PLAIN)
   return *reinterpret_cast<const uint4*>(p);
 #elif defined(MAGI_VECTOR_IO_LDCS) || defined(MAGI_VECTOR_IO_CS)
-  if constexpr (kKeep) return __ldg(reinterpret_cast<const uint4*>(p));
+  if constexpr (kKeep) return magi_load_keep16(p);
   return __ldcs(reinterpret_cast<const uint4*>(p));
 #elif defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_L1)
   // Under an L2 evict_last policy (torch.compile's first read of a norm's row); L1 not
   // allocated (l2last) or evict_last there (l2last_l1, torch.compile's form). Measuring modes.
-  if constexpr (kKeep) return __ldg(reinterpret_cast<const uint4*>(p));
+  if constexpr (kKeep) return magi_load_keep16(p);
   uint4 r;
 #if defined(MAGI_VECTOR_IO_L2LAST)
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -201,6 +216,7 @@ __device__ __forceinline__ uint4 magi_load16(const void* p) {
       : "l"(p), "l"(magi_l2_evict_last()));
   return r;
 #else
+  if constexpr (kKeep) return magi_load_keep16(p);
   return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
 }

@@ -133,6 +133,11 @@ const std::string& vector_io_mode() {
   return mode;
 }
 
+const std::string& keep_loads_mode() {
+  static const std::string mode = env_choice("MAGI_KEEP_LOADS", {"ldg", "l1last"});
+  return mode;
+}
+
 void read_tuning_variables() {
   (void)kernel_grid_mode();
   (void)row_chunks_per_thread();
@@ -152,6 +157,7 @@ void read_tuning_variables() {
   (void)stream_min_blocks();
   (void)row_stream_l1();
   (void)vector_io_mode();
+  (void)keep_loads_mode();
 }
 
 std::string cuda_preamble() {
@@ -161,6 +167,7 @@ std::string cuda_preamble() {
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     defines = "#define MAGI_VECTOR_IO_" + upper + " 1\n";
   }
+  if (keep_loads_mode() == "l1last") defines += "#define MAGI_KEEP_L1LAST 1\n";
   if (row_stream_l1() != 0)
     defines += "#define MAGI_STREAM_L1 " + std::to_string(row_stream_l1()) + "\n";
   return defines + kCudaPreamble + "\n";

@@ -107,8 +107,12 @@ int row_stream_l1();
 /// all loads of pointwise kernels (__ldg) and stores of outputs a library operator reads
 /// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc
 /// / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming
-/// stores or loads only. Kept for measuring one against another.
+/// stores or loads only; "l2last" / "l2last_l1" row loads under an L2 evict_last policy (L1 not
+/// allocated / evict_last) with plain stores. Kept for measuring one against another.
 const std::string& vector_io_mode();
+/// How the loads vector_io_mode() exempts from its hint are made (MAGI_KEEP_LOADS): "ldg"
+/// (default) __ldg; "l1last" ld.global.nc under L1 evict_last. A measuring mode.
+const std::string& keep_loads_mode();
 /// Reads every tuning variable above: a value one does not take is a UserError naming it. The
 /// runtime calls this before it compiles a kernel, outside the fallback to ATen that a kernel
 /// failing to compile takes, so that a mistyped setting stops the compile instead.
