@@ -23,12 +23,14 @@ pytestmark = [
     ("var", "value", "message"),
     [
         ("MAGI_ROW_CHUNKS", "0", "MAGI_ROW_CHUNKS=0 is not an integer in [1, 16]"),
-        ("MAGI_ROW_GRID_LOOP", "sometimes", "MAGI_ROW_GRID_LOOP=sometimes is not one of auto, 0, 1"),
+        (
+            "MAGI_ROW_GRID_LOOP",
+            "sometimes",
+            "MAGI_ROW_GRID_LOOP=sometimes is not one of auto, 0, 1",
+        ),
     ],
 )
-def test_unknown_values_of_tuning_variables_are_user_errors_on_cuda(
-    tmp_path, var, value, message
-):
+def test_unknown_values_of_tuning_variables_are_user_errors_on_cuda(tmp_path, var, value, message):
     out = compile_with("cuda", var, value, tmp_path)
     assert f"USER ERROR: {message}" in out, out
 

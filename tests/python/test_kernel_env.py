@@ -22,6 +22,7 @@ from _kernel_env import compile_with  # noqa: E402
             "MAGI_VECTOR_IO=fast is not one of cs, ldcs, ldg, asm, plain, stcs, l2last, l2last_l1",
         ),
         ("MAGI_ROW_BLOCK_ROUNDING", "odd", "MAGI_ROW_BLOCK_ROUNDING=odd is not one of warp, pow2"),
+        ("MAGI_KEEP_LOADS", "l2", "MAGI_KEEP_LOADS=l2 is not one of ldg, l1last"),
         ("MAGI_ROW_HELD_THREADS", "384", "MAGI_ROW_HELD_THREADS=384 is not a power of two"),
         (
             "MAGI_ROW_HELD_THREADS",
