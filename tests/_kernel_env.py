@@ -16,11 +16,13 @@ SCRIPT = textwrap.dedent(
     import torch
     from magi_compiler import UserError, magi_compile
 
-    def norm(x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    def norm(x, w):
+        h = torch.nn.functional.silu(x) * x
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
     try:
-        magi_compile(norm)(torch.randn(4, 64, device=sys.argv[1]))
+        x = torch.randn(4, 64, device=sys.argv[1])
+        magi_compile(norm)(x, torch.randn(64, device=sys.argv[1]))
     except Exception as e:  # Dynamo may wrap it; the cause chain holds ours
         while e is not None and not isinstance(e, UserError):
             e = e.__cause__
@@ -32,7 +34,8 @@ SCRIPT = textwrap.dedent(
 
 
 def compile_with(device: str, var: str, value: str, cache_dir) -> str:
-    """The child's stdout: ``USER ERROR: <message>`` or ``COMPILED``; a crashed child fails."""
+    """The child's stdout (``USER ERROR: <message>`` or ``COMPILED``) and stderr, where a kernel
+    that failed to compile leaves its warning; a crashed child fails."""
     env = dict(os.environ, MAGI_VERIFY_CUDA_CODEGEN="1", MAGI_CACHE_DIR=str(cache_dir))
     env[var] = value
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -44,4 +47,4 @@ def compile_with(device: str, var: str, value: str, cache_dir) -> str:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr[-3000:]
+    return done.stdout + done.stderr

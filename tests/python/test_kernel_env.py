@@ -38,3 +38,15 @@ def test_unknown_values_of_tuning_variables_are_user_errors(tmp_path, var, value
 
 def test_a_known_value_compiles(tmp_path):
     assert "COMPILED" in compile_with("cpu", "MAGI_ROW_BLOCK_ROUNDING", "pow2", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("MAGI_VECTOR_IO", m) for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1")]
+    + [("MAGI_KEEP_LOADS", "l1last")],
+)
+def test_every_vector_io_mode_compiles_with_nvrtc(tmp_path, var, value):
+    """Each measuring mode's CUDA preamble (written-out PTX included) NVRTC-compiles with a norm
+    and a pointwise kernel (MAGI_VERIFY_CUDA_CODEGEN; the default mode is every CPU test's)."""
+    out = compile_with("cpu", var, value, tmp_path)
+    assert "COMPILED" in out and "could not be compiled" not in out, out
