@@ -202,12 +202,14 @@ __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #elif defined(MAGI_VECTOR_IO_LDCS) || defined(MAGI_VECTOR_IO_CS)
   if constexpr (kKeep) return magi_load_keep16(p);
   return __ldcs(reinterpret_cast<const uint4*>(p));
-#elif defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_L1)
+#elif defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_L1) || \
+    defined(MAGI_VECTOR_IO_L2LAST_CS)
   // Under an L2 evict_last policy (torch.compile's first read of a norm's row); L1 not
-  // allocated (l2last) or evict_last there (l2last_l1, torch.compile's form). Measuring modes.
+  // allocated (l2last, l2last_cs) or evict_last there (l2last_l1, torch.compile's form).
+  // Measuring modes.
   if constexpr (kKeep) return magi_load_keep16(p);
   uint4 r;
-#if defined(MAGI_VECTOR_IO_L2LAST)
+#if defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_CS)
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
 #else
   asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -264,7 +266,7 @@ __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, un
   v.y = b;
   v.z = c;
   v.w = d;
-#if defined(MAGI_VECTOR_IO_STCS) || defined(MAGI_VECTOR_IO_CS)
+#if defined(MAGI_VECTOR_IO_STCS) || defined(MAGI_VECTOR_IO_CS) || defined(MAGI_VECTOR_IO_L2LAST_CS)
   if constexpr (kKeep) {
     *reinterpret_cast<uint4*>(p) = v;
   } else {

@@ -128,8 +128,9 @@ int row_stream_l1() {
 }
 
 const std::string& vector_io_mode() {
-  static const std::string mode = env_choice(
-      "MAGI_VECTOR_IO", {"cs", "ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1"});
+  static const std::string mode =
+      env_choice("MAGI_VECTOR_IO",
+                 {"cs", "ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs"});
   return mode;
 }
 

@@ -19,7 +19,8 @@ from _kernel_env import compile_with  # noqa: E402
         (
             "MAGI_VECTOR_IO",
             "fast",
-            "MAGI_VECTOR_IO=fast is not one of cs, ldcs, ldg, asm, plain, stcs, l2last, l2last_l1",
+            "MAGI_VECTOR_IO=fast is not one of cs, ldcs, ldg, asm, plain, stcs, l2last, l2last_l1, "
+            "l2last_cs",
         ),
         ("MAGI_ROW_BLOCK_ROUNDING", "odd", "MAGI_ROW_BLOCK_ROUNDING=odd is not one of warp, pow2"),
         ("MAGI_KEEP_LOADS", "l2", "MAGI_KEEP_LOADS=l2 is not one of ldg, l1last"),
@@ -42,7 +43,10 @@ def test_a_known_value_compiles(tmp_path):
 
 @pytest.mark.parametrize(
     ("var", "value"),
-    [("MAGI_VECTOR_IO", m) for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1")]
+    [
+        ("MAGI_VECTOR_IO", m)
+        for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs")
+    ]
     + [("MAGI_KEEP_LOADS", "l1last")],
 )
 def test_every_vector_io_mode_compiles_with_nvrtc(tmp_path, var, value):

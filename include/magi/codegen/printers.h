@@ -108,7 +108,8 @@ int row_stream_l1();
 /// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc
 /// / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming
 /// stores or loads only; "l2last" / "l2last_l1" row loads under an L2 evict_last policy (L1 not
-/// allocated / evict_last) with plain stores. Kept for measuring one against another.
+/// allocated / evict_last) with plain stores, "l2last_cs" the same loads as l2last with streaming
+/// stores. Kept for measuring one against another.
 const std::string& vector_io_mode();
 /// How the loads vector_io_mode() exempts from its hint are made (MAGI_KEEP_LOADS): "ldg"
 /// (default) __ldg; "l1last" ld.global.nc under L1 evict_last. A measuring mode.
