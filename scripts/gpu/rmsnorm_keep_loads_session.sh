@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 5 (2026-11-28, fifth session). With MAGI_VECTOR_IO=l2last our RMSNorm no longer moved
 # with where the outputs land (100.5-100.6% of copy bandwidth) but still moved with where the
-# inputs land (92.4-97.0%; torch.compile 99.7-100.1%). The weight lands with the inputs, and
+# inputs land (92.4-97.0%; torch.compile 99.7-99.9%). The weight lands with the inputs, and
 # every block reads all of it: torch.compile loads it under L1 evict_last, we through __ldg.
 # MAGI_KEEP_LOADS=l1last loads it as torch.compile does; in the probe with the inputs moved,
 # with either vector I/O mode; then bandwidth.py at 16384 and 32768 rows. (carry .deps)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from _kernel_env import compile_with  # noqa: E402
+from _kernel_env import compile_with, compiled_cleanly  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,5 +35,26 @@ def test_unknown_values_of_tuning_variables_are_user_errors_on_cuda(tmp_path, va
     assert f"USER ERROR: {message}" in out, out
 
 
+# float32 rows held by a warp (64), by a block of 256 threads (4096), by a wide block of 512
+# (8192), streamed (16384), and an odd length that takes narrower vectors (1001).
+COLUMNS = (64, 4096, 8192, 16384, 1001)
+
+
 def test_a_known_value_compiles_on_cuda(tmp_path):
-    assert "COMPILED" in compile_with("cuda", "MAGI_ROW_CHUNKS", "3", tmp_path)
+    out = compile_with("cuda", "MAGI_ROW_CHUNKS", "3", tmp_path, columns=COLUMNS)
+    assert compiled_cleanly(out, 1e-5), out
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("MAGI_VECTOR_IO", m)
+        for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs")
+    ]
+    + [("MAGI_KEEP_LOADS", "l1last")],
+)
+def test_every_vector_io_mode_matches_eager_on_cuda(tmp_path, var, value):
+    """Each measuring mode of the vector loads and stores: RMSNorm, LayerNorm, softmax and a
+    pointwise kernel over row lengths that take every row layout match eager."""
+    out = compile_with("cuda", var, value, tmp_path, columns=COLUMNS)
+    assert compiled_cleanly(out, 1e-5), out
