@@ -5,7 +5,8 @@ the bandwidth benchmark times them, after a pad allocation of each size below (t
 allocator's segments are freed first, so each pad moves where the next buffers land). With
 ``--move outputs`` (the default) the inputs stay and the pad goes ahead of the outputs; with
 ``--move inputs`` the inputs are allocated anew after the pad, the outputs after them. Prints %
-of the copy bandwidth measured the same way.
+of the copy bandwidth measured the same way, and where (virtual address, MiB) the first
+workload's two inputs and its first variant's output lie.
 
     python scripts/gpu/placement_probe.py [--move inputs|outputs] [variant ...]
 """
@@ -49,6 +50,13 @@ for pad_mib in (0, 2, 64, 130, 256, 0):
     if args.move == "inputs":
         inputs = new_inputs()
     line = [f"pad {pad_mib:4d} MiB:"]
+    name = workloads[0].name
+    out = fns[(args.variants[0], name)](*inputs[name][0])
+    out = out[0] if isinstance(out, tuple) else out
+    # Virtual addresses in MiB (the physical pages behind them are the driver's choice).
+    x_mib = [s[0].data_ptr() >> 20 for s in inputs[name]]
+    line.append(f"[x@{x_mib[0]},{x_mib[1]} out@{out.data_ptr() >> 20}]")
+    del out
     for w in workloads:
         for v in args.variants:
             t = bandwidth.time_interleaved(
