@@ -240,6 +240,9 @@ static inline float magi_expf(float v) {
   e = (e & ~nan) | (__builtin_bit_cast(uint32_t, v) & nan);
   return __builtin_bit_cast(float, e);
 }
+// exp as kernels print it: magi_expf for float (bf16 and f16 compute in float), libm for double.
+static inline float magi_exp(float v) { return magi_expf(v); }
+static inline double magi_exp(double v) { return std::exp(v); }
 // Float forms of the activations over magi_expf (the templates above serve double).
 // tanh-GELU as x * sigmoid(2u): the same function as 0.5 x (1 + tanh(u)), without the
 // cancellation of 1 + tanh(u) for negative u.
@@ -288,4 +291,18 @@ template <typename A>
 static inline A magi_inf() {
   return std::numeric_limits<A>::infinity();
 }
+// The reductions of host row kernels' `#pragma omp simd reduction(...)` for max and min: partial
+// results combined by magi_max / magi_min, so that a NaN in any lane reaches the result.
+#pragma omp declare reduction(magi_max:float                         \
+                              : omp_out = magi_max(omp_out, omp_in)) \
+    initializer(omp_priv = -magi_inf <float>())
+#pragma omp declare reduction(magi_max:double                        \
+                              : omp_out = magi_max(omp_out, omp_in)) \
+    initializer(omp_priv = -magi_inf <double>())
+#pragma omp declare reduction(magi_min:float                         \
+                              : omp_out = magi_min(omp_out, omp_in)) \
+    initializer(omp_priv = magi_inf <float>())
+#pragma omp declare reduction(magi_min:double                        \
+                              : omp_out = magi_min(omp_out, omp_in)) \
+    initializer(omp_priv = magi_inf <double>())
 using std::fabs;

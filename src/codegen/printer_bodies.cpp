@@ -142,17 +142,23 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       std::string acc = "acc" + std::to_string(i);
       os << ind << "A " << acc << " = " << init(op.reduce) << ";" << comment(op) << "\n";
       const std::vector<int> inputs = element_inputs(s, ops);
+      // On the host, the pass may reorder the accumulation so that the compiler vectorizes it
+      // (a float sum is not associative, and magi_max's NaN test is a select); max and min
+      // combine partial results with magi_max / magi_min, so a NaN anywhere still wins.
+      if (!t.gpu)
+        os << ind << "#pragma omp simd reduction(" << omp_reduction(op.reduce) << ":" << acc
+           << ")\n";
       t.column_loop(os, ind, inputs, false, [&](std::ostream& o, const std::string& in2) {
         t.prepare_chunk(o, in2, inputs);
         o << in2 << "for (int j = 0; j < V; ++j) {\n";
-        emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
+        emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", math_forms(t.gpu, s));
         o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
         o << in2 << "}\n";
       });
       t.reduce(os, ind, op.reduce, acc, "r" + std::to_string(i));
     } else {
       os << ind << "const A r" << i << " = "
-         << expr(s, static_cast<int>(i), nullptr, t.gpu && s.fast_math) << ";" << comment(op)
+         << expr(s, static_cast<int>(i), nullptr, math_forms(t.gpu, s)) << ";" << comment(op)
          << "\n";
     }
   }
@@ -166,7 +172,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
       }
       o << in2 << "for (int j = 0; j < V; ++j) {\n";
-      emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", t.gpu && s.fast_math);
+      emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", math_forms(t.gpu, s));
       for (size_t k = 0; k < s.outputs.size(); ++k) {
         if (!s.outputs[k].per_row)
           o << in2 << "  o" << k << "[j] = " << name(s, stored_op(s, s.outputs[k])) << ";\n";
@@ -406,7 +412,7 @@ void emit_pointwise_body(std::ostream& os, const KernelVariant& v, bool gpu,
         if (vector_shift(v, op)) return "s" + std::to_string(&op - s.ops.data()) + "[j]";
         return shifted_load(v, op.input, op.shift, args);
       },
-      ind + "  ", gpu && s.fast_math);
+      ind + "  ", math_forms(gpu, s));
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     os << ind << "  o" << k << "[j] = " << name(s, stored_op(s, s.outputs[k])) << ";\n";
   }

@@ -42,7 +42,7 @@ ColumnPlan plan_columns(const KernelSpec& s) {
 // index space), or all of them with the reductions read from `acc(i)` (after it).
 void emit_column_values(std::ostream& os, const KernelSpec& s, const ColumnPlan& p,
                         const std::function<std::string(int)>& acc, const std::string& ind,
-                        bool fast) {
+                        MathForms forms) {
   for (size_t i = 0; i < s.ops.size(); ++i) {
     const KOp& op = s.ops[i];
     if (!op.per_row || op.kind == KOpKind::kConst || (!acc && !p.invariant[i])) continue;
@@ -52,7 +52,7 @@ void emit_column_values(std::ostream& os, const KernelSpec& s, const ColumnPlan&
     } else if (op.kind == KOpKind::kReduce) {
       os << acc(static_cast<int>(i));
     } else {
-      os << expr(s, static_cast<int>(i), nullptr, fast);
+      os << expr(s, static_cast<int>(i), nullptr, forms);
     }
     os << ";" << comment(op) << "\n";
   }
@@ -71,9 +71,9 @@ void emit_column_step(std::ostream& os, const KernelVariant& v, const ColumnPlan
     if (!s.outputs[k].per_row) os << ind << "A o" << k << "[V];\n";
   }
   os << ind << "for (int j = 0; j < V; ++j) {\n";
-  emit_column_values(os, s, p, nullptr, ind + "  ", gpu && s.fast_math);
+  emit_column_values(os, s, p, nullptr, ind + "  ", math_forms(gpu, s));
   emit_ops(os, s, p.element, unshifted([](int i) { return "t" + std::to_string(i) + "[j]"; }),
-           ind + "  ", gpu && s.fast_math);
+           ind + "  ", math_forms(gpu, s));
   for (int r : p.reductions) {
     os << ind << "  " << acc(r) << " = "
        << combine(s.ops[r].reduce, acc(r), name(s, s.ops[r].args[0])) << ";\n";
@@ -117,7 +117,7 @@ void emit_column_outputs(std::ostream& os, const KernelVariant& v, const ColumnP
     if (s.outputs[k].per_row) os << ind << "A o" << k << "[V];\n";
   }
   os << ind << "for (int j = 0; j < V; ++j) {\n";
-  emit_column_values(os, s, p, acc, ind + "  ", gpu && s.fast_math);
+  emit_column_values(os, s, p, acc, ind + "  ", math_forms(gpu, s));
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     if (s.outputs[k].per_row) {
       os << ind << "  o" << k << "[j] = " << name(s, s.outputs[k].op) << ";\n";

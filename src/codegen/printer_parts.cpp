@@ -54,8 +54,9 @@ LoadFn unshifted(std::function<std::string(int)> load) {
   };
 }
 
-std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast) {
+std::string expr(const KernelSpec& s, int i, const LoadFn& load, MathForms forms) {
   const KOp& op = s.ops[i];
+  const bool fast = forms == MathForms::kDeviceFast;
   auto a = [&](int k) { return name(s, op.args[k]); };
   switch (op.kind) {
     case KOpKind::kLoad:
@@ -89,6 +90,7 @@ std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast) {
       if (fast && (f == "exp" || f == "log" || f == "sigmoid" || f == "silu")) {
         return "magi_f" + f + "(" + a(0) + ")";
       }
+      if (forms == MathForms::kHost && f == "exp") return "magi_exp(" + a(0) + ")";
       if (f == "rsqrt" || f == "sigmoid" || f == "relu" || f == "silu" || f == "gelu" ||
           f == "gelu_tanh") {
         return "magi_" + f + "(" + a(0) + ")";
@@ -132,6 +134,18 @@ std::string combine(ReduceKind r, const std::string& x, const std::string& y) {
       return "magi_max(" + x + ", " + y + ")";
     case ReduceKind::kMin:
       return "magi_min(" + x + ", " + y + ")";
+  }
+  return "";
+}
+
+std::string omp_reduction(ReduceKind r) {
+  switch (r) {
+    case ReduceKind::kSum:
+      return "+";
+    case ReduceKind::kMax:
+      return "magi_max";
+    case ReduceKind::kMin:
+      return "magi_min";
   }
   return "";
 }
@@ -185,9 +199,9 @@ std::string comment(const KOp& op) { return op.comment.empty() ? "" : "  // " + 
 
 // Statements computing `ops` for lane j, loads reading `load(input)`.
 void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
-              const LoadFn& load, const std::string& indent, bool fast) {
+              const LoadFn& load, const std::string& indent, MathForms forms) {
   for (int i : ops) {
-    os << indent << "const A " << name(s, i) << " = " << expr(s, i, load, fast) << ";"
+    os << indent << "const A " << name(s, i) << " = " << expr(s, i, load, forms) << ";"
        << comment(s.ops[i]) << "\n";
   }
 }

@@ -47,10 +47,19 @@ struct RowTarget {
 const char* ctype(c10::ScalarType t);
 std::string literal(double v);
 std::string name(const KernelSpec& s, int i);
-// `fast`: print the GPU's fast forms of exp, log, division, sigmoid and silu
-// (KernelSpec::fast_math).
-std::string expr(const KernelSpec& s, int i, const LoadFn& load, bool fast);
+// Which forms of the math functions an expression prints: the host's (exp of a float as
+// magi_exp, which GCC vectorizes where a call to expf keeps the loop scalar), the GPU's precise
+// ones, or the GPU's fast forms of exp, log, division, sigmoid and silu (KernelSpec::fast_math).
+enum class MathForms { kHost, kDevice, kDeviceFast };
+inline MathForms math_forms(bool gpu, const KernelSpec& s) {
+  if (!gpu) return MathForms::kHost;
+  return s.fast_math ? MathForms::kDeviceFast : MathForms::kDevice;
+}
+std::string expr(const KernelSpec& s, int i, const LoadFn& load, MathForms forms);
 std::string combine(ReduceKind r, const std::string& x, const std::string& y);
+/// The OpenMP reduction identifier of `r` in host kernels (magi_max / magi_min: declared in the
+/// host preamble, propagating NaN as the GPU's combine does).
+std::string omp_reduction(ReduceKind r);
 std::string init(ReduceKind r);
 std::vector<int> element_closure(const KernelSpec& s, const std::vector<int>& roots);
 std::vector<int> element_inputs(const KernelSpec& s, const std::vector<int>& ops);
@@ -61,7 +70,7 @@ std::string comment(const KOp& op);
 std::string store_call(const KernelSpec& s, int k);
 // Statements computing `ops` for lane j, loads reading `load(input)`.
 void emit_ops(std::ostream& os, const KernelSpec& s, const std::vector<int>& ops,
-              const LoadFn& load, const std::string& indent, bool fast);
+              const LoadFn& load, const std::string& indent, MathForms forms);
 /// The op whose value output `o` stores: a rounding to the output's own 16-bit dtype is left to
 /// the store, whose conversion rounds the same way (the stored bits are the same).
 int stored_op(const KernelSpec& s, const KOutput& o);

@@ -602,3 +602,32 @@ def test_cpu_activations_match_eager_at_extreme_and_special_values(activation):
                 compiled(x, y), expected, rtol=2e-6, atol=1e-6, equal_nan=True
             )
     assert runs[0].magi_executable.num_fusions == 1, runs[0].magi_graph
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_row_reductions_keep_nan_and_infinities_in_every_lane(dtype):
+    """The C++ row kernels accumulate in vectorized lanes (``#pragma omp simd reduction``) and
+    combine the lanes' partial maxima and minima with magi_max / magi_min, so a NaN wins wherever
+    it sits in the row; exp of a float is the preamble's magi_expf. Row r of a 1000-column
+    input holds a NaN at column 17r (lane position r of a 16-lane vector, every lane of narrower ones), other rows an inf
+    or a -inf, the last rows none: amax, amin, sum and softmax against eager."""
+
+    def fn(x):  # each reduction fused with a pointwise producer into a row kernel
+        y = x * 2.0
+        return torch.maximum(y, x).amax(-1), torch.minimum(y, x).amin(-1), y.sum(-1), y.softmax(-1)
+
+    rows, cols = 40, 1000
+    x = torch.randn(rows, cols, dtype=dtype) * 4
+    for r in range(16):
+        x[r, 17 * r] = float("nan")  # column 17r: lane position r of 16
+    for r in range(16, 24):
+        x[r, cols - 1 - r] = float("inf")
+    for r in range(24, 32):
+        x[r, r] = -float("inf")
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        got, want = compiled(x), fn(x)
+    assert runs[0].magi_executable.num_fusions == 1, runs[0].magi_graph
+    tol = {"rtol": 2e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, **tol)

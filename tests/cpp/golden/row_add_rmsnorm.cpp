@@ -20,6 +20,7 @@ extern "C" void fused_row_add_rmsnorm_ccl_v1(const MagiArgs* a) {
 #pragma omp parallel for schedule(static) if (a->rows * cols > 32768)
   for (long long row = 0; row < a->rows; ++row) {
     A acc12 = A(0);  // aten::mean.dim @ model.py:32 in forward
+    #pragma omp simd reduction(+:acc12)
     for (long long col0 = 0; col0 < cols; col0 += V) {
       A t0[V];
       for (int j = 0; j < V; ++j) t0[j] = magi_to_acc<A>(in0[row * cols + col0 + j]);
