@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 struct magi_bf16 {
   uint16_t x;
@@ -239,6 +240,15 @@ static inline float magi_expf(float v) {
   e &= ~below;                               // +0
   e = (e & ~nan) | (__builtin_bit_cast(uint32_t, v) & nan);
   return __builtin_bit_cast(float, e);
+}
+// A per-thread buffer of at least n values, one of 8 slots: a row kernel's pass keeps values
+// there that a later pass over the same row reads instead of computing them again.
+template <typename A>
+static inline A* magi_row_scratch(int slot, long long n) {
+  static thread_local std::vector<A> buffers[8];
+  std::vector<A>& b = buffers[slot];
+  if (static_cast<long long>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
 }
 // exp as kernels print it: magi_expf for float (bf16 and f16 compute in float), libm for double.
 static inline float magi_exp(float v) { return magi_expf(v); }

@@ -1,6 +1,8 @@
 // The bodies of row and pointwise kernels, shared by the CUDA and C++ printers (the loops
 // around them differ: printers.cpp).
 #include <algorithm>
+#include <functional>
+#include <set>
 
 #include "magi/common/error.h"
 #include "printer_parts.h"
@@ -128,9 +130,99 @@ std::string load_row_value(const KernelVariant& v, int i, const std::string& arg
   }
 }
 
+namespace {
+
+// An element op worth keeping for a later pass instead of computing it again there: a
+// transcendental function or a power of a computed exponent (the rest, powers of a constant
+// included, costs less than the store and load keeping it takes).
+bool costly(const KernelSpec& s, const KOp& op) {
+  if (op.kind == KOpKind::kUnary) {
+    return op.fn != "neg" && op.fn != "abs" && op.fn != "relu" && op.fn != "reciprocal";
+  }
+  if (op.kind != KOpKind::kBinary || op.fn != "pow") return false;
+  const KOp& e = s.ops[op.args[1]];
+  return !(e.kind == KOpKind::kConst && e.fn.empty());
+}
+
+constexpr int kMaxKeptValues = 8;  // slots of magi_row_scratch (kernels/magi_cpu_preamble.h)
+
+// The passes over a row (each reduction's, then the outputs'): the element ops each computes,
+// and, on the host, the costly values a pass reads from a per-thread row buffer that the pass
+// which first computed them wrote (softmax's exponentials: computed twice per element, e^v was
+// half the kernel's time). The GPU computes them again: its kernels wait on memory, not on math.
+struct RowPasses {
+  std::vector<std::vector<int>> roots, ops, reads, writes;
+  std::vector<int> slot;  // per op: its buffer, or -1
+};
+
+RowPasses plan_row_passes(const KernelSpec& s, bool keep) {
+  RowPasses p;
+  p.slot.assign(s.ops.size(), -1);
+  for (const KOp& op : s.ops) {
+    if (op.per_row && op.kind == KOpKind::kReduce) p.roots.push_back({op.args[0]});
+  }
+  std::vector<int> outputs = full_output_roots(s);
+  if (!outputs.empty()) p.roots.push_back(outputs);
+  std::vector<int> first_pass(s.ops.size(), -1);  // where each op was computed first
+  int slots = 0;
+  for (size_t n = 0; n < p.roots.size(); ++n) {
+    std::set<int> seen, reads;
+    std::function<void(int)> visit = [&](int i) {
+      const KOp& op = s.ops[i];
+      if (op.per_row || op.kind == KOpKind::kConst || seen.count(i) || reads.count(i)) return;
+      if (keep && first_pass[i] >= 0 && costly(s, op) &&
+          (p.slot[i] >= 0 || slots < kMaxKeptValues)) {
+        reads.insert(i);
+        if (p.slot[i] < 0) {
+          p.slot[i] = slots++;
+          p.writes[static_cast<size_t>(first_pass[i])].push_back(i);
+        }
+        return;
+      }
+      seen.insert(i);
+      for (int a : op.args) visit(a);
+    };
+    p.writes.emplace_back();
+    for (int r : p.roots[n]) visit(r);
+    p.ops.push_back({seen.begin(), seen.end()});
+    p.reads.push_back({reads.begin(), reads.end()});
+    for (int i : seen) {
+      if (first_pass[i] < 0) first_pass[i] = static_cast<int>(n);
+    }
+  }
+  return p;
+}
+
+std::string kept_buffer(int i) { return "k" + std::to_string(i); }
+
+// Inside a pass's lane loop: the kept values it reads, before its ops...
+void emit_kept_reads(std::ostream& os, const KernelSpec& s, const std::vector<int>& reads,
+                     const std::string& ind) {
+  for (int i : reads) {
+    os << ind << "const A " << name(s, i) << " = " << kept_buffer(i) << "[col0 + j];"
+       << comment(s.ops[i]) << "\n";
+  }
+}
+
+// ... and those it computed first and a later pass reads, after them.
+void emit_kept_writes(std::ostream& os, const KernelSpec& s, const std::vector<int>& writes,
+                      const std::string& ind) {
+  for (int i : writes) os << ind << kept_buffer(i) << "[col0 + j] = " << name(s, i) << ";\n";
+}
+
+}  // namespace
+
 void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
                    const std::string& ind) {
   const KernelSpec& s = *v.spec;
+  const RowPasses passes = plan_row_passes(s, !t.gpu);
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    if (passes.slot[i] < 0) continue;
+    os << ind << "A* __restrict__ " << kept_buffer(static_cast<int>(i)) << " = magi_row_scratch<A>("
+       << passes.slot[i] << ", cols);  // " << name(s, static_cast<int>(i))
+       << " of each column, kept for a later pass\n";
+  }
+  size_t pass = 0;
   for (size_t i = 0; i < s.ops.size(); ++i) {
     const KOp& op = s.ops[i];
     if (!op.per_row || op.kind == KOpKind::kConst) continue;
@@ -138,7 +230,10 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       os << ind << "const A r" << i << " = " << load_row_value(v, op.input, t.args) << ";"
          << comment(op) << "\n";
     } else if (op.kind == KOpKind::kReduce) {
-      std::vector<int> ops = element_closure(s, {op.args[0]});
+      const std::vector<int>& ops = passes.ops[pass];
+      const std::vector<int>& reads = passes.reads[pass];
+      const std::vector<int>& writes = passes.writes[pass];
+      ++pass;
       std::string acc = "acc" + std::to_string(i);
       os << ind << "A " << acc << " = " << init(op.reduce) << ";" << comment(op) << "\n";
       const std::vector<int> inputs = element_inputs(s, ops);
@@ -151,7 +246,9 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
       t.column_loop(os, ind, inputs, false, [&](std::ostream& o, const std::string& in2) {
         t.prepare_chunk(o, in2, inputs);
         o << in2 << "for (int j = 0; j < V; ++j) {\n";
+        emit_kept_reads(o, s, reads, in2 + "  ");
         emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", math_forms(t.gpu, s));
+        emit_kept_writes(o, s, writes, in2 + "  ");
         o << in2 << "  " << acc << " = " << combine(op.reduce, acc, name(s, op.args[0])) << ";\n";
         o << in2 << "}\n";
       });
@@ -162,9 +259,9 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
          << "\n";
     }
   }
-  std::vector<int> roots = full_output_roots(s);
-  if (!roots.empty()) {
-    std::vector<int> ops = element_closure(s, roots);
+  if (pass < passes.roots.size()) {
+    const std::vector<int>& ops = passes.ops[pass];
+    const std::vector<int>& reads = passes.reads[pass];
     const std::vector<int> inputs = element_inputs(s, ops);
     t.column_loop(os, ind, inputs, true, [&](std::ostream& o, const std::string& in2) {
       t.prepare_chunk(o, in2, inputs);
@@ -172,6 +269,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
         if (!s.outputs[k].per_row) o << in2 << "A o" << k << "[V];\n";
       }
       o << in2 << "for (int j = 0; j < V; ++j) {\n";
+      emit_kept_reads(o, s, reads, in2 + "  ");
       emit_ops(o, s, ops, unshifted(t.element_load), in2 + "  ", math_forms(t.gpu, s));
       for (size_t k = 0; k < s.outputs.size(); ++k) {
         if (!s.outputs[k].per_row)

@@ -631,3 +631,35 @@ def test_cpu_row_reductions_keep_nan_and_infinities_in_every_lane(dtype):
     tol = {"rtol": 2e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, equal_nan=True, **tol)
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_row_passes_keep_costly_values_for_later_passes(dtype, assert_close_rel):
+    """A C++ row kernel computes each exp or sin once per element: the pass that first computes
+    it keeps it in a per-thread row buffer (magi_row_scratch) for the later passes, which read
+    it there instead of the input. Here e = exp(x - max) is computed in the sum pass and read by
+    the second sum and the outputs, s = sin(x) is computed in the second sum and read by the
+    outputs; softmax keeps its exponentials the same way."""
+
+    def fn(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        total = e.sum(-1, keepdim=True)
+        s = torch.sin(x) * 0.5 + 1.0
+        weighted = (e * s).sum(-1, keepdim=True)
+        return e * s / (total * weighted), torch.softmax(x, -1)
+
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    with lowered_graphs() as runs, torch.no_grad():
+        for rows in (3, 5):
+            x = torch.randn(rows, 1003, dtype=dtype) * 3
+            assert_close_rel(compiled(x), fn(x), RTOL[dtype])
+    kernels = {k["symbol"]: k["source"] for k in runs[0].magi_executable.generated_kernels()}
+    (src,) = [text for symbol, text in kernels.items() if "_sin_" in symbol]
+    (soft,) = [text for symbol, text in kernels.items() if "softmax" in symbol]
+    assert src.count("magi_row_scratch<A>(") == 2 and soft.count("magi_row_scratch<A>(") == 1
+    for text, kept in ((src, 2), (soft, 1)):
+        assert text.count("magi_exp(") == 1 and text.count("sin(") == (kept == 2), text
+        # the output pass reads the kept values and no input
+        out_pass = text[text.rindex("for (long long col0") :]
+        assert "in0[" not in out_pass and out_pass.count("[col0 + j];") == kept, out_pass
