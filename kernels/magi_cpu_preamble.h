@@ -215,12 +215,13 @@ static inline float magi_expf(float v) {
   const uint32_t above = 0u - static_cast<uint32_t>(v > 88.7228394f);
   const uint32_t below = 0u - static_cast<uint32_t>(v < -86.6f);
   const uint32_t nan = 0u - static_cast<uint32_t>(v != v);
-  const uint32_t high = 0u - static_cast<uint32_t>(v > 88.7228f);
+  const uint32_t high = 0u - static_cast<uint32_t>(v > 88.7228394f);
   const uint32_t low = 0u - static_cast<uint32_t>(v < -86.6f);
-  // v clamped to [-86.6, 88.7228], NaN to 0: in range for the conversion to int.
+  // v clamped to [-86.6, 88.7228394], NaN to 0: in range for the conversion to int (at the top,
+  // where e^v passes the largest float, the last multiplication overflows to inf as expf does).
   const float c =
       __builtin_bit_cast(float, (__builtin_bit_cast(uint32_t, v) & ~(high | low | nan)) |
-                                    (__builtin_bit_cast(uint32_t, 88.7228f) & high) |
+                                    (__builtin_bit_cast(uint32_t, 88.7228394f) & high) |
                                     (__builtin_bit_cast(uint32_t, -86.6f) & low));
   const float t = c * 1.44269504088896341f;
   const int32_t k = static_cast<int32_t>(t + std::copysign(0.5f, t));

@@ -133,15 +133,19 @@ std::string load_row_value(const KernelVariant& v, int i, const std::string& arg
 namespace {
 
 // An element op worth keeping for a later pass instead of computing it again there: a
-// transcendental function or a power of a computed exponent (the rest, powers of a constant
+// transcendental function or a power printed as pow() (the rest, squares and square roots
 // included, costs less than the store and load keeping it takes).
 bool costly(const KernelSpec& s, const KOp& op) {
   if (op.kind == KOpKind::kUnary) {
     return op.fn != "neg" && op.fn != "abs" && op.fn != "relu" && op.fn != "reciprocal";
   }
   if (op.kind != KOpKind::kBinary || op.fn != "pow") return false;
-  const KOp& e = s.ops[op.args[1]];
-  return !(e.kind == KOpKind::kConst && e.fn.empty());
+  const KOp& e = s.ops[op.args[1]];  // the exponents expr() prints as products or roots
+  if (e.kind != KOpKind::kConst || !e.fn.empty()) return true;
+  for (double cheap : {2.0, 1.0, 0.5, -1.0, -0.5, 3.0}) {
+    if (e.value == cheap) return false;
+  }
+  return true;
 }
 
 constexpr int kMaxKeptValues = 8;  // slots of magi_row_scratch (kernels/magi_cpu_preamble.h)

@@ -604,6 +604,7 @@ def test_cpu_activations_match_eager_at_extreme_and_special_values(activation):
     assert runs[0].magi_executable.num_fusions == 1, runs[0].magi_graph
 
 
+@pytest.mark.usefixtures("no_fallback")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_cpu_row_reductions_keep_nan_and_infinities_in_every_lane(dtype):
     """The C++ row kernels accumulate in vectorized lanes (``#pragma omp simd reduction``) and
@@ -628,9 +629,14 @@ def test_cpu_row_reductions_keep_nan_and_infinities_in_every_lane(dtype):
     with lowered_graphs() as runs, torch.no_grad():
         got, want = compiled(x), fn(x)
     assert runs[0].magi_executable.num_fusions == 1, runs[0].magi_graph
-    tol = {"rtol": 2e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, equal_nan=True, **tol)
+        # NaN and infinities exactly where eager has them; the finite values as the fusion tests
+        # compare (a vectorized sum adds in another order: relative to the largest value)
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.isinf(), w.isinf())
+        assert torch.equal(g[w.isinf()], w[w.isinf()])
+        finite = w.isfinite()
+        err = (g[finite].double() - w[finite].double()).abs().max() / w[finite].abs().max()
+        assert err <= RTOL[dtype], (err, g, w)
 
 
 @pytest.mark.usefixtures("no_fallback")
@@ -649,10 +655,12 @@ def test_cpu_row_passes_keep_costly_values_for_later_passes(dtype, assert_close_
         weighted = (e * s).sum(-1, keepdim=True)
         return e * s / (total * weighted), torch.softmax(x, -1)
 
-    compiled = magi_compile(fn, dynamic_arg_dims={"x": 0})
+    compiled = magi_compile(fn, dynamic_arg_dims={"x": [0, 1]})
     with lowered_graphs() as runs, torch.no_grad():
-        for rows in (3, 5):
-            x = torch.randn(rows, 1003, dtype=dtype) * 3
+        # rows and columns dynamic: one kernel whose buffers grow with the row; 64 x 1003 runs
+        # its rows on several threads (the loop is parallel past 32768 elements)
+        for rows, cols in ((3, 1003), (64, 1003), (5, 4099), (64, 517)):
+            x = torch.randn(rows, cols, dtype=dtype) * 3
             assert_close_rel(compiled(x), fn(x), RTOL[dtype])
     kernels = {k["symbol"]: k["source"] for k in runs[0].magi_executable.generated_kernels()}
     (src,) = [text for symbol, text in kernels.items() if "_sin_" in symbol]
