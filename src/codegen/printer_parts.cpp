@@ -54,6 +54,18 @@ LoadFn unshifted(std::function<std::string(int)> load) {
   };
 }
 
+std::string closed_form_power(const KernelSpec& s, const KOp& op, const std::string& x) {
+  const KOp& e = s.ops[op.args[1]];
+  if (e.kind != KOpKind::kConst || !e.fn.empty()) return "";
+  if (e.value == 2.0) return "(" + x + " * " + x + ")";
+  if (e.value == 1.0) return x;
+  if (e.value == 0.5) return "sqrt(" + x + ")";
+  if (e.value == -1.0) return "(A(1) / " + x + ")";
+  if (e.value == -0.5) return "magi_rsqrt(" + x + ")";
+  if (e.value == 3.0) return "(" + x + " * " + x + " * " + x + ")";
+  return "";
+}
+
 std::string expr(const KernelSpec& s, int i, const LoadFn& load, MathForms forms) {
   const KOp& op = s.ops[i];
   const bool fast = forms == MathForms::kDeviceFast;
@@ -106,16 +118,8 @@ std::string expr(const KernelSpec& s, int i, const LoadFn& load, MathForms forms
       if (f == "div") return "(" + a(0) + " / " + a(1) + ")";
       if (f == "max" || f == "min") return "magi_" + f + "(" + a(0) + ", " + a(1) + ")";
       if (f == "pow") {
-        const KOp& e = s.ops[op.args[1]];
-        if (e.kind == KOpKind::kConst && e.fn.empty()) {
-          if (e.value == 2.0) return "(" + a(0) + " * " + a(0) + ")";
-          if (e.value == 1.0) return a(0);
-          if (e.value == 0.5) return "sqrt(" + a(0) + ")";
-          if (e.value == -1.0) return "(A(1) / " + a(0) + ")";
-          if (e.value == -0.5) return "magi_rsqrt(" + a(0) + ")";
-          if (e.value == 3.0) return "(" + a(0) + " * " + a(0) + " * " + a(0) + ")";
-        }
-        return "pow(" + a(0) + ", " + a(1) + ")";
+        const std::string closed = closed_form_power(s, op, a(0));
+        return closed.empty() ? "pow(" + a(0) + ", " + a(1) + ")" : closed;
       }
       break;
     }

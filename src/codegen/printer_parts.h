@@ -55,6 +55,9 @@ inline MathForms math_forms(bool gpu, const KernelSpec& s) {
   if (!gpu) return MathForms::kHost;
   return s.fast_math ? MathForms::kDeviceFast : MathForms::kDevice;
 }
+// A pow op (`op`, of `x`) whose constant exponent has a form without pow(): x * x, sqrt(x),
+// magi_rsqrt(x) and the like; "" for any other exponent.
+std::string closed_form_power(const KernelSpec& s, const KOp& op, const std::string& x);
 std::string expr(const KernelSpec& s, int i, const LoadFn& load, MathForms forms);
 std::string combine(ReduceKind r, const std::string& x, const std::string& y);
 /// The OpenMP reduction identifier of `r` in host kernels (magi_max / magi_min: declared in the

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from _kernel_env import compile_with, compiled_cleanly  # noqa: E402
+from _kernel_env import VECTOR_IO_MODES, compile_with, compiled_cleanly  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,14 +45,7 @@ def test_a_known_value_compiles_on_cuda(tmp_path):
     assert compiled_cleanly(out, 1e-5), out
 
 
-@pytest.mark.parametrize(
-    ("var", "value"),
-    [
-        ("MAGI_VECTOR_IO", m)
-        for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs")
-    ]
-    + [("MAGI_KEEP_LOADS", "l1last")],
-)
+@pytest.mark.parametrize(("var", "value"), VECTOR_IO_MODES)
 def test_every_vector_io_mode_matches_eager_on_cuda(tmp_path, var, value):
     """Each measuring mode of the vector loads and stores: RMSNorm, LayerNorm, softmax and a
     pointwise kernel over row lengths that take every row layout match eager."""

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from _kernel_env import compile_with, compiled_cleanly  # noqa: E402
+from _kernel_env import VECTOR_IO_MODES, compile_with, compiled_cleanly  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -42,14 +42,7 @@ def test_a_known_value_compiles(tmp_path):
     assert compiled_cleanly(out, 1e-5), out
 
 
-@pytest.mark.parametrize(
-    ("var", "value"),
-    [
-        ("MAGI_VECTOR_IO", m)
-        for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs")
-    ]
-    + [("MAGI_KEEP_LOADS", "l1last")],
-)
+@pytest.mark.parametrize(("var", "value"), VECTOR_IO_MODES)
 def test_every_vector_io_mode_compiles_with_nvrtc(tmp_path, var, value):
     """Each measuring mode's CUDA preamble (written-out PTX included) NVRTC-compiles for sm_90
     (MAGI_VERIFY_CUDA_CODEGEN) with RMSNorm, LayerNorm and softmax over rows held by a warp and
