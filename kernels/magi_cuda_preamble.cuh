@@ -249,12 +249,22 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
   }
 }
 
+// A plain (write-back, weak) 16-byte store, written out in PTX as __stcs is: assigned through a
+// uint4*, the compiler split half the stores of the RMSNorm kernel into four 4-byte stores
+// (sm_90, CUDA 13: 2.5 store instructions per 16 bytes in Nsight Compute, 3.4% more L2 write
+// sectors), and __stwb compiles to a strong store (STG.E.128.STRONG.SM), where this gives the
+// STG.E.128 torch.compile's kernels use.
+__device__ __forceinline__ void magi_store16_plain(void* p, uint4 v) {
+  asm("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      : "memory");
+}
+
 // One 16-byte store of four words. Built from words rather than from converted elements:
 // given a uint4 filled element by element, the compiler sometimes split the store into four
-// 4-byte stores. Not written out in PTX by default: an asm volatile store orders a kernel's
-// stores among themselves, and add+RMSNorm (two outputs) lost 1.9% of copy bandwidth to it
-// (H100, MAGI_VECTOR_IO=asm against the default). kKeep stores never take the streaming hint:
-// outputs that a matmul or attention kernel reads next, which then finds them in L2.
+// 4-byte stores. The MAGI_VECTOR_IO=asm form is asm volatile, which orders a kernel's stores
+// among themselves: add+RMSNorm (two outputs) lost 1.9% of copy bandwidth to it (H100, against
+// the default). kKeep stores never take the streaming hint: outputs that a matmul or attention
+// kernel reads next, which then finds them in L2.
 template <bool kKeep = false>
 __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {
@@ -268,12 +278,12 @@ __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, un
   v.w = d;
 #if defined(MAGI_VECTOR_IO_STCS) || defined(MAGI_VECTOR_IO_CS) || defined(MAGI_VECTOR_IO_L2LAST_CS)
   if constexpr (kKeep) {
-    *reinterpret_cast<uint4*>(p) = v;
+    magi_store16_plain(p, v);
   } else {
     __stcs(reinterpret_cast<uint4*>(p), v);  // streaming: evict first
   }
 #else
-  *reinterpret_cast<uint4*>(p) = v;
+  magi_store16_plain(p, v);
 #endif
 #endif
 }
