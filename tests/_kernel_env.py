@@ -10,11 +10,11 @@ import subprocess
 import sys
 import textwrap
 
-# The measuring modes of the vector loads and stores besides the default (MAGI_VECTOR_IO=cs),
+# The vector load and store modes besides the default (MAGI_VECTOR_IO=auto),
 # each as (variable, value).
 VECTOR_IO_MODES = [
     ("MAGI_VECTOR_IO", m)
-    for m in ("ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs")
+    for m in ("cs", "ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs")
 ] + [("MAGI_KEEP_LOADS", "l1last")]
 
 SCRIPT = textwrap.dedent(

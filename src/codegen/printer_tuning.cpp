@@ -128,9 +128,9 @@ int row_stream_l1() {
 }
 
 const std::string& vector_io_mode() {
-  static const std::string mode =
-      env_choice("MAGI_VECTOR_IO",
-                 {"cs", "ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs"});
+  static const std::string mode = env_choice(
+      "MAGI_VECTOR_IO",
+      {"auto", "cs", "ldcs", "ldg", "asm", "plain", "stcs", "l2last", "l2last_l1", "l2last_cs"});
   return mode;
 }
 
@@ -161,10 +161,28 @@ void read_tuning_variables() {
   (void)keep_loads_mode();
 }
 
-std::string cuda_preamble() {
+std::string vector_io_for(const KernelVariant& variant) {
+  const std::string& mode = vector_io_mode();
+  if (mode != "auto") return mode;
+  // Rows held in registers and reduced once (RMSNorm, add+RMSNorm): torch.compile's policy,
+  // rows read under L2 evict_last and written with plain stores, measured 0-5 points of copy
+  // bandwidth above streaming on the H200 (docs/config.md). Kernels that reduce a row twice
+  // (LayerNorm lost 11 points at 8192 x 16384), streamed rows, rows in warps, pointwise and
+  // column kernels stay with streaming loads and stores.
+  const KernelSpec& spec = *variant.spec;
+  if (spec.schedule != Schedule::kRow || variant.streamed_rows || variant.rows_in_warps) {
+    return "cs";
+  }
+  int reductions = 0;
+  for (const KOp& op : spec.ops) reductions += op.kind == KOpKind::kReduce;
+  return reductions == 1 ? "l2last" : "cs";
+}
+
+std::string cuda_preamble(const KernelVariant& variant) {
   std::string defines;
-  if (vector_io_mode() != "ldg") {  // ldg needs no define: the preamble's plain path
-    std::string upper = vector_io_mode();
+  const std::string mode = vector_io_for(variant);
+  if (mode != "ldg") {  // ldg needs no define: the preamble's plain path
+    std::string upper = mode;
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     defines = "#define MAGI_VECTOR_IO_" + upper + " 1\n";
   }

@@ -261,7 +261,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   set_index_rank(kv, space, args);
   kv.strided_vectors = strided_vectors_for(kv, space, args, [](int) { return true; });
   kv.packed_bf16 = codegen::packed_bf16_enabled() && codegen::packed_bf16_possible(kv);
-  return codegen::CudaSource{codegen::cuda_preamble() + codegen::print_cuda(kv), kv.symbol()};
+  return codegen::CudaSource{codegen::cuda_preamble(kv) + codegen::print_cuda(kv), kv.symbol()};
 }
 
 const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
@@ -281,15 +281,15 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
   try {
     if (device.is_cuda()) {
       v->source = codegen::print_cuda(v->variant);
-      v->cuda = &codegen::get_cuda_kernel(codegen::cuda_preamble() + v->source, v->variant.symbol(),
-                                          device.index());
+      v->cuda = &codegen::get_cuda_kernel(codegen::cuda_preamble(v->variant) + v->source,
+                                          v->variant.symbol(), device.index());
     } else {
       v->source = codegen::print_cpp(v->variant);
       v->cpu = reinterpret_cast<void (*)(const MagiArgs*)>(codegen::get_cpu_function(
           std::string(codegen::kCpuPreamble) + "\n" + v->source, v->variant.symbol()));
       if (verify_cuda_codegen()) {
         // Also prove the CUDA forms of this variant compile (CPU-only test runs).
-        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + cuda_forms(v->variant),
+        codegen::compile_cuda_to_cubin(codegen::cuda_preamble(v->variant) + cuda_forms(v->variant),
                                        v->variant.symbol(), 90);
       }
     }

@@ -357,7 +357,7 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
               {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8, 0);
   call.rows_in_warps = true;
   EXPECT_EQ(expected->name, call.symbol());
-  EXPECT_EQ(expected->source, codegen::cuda_preamble() + codegen::print_cuda(call));
+  EXPECT_EQ(expected->source, codegen::cuda_preamble(call) + codegen::print_cuda(call));
   if (codegen::nvrtc_available()) {
     EXPECT_FALSE(codegen::compile_cuda_batch({*expected}, 90).front().empty());
   }
@@ -549,10 +549,50 @@ TEST(PrintedKernel, CatSelectsTestEachVectorOnceWhenItsBoundIsAMultipleOfTheWidt
   if (codegen::nvrtc_available()) {
     for (const auto& [source, v] : {std::pair{uniform, variant(spec, access, 8, 0)},
                                     std::pair{per_lane, variant(spec12, access, 4, 0)}}) {
-      EXPECT_FALSE(codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + source, v.symbol(), 90)
-                       .empty());
+      EXPECT_FALSE(
+          codegen::compile_cuda_to_cubin(codegen::cuda_preamble(v) + source, v.symbol(), 90)
+              .empty());
     }
   }
+}
+
+// The default vector I/O (MAGI_VECTOR_IO=auto) reads rows under L2 evict_last with plain
+// stores only in row kernels that hold their rows in registers and reduce them once; a softmax
+// (two reductions), rows in warps, streamed rows, pointwise and column kernels stream.
+TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
+  if (codegen::vector_io_mode() != "auto") GTEST_SKIP() << "MAGI_VECTOR_IO is set";
+  auto norm = add_rmsnorm_group();
+  const codegen::KernelSpec norm_spec = codegen::lower_group(*norm, "fused_add_rmsnorm");
+  const std::vector<AccessClass> norm_access = {AccessClass::kContiguous, AccessClass::kContiguous,
+                                                AccessClass::kColumn};
+  codegen::KernelVariant held = variant(norm_spec, norm_access, 8, 0);
+  EXPECT_EQ(codegen::vector_io_for(held), "l2last");
+  EXPECT_EQ(codegen::cuda_preamble(held).rfind("#define MAGI_VECTOR_IO_L2LAST 1\n", 0), 0u);
+  codegen::KernelVariant warps = held;
+  warps.rows_in_warps = true;
+  EXPECT_EQ(codegen::vector_io_for(warps), "cs");
+  codegen::KernelVariant streamed = held;
+  streamed.streamed_rows = true;
+  EXPECT_EQ(codegen::vector_io_for(streamed), "cs");
+  EXPECT_EQ(codegen::cuda_preamble(streamed).rfind("#define MAGI_VECTOR_IO_CS 1\n", 0), 0u);
+
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  Value* x = b.input("x", {sym("s0"), 64});
+  Value* m = b.row_reduce("aten::amax", "", x, true, "amax", 50);
+  Value* e =
+      b.unary("aten::exp", b.binary("aten::sub", x, m, *x->tensor_type(), "sub", 50), "exp", 50);
+  Value* sum = b.row_reduce("aten::sum", "dim_IntList", e, true, "sum", 51);
+  g->set_outputs({b.binary("aten::div", e, sum, *e->tensor_type(), "div", 51)});
+  const codegen::KernelSpec softmax = codegen::lower_group(*g, "fused_softmax");
+  EXPECT_EQ(codegen::vector_io_for(variant(softmax, {AccessClass::kContiguous}, 4, 0)), "cs");
+
+  auto pointwise = silu_mul_group();
+  const codegen::KernelSpec pw = codegen::lower_group(*pointwise, "fused_silu_mul");
+  EXPECT_EQ(codegen::vector_io_for(variant(pw, norm_access, 8, 0)), "cs");
+  auto column = column_weight_grad_group();
+  const codegen::KernelSpec col = codegen::lower_group(*column, "fused_weight_grad");
+  EXPECT_EQ(codegen::vector_io_for(variant(col, norm_access, 8, 0)), "cs");
 }
 
 // A bf16 rotary (products, a sum, a negation and a select of bf16 values, each rounded to bf16)
@@ -577,7 +617,7 @@ TEST(PrintedKernel, Bf16ProductsAndSumsRunOnPackedPairs) {
   EXPECT_EQ(packed.find("magi_round_bf16"), std::string::npos) << packed;
   if (codegen::nvrtc_available()) {
     EXPECT_FALSE(
-        codegen::compile_cuda_to_cubin(codegen::cuda_preamble() + packed, v.symbol(), 90).empty());
+        codegen::compile_cuda_to_cubin(codegen::cuda_preamble(v) + packed, v.symbol(), 90).empty());
   }
   EXPECT_FALSE(codegen::packed_bf16_possible(variant(spec, access, 4, 0)));
 

@@ -19,8 +19,8 @@ from _kernel_env import VECTOR_IO_MODES, compile_with, compiled_cleanly  # noqa:
         (
             "MAGI_VECTOR_IO",
             "fast",
-            "MAGI_VECTOR_IO=fast is not one of cs, ldcs, ldg, asm, plain, stcs, l2last, l2last_l1, "
-            "l2last_cs",
+            "MAGI_VECTOR_IO=fast is not one of auto, cs, ldcs, ldg, asm, plain, stcs, l2last, "
+            "l2last_l1, l2last_cs",
         ),
         ("MAGI_ROW_BLOCK_ROUNDING", "odd", "MAGI_ROW_BLOCK_ROUNDING=odd is not one of warp, pow2"),
         ("MAGI_KEEP_LOADS", "l2", "MAGI_KEEP_LOADS=l2 is not one of ldg, l1last"),

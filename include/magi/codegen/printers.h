@@ -102,7 +102,9 @@ int stream_min_blocks();
 /// 1 evict_last in the passes before the last and evict_first in the last, on the read-only path
 /// (ld.global.nc); 2 the same hints on plain ld.global, the form torch.compile's kernels use.
 int row_stream_l1();
-/// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "cs" (default) streaming
+/// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "auto" (default) is
+/// "l2last" for row kernels whose rows are held in registers and reduced once, "cs" for the
+/// rest (vector_io_for); "cs" streaming
 /// (evict-first) loads and stores, except loads of per-column inputs every row reads again,
 /// all loads of pointwise kernels (__ldg) and stores of outputs a library operator reads
 /// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc
@@ -118,9 +120,11 @@ const std::string& keep_loads_mode();
 /// runtime calls this before it compiles a kernel, outside the fallback to ATen that a kernel
 /// failing to compile takes, so that a mistyped setting stops the compile instead.
 void read_tuning_variables();
-/// The preamble every CUDA translation unit starts with: kCudaPreamble, preceded by the defines
-/// the tuning variables above ask of it.
-std::string cuda_preamble();
+/// The vector I/O mode `variant` is printed with: vector_io_mode(), with "auto" resolved.
+std::string vector_io_for(const KernelVariant& variant);
+/// The preamble `variant`'s translation unit starts with: kCudaPreamble, preceded by the
+/// defines the tuning variables above ask of it for that kernel.
+std::string cuda_preamble(const KernelVariant& variant);
 
 std::string print_cuda(const KernelVariant& variant);
 std::string print_cpp(const KernelVariant& variant);
