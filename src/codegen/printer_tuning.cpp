@@ -165,10 +165,12 @@ std::string vector_io_for(const KernelVariant& variant) {
   const std::string& mode = vector_io_mode();
   if (mode != "auto") return mode;
   // Rows held in registers and reduced once (RMSNorm, add+RMSNorm): torch.compile's policy,
-  // rows read under L2 evict_last and written with plain stores, measured 0-5 points of copy
-  // bandwidth above streaming on the H200 (docs/config.md). Kernels that reduce a row twice
-  // (LayerNorm lost 11 points at 8192 x 16384), streamed rows, rows in warps, pointwise and
-  // column kernels stay with streaming loads and stores.
+  // rows read under L2 evict_last and written with plain stores. Against streaming on the H200
+  // it measured RMSNorm -0.4 to +3.0 points of copy bandwidth and add+RMSNorm +2.3 to +3.6 over
+  // four shapes (docs/config.md). Kernels that reduce a row twice (LayerNorm lost 11 points at
+  // 8192 x 16384), streamed rows, rows in warps (not measured), pointwise and column kernels
+  // stay with streaming loads and stores. The CPU test runs compile every CUDA form of a kernel
+  // with the held form's choice.
   const KernelSpec& spec = *variant.spec;
   if (spec.schedule != Schedule::kRow || variant.streamed_rows || variant.rows_in_warps) {
     return "cs";
