@@ -181,9 +181,10 @@ __device__ __forceinline__ uint4 magi_load_keep16(const void* p) {
 #endif
 }
 
-// One 16-byte load. MAGI_VECTOR_IO (docs/config.md) picks how: with the streaming hint (cs,
-// the default, and ldcs: evict first, since each byte is read once), through the read-only
-// path (ldg, the build without any define), written out in PTX (asm) or left to the compiler
+// One 16-byte load. MAGI_VECTOR_IO (docs/config.md; its default, auto, picks l2last or cs
+// per kernel) picks how: with the streaming hint (cs and ldcs: evict first, since each byte is
+// read once), under an L2 evict_last policy (the l2last modes), through the read-only path
+// (ldg, the build without any define), written out in PTX (asm) or left to the compiler
 // (plain). kKeep loads never take the streaming hint: data every row reads again (a norm's
 // weight and bias), and every load of a pointwise kernel. On the H100 the hint cost pointwise
 // kernels 1.4% (silu*mul) to 4% (x*y+z) of their time when their inputs were not the tensors
@@ -205,8 +206,8 @@ __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #elif defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_L1) || \
     defined(MAGI_VECTOR_IO_L2LAST_CS)
   // Under an L2 evict_last policy (torch.compile's first read of a norm's row); L1 not
-  // allocated (l2last, l2last_cs) or evict_last there (l2last_l1, torch.compile's form).
-  // Measuring modes.
+  // allocated (l2last: the default's choice for rows held in registers and reduced once;
+  // l2last_cs) or evict_last there (l2last_l1, torch.compile's form).
   if constexpr (kKeep) return magi_load_keep16(p);
   uint4 r;
 #if defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_CS)

@@ -37,14 +37,15 @@ SCRIPT = textwrap.dedent(
         return F.silu(x) * (x + w)
 
     device, columns = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
+    dtype = getattr(torch, sys.argv[3])
     worst = 0.0
     try:
         for fn in (norm, layer_norm, softmax, gated):
             compiled = magi_compile(fn)
             for cols in columns:
-                x = torch.randn(6, cols, device=device)
-                w = torch.randn(cols, device=device)
-                got, want = compiled(x, w), fn(x, w)
+                x = torch.randn(6, cols, device=device, dtype=dtype)
+                w = torch.randn(cols, device=device, dtype=dtype)
+                got, want = compiled(x, w).float(), fn(x, w).float()
                 worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
     except Exception as e:  # Dynamo may wrap it; the cause chain holds ours
         while e is not None and not isinstance(e, UserError):
@@ -56,9 +57,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def compile_with(device: str, var: str, value: str, cache_dir, columns=(64,)) -> str:
+def compile_with(
+    device: str, var: str, value: str, cache_dir, columns=(64,), dtype: str = "float32"
+) -> str:
     """The child's stdout (``USER ERROR: <message>`` or ``COMPILED, worst relative error E``
-    against eager over every kernel and row length in `columns`) and stderr, where a kernel that
+    against eager over every kernel and row length in `columns`, inputs of `dtype`) and stderr,
+    where a kernel that
     failed to compile leaves its warning (the child logs at warning level whatever the
     caller's MAGI_LOGGING_LEVEL); a crashed child fails."""
     env = dict(os.environ, MAGI_VERIFY_CUDA_CODEGEN="1", MAGI_CACHE_DIR=str(cache_dir))
@@ -66,7 +70,7 @@ def compile_with(device: str, var: str, value: str, cache_dir, columns=(64,)) ->
     env[var] = value
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, device, ",".join(str(c) for c in columns)],
+        [sys.executable, "-c", SCRIPT, device, ",".join(str(c) for c in columns), dtype],
         capture_output=True,
         text=True,
         env=env,

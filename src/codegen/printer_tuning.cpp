@@ -1,6 +1,7 @@
 // The tuning variables of the printed kernels (MAGI_ROW_CHUNKS and friends, docs/config.md):
 // each read once per process (MAGI_ROW_MIN_BLOCKS at every print); part of the printed source,
 // hence of the kernel cache key.
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <initializer_list>
@@ -164,20 +165,25 @@ void read_tuning_variables() {
 std::string vector_io_for(const KernelVariant& variant) {
   const std::string& mode = vector_io_mode();
   if (mode != "auto") return mode;
-  // Rows held in registers and reduced once (RMSNorm, add+RMSNorm): torch.compile's policy,
-  // rows read under L2 evict_last and written with plain stores. Against streaming on the H200
-  // it measured RMSNorm -0.4 to +3.0 points of copy bandwidth and add+RMSNorm +2.3 to +3.6 over
-  // four shapes (docs/config.md). Kernels that reduce a row twice (LayerNorm lost 11 points at
-  // 8192 x 16384), streamed rows, rows in warps (not measured), pointwise and column kernels
-  // stay with streaming loads and stores. The CPU test runs compile every CUDA form of a kernel
-  // with the held form's choice.
+  // Rows held in registers, reduced once and written out whole (RMSNorm, add+RMSNorm):
+  // torch.compile's policy, rows read under L2 evict_last and written with plain stores. On the
+  // H200, against streaming in the same machine start, RMSNorm measured -0.4 and +3.0 points of
+  // copy bandwidth and add+RMSNorm +2.5 and +2.9 (16384 x 5120, 32768 x 8192; docs/config.md).
+  // Kernels that reduce a row twice (LayerNorm lost 11 points at 8192 x 16384), row kernels
+  // whose outputs are one value per row (a sum, a mean: not measured), streamed rows, rows in
+  // warps (not measured), pointwise and column kernels stay with streaming loads and stores.
+  // RMSNorm's backward takes the forward's choice without a measurement of its own. The CPU
+  // test runs compile every CUDA form of a kernel with the held form's choice.
+  MAGI_ASSERT(variant.spec != nullptr, "vector_io_for: a kernel variant without its spec");
   const KernelSpec& spec = *variant.spec;
   if (spec.schedule != Schedule::kRow || variant.streamed_rows || variant.rows_in_warps) {
     return "cs";
   }
   int reductions = 0;
   for (const KOp& op : spec.ops) reductions += op.kind == KOpKind::kReduce;
-  return reductions == 1 ? "l2last" : "cs";
+  const bool element_output = std::any_of(spec.outputs.begin(), spec.outputs.end(),
+                                          [](const KOutput& o) { return !o.per_row; });
+  return reductions == 1 && element_output ? "l2last" : "cs";
 }
 
 std::string cuda_preamble(const KernelVariant& variant) {

@@ -557,8 +557,9 @@ TEST(PrintedKernel, CatSelectsTestEachVectorOnceWhenItsBoundIsAMultipleOfTheWidt
 }
 
 // The default vector I/O (MAGI_VECTOR_IO=auto) reads rows under L2 evict_last with plain
-// stores only in row kernels that hold their rows in registers and reduce them once; a softmax
-// (two reductions), rows in warps, streamed rows, pointwise and column kernels stream.
+// stores only in row kernels that hold their rows in registers (wide blocks too), reduce them
+// once and write an output per element; a softmax and a LayerNorm (two reductions), a row sum
+// (one value per row out), rows in warps, streamed rows, pointwise and column kernels stream.
 TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
   if (codegen::vector_io_mode() != "auto") GTEST_SKIP() << "MAGI_VECTOR_IO is set";
   auto norm = add_rmsnorm_group();
@@ -568,6 +569,9 @@ TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
   codegen::KernelVariant held = variant(norm_spec, norm_access, 8, 0);
   EXPECT_EQ(codegen::vector_io_for(held), "l2last");
   EXPECT_EQ(codegen::cuda_preamble(held).rfind("#define MAGI_VECTOR_IO_L2LAST 1\n", 0), 0u);
+  codegen::KernelVariant wide = held;
+  wide.wide_rows = true;
+  EXPECT_EQ(codegen::vector_io_for(wide), "l2last");
   codegen::KernelVariant warps = held;
   warps.rows_in_warps = true;
   EXPECT_EQ(codegen::vector_io_for(warps), "cs");
@@ -586,6 +590,25 @@ TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
   g->set_outputs({b.binary("aten::div", e, sum, *e->tensor_type(), "div", 51)});
   const codegen::KernelSpec softmax = codegen::lower_group(*g, "fused_softmax");
   EXPECT_EQ(codegen::vector_io_for(variant(softmax, {AccessClass::kContiguous}, 4, 0)), "cs");
+
+  auto ln = std::make_unique<Graph>();
+  Builder l(*ln);
+  Value* y = l.input("y", {sym("s0"), 64});
+  Value* mean = l.row_reduce("aten::mean", "dim", y, true, "mean", 60);
+  Value* d = l.binary("aten::sub", y, mean, *y->tensor_type(), "centered", 60);
+  Value* var = l.row_reduce("aten::mean", "dim", l.mul(d, d, "square", 61), true, "var", 61);
+  Value* inv = l.unary("aten::rsqrt", l.add(var, l.number(1e-5), "add_eps", 62), "rsqrt", 62);
+  ln->set_outputs({l.mul(d, inv, "normed", 62)});
+  const codegen::KernelSpec layer_norm = codegen::lower_group(*ln, "fused_layer_norm");
+  EXPECT_EQ(codegen::vector_io_for(variant(layer_norm, {AccessClass::kContiguous}, 4, 0)), "cs");
+
+  auto rs = std::make_unique<Graph>();
+  Builder q(*rs);
+  Value* z = q.input("z", {sym("s0"), 64});
+  rs->set_outputs(
+      {q.row_reduce("aten::sum", "dim_IntList", q.mul(z, z, "square", 70), true, "sum", 70)});
+  const codegen::KernelSpec row_sum = codegen::lower_group(*rs, "fused_row_sum");
+  EXPECT_EQ(codegen::vector_io_for(variant(row_sum, {AccessClass::kContiguous}, 4, 0)), "cs");
 
   auto pointwise = silu_mul_group();
   const codegen::KernelSpec pw = codegen::lower_group(*pointwise, "fused_silu_mul");

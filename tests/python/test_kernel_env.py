@@ -5,7 +5,10 @@ it takes. Each is read once per process, so each case runs in a process of its o
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,44 @@ def test_every_vector_io_mode_compiles_with_nvrtc(tmp_path, var, value):
     by a block of 256 threads, and a pointwise kernel; the default mode is every CPU test's."""
     out = compile_with("cpu", var, value, tmp_path, columns=(64, 8192))
     assert compiled_cleanly(out, 1e-5), out
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit, or the copy Triton's wheel (a dependency of torch) has."""
+    found = shutil.which("cuobjdump")
+    if found is not None:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(path) if path.exists() else None
+
+
+@pytest.mark.parametrize("value", ["auto", "ldg"])
+def test_row_kernel_stores_are_whole_16_byte_stores(tmp_path, value):
+    """In the sm_90 machine code of the bf16 kernels (RMSNorm, LayerNorm, softmax over rows of
+    8192 values, and a pointwise one), every store of a form that moves vectors of 8 values is
+    one 16-byte STG: assigned through a uint4*, ptxas had split half of an RMSNorm kernel's plain
+    stores into four 4-byte ones (2.5 store instructions per 16 bytes on the H200)."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("neither the CUDA toolkit nor Triton provides cuobjdump here")
+    out = compile_with("cpu", "MAGI_VECTOR_IO", value, tmp_path, (8192,), "bfloat16")
+    assert compiled_cleanly(out, 2e-2), out
+    stores: dict[str, list[str]] = {}
+    for cubin in sorted(tmp_path.rglob("*.cubin")):
+        sass = subprocess.run(
+            [tool, "-sass", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+        function = ""
+        for line in sass.splitlines():
+            if "Function :" in line:
+                function = line.split("Function :", 1)[1].strip()
+            elif " STG." in line:
+                stores.setdefault(function, []).append(line.split(" STG.", 1)[1].split()[0])
+    vector_forms = {f: ops for f, ops in stores.items() if "_v8" in f}
+    assert {f.split("_")[1] for f in vector_forms} >= {"pow", "native", "mul", "silu"}, stores
+    for function, opcodes in vector_forms.items():
+        assert all(o.endswith("128") for o in opcodes), (function, opcodes)

@@ -102,16 +102,16 @@ int stream_min_blocks();
 /// 1 evict_last in the passes before the last and evict_first in the last, on the read-only path
 /// (ld.global.nc); 2 the same hints on plain ld.global, the form torch.compile's kernels use.
 int row_stream_l1();
-/// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "auto" (default) is
-/// "l2last" for row kernels whose rows are held in registers and reduced once, "cs" for the
-/// rest (vector_io_for); "cs" streaming
-/// (evict-first) loads and stores, except loads of per-column inputs every row reads again,
-/// all loads of pointwise kernels (__ldg) and stores of outputs a library operator reads
-/// (KOutput::keep, plain); "ldg" __ldg loads and plain stores; "asm" written-out PTX (ld.global.nc
-/// / st.global.v4); "plain" plain loads and stores (the compiler picks); "stcs" / "ldcs" streaming
-/// stores or loads only; "l2last" / "l2last_l1" row loads under an L2 evict_last policy (L1 not
-/// allocated / evict_last) with plain stores, "l2last_cs" the same loads as l2last with streaming
-/// stores. Kept for measuring one against another.
+/// How generated CUDA kernels move 16-byte vectors (MAGI_VECTOR_IO): "auto" (default) resolves
+/// per kernel (vector_io_for); "cs" streaming (evict-first) loads and stores, except loads of
+/// per-column inputs every row reads again, all loads of pointwise kernels (__ldg) and stores
+/// of outputs a library operator reads (KOutput::keep, plain); "ldg" __ldg loads and plain
+/// stores; "asm" written-out PTX (ld.global.nc / st.global.v4, volatile); "plain" loads left to
+/// the compiler, plain stores; "stcs" / "ldcs" streaming stores or loads only; "l2last" /
+/// "l2last_l1" row loads under an L2 evict_last policy (L1 not allocated / evict_last) with
+/// plain stores, "l2last_cs" the same loads as l2last with streaming stores. Plain stores are
+/// whole 16-byte st.global.v4.b32 (magi_store16_plain). The modes besides auto are kept for
+/// measuring one against another.
 const std::string& vector_io_mode();
 /// How the loads vector_io_mode() exempts from its hint are made (MAGI_KEEP_LOADS): "ldg"
 /// (default) __ldg; "l1last" ld.global.nc under L1 evict_last. A measuring mode.
@@ -120,7 +120,9 @@ const std::string& keep_loads_mode();
 /// runtime calls this before it compiles a kernel, outside the fallback to ATen that a kernel
 /// failing to compile takes, so that a mistyped setting stops the compile instead.
 void read_tuning_variables();
-/// The vector I/O mode `variant` is printed with: vector_io_mode(), with "auto" resolved.
+/// The vector I/O mode `variant` is printed with: vector_io_mode(), with "auto" resolved to
+/// "l2last" for row kernels that hold their rows in registers, reduce them once and write an
+/// output per element (RMSNorm, add+RMSNorm, RMSNorm's backward), "cs" for every other.
 std::string vector_io_for(const KernelVariant& variant);
 /// The preamble `variant`'s translation unit starts with: kCudaPreamble, preceded by the
 /// defines the tuning variables above ask of it for that kernel.
