@@ -3,7 +3,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <memory>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 struct magi_bf16 {
   uint16_t x;
@@ -242,14 +245,21 @@ static inline float magi_expf(float v) {
   e = (e & ~nan) | (__builtin_bit_cast(uint32_t, v) & nan);
   return __builtin_bit_cast(float, e);
 }
-// A per-thread buffer of at least n values, one of 8 slots: a row kernel's pass keeps values
-// there that a later pass over the same row reads instead of computing them again.
-template <typename A>
-static inline A* magi_row_scratch(int slot, long long n) {
-  static thread_local std::vector<A> buffers[8];
-  std::vector<A>& b = buffers[slot];
-  if (static_cast<long long>(b.size()) < n) b.resize(static_cast<size_t>(n));
-  return b.data();
+// The threads a row kernel's parallel loop may use, and the calling thread's number in it: the
+// kernel allocates its kept values (a row of each per thread) before the loop.
+static inline int magi_max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+static inline int magi_thread_num() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
 }
 // exp as kernels print it: magi_expf for float (bf16 and f16 compute in float), libm for double.
 static inline float magi_exp(float v) { return magi_expf(v); }

@@ -142,7 +142,7 @@ bool costly(const KernelSpec& s, const KOp& op) {
   return op.kind == KOpKind::kBinary && op.fn == "pow" && closed_form_power(s, op, "x").empty();
 }
 
-constexpr int kMaxKeptValues = 8;  // slots of magi_row_scratch (kernels/magi_cpu_preamble.h)
+constexpr int kMaxKeptValues = 8;  // rows of the kept-values buffer per thread
 
 // The passes over a row (each reduction's, then the outputs'): the element ops each computes,
 // and, on the host, the costly values a pass reads from a per-thread row buffer that the pass
@@ -193,6 +193,8 @@ RowPasses plan_row_passes(const KernelSpec& s, bool keep) {
 
 std::string kept_buffer(int i) { return "k" + std::to_string(i); }
 
+int kept_slots(const RowPasses& p) { return *std::max_element(p.slot.begin(), p.slot.end()) + 1; }
+
 // Inside a pass's lane loop: the kept values it reads, before its ops...
 void emit_kept_reads(std::ostream& os, const KernelSpec& s, const std::vector<int>& reads,
                      const std::string& ind) {
@@ -214,10 +216,12 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
                    const std::string& ind) {
   const KernelSpec& s = *v.spec;
   const RowPasses passes = plan_row_passes(s, !t.gpu);
+  const int slots = passes.slot.empty() ? 0 : kept_slots(passes);
   for (size_t i = 0; i < s.ops.size(); ++i) {
     if (passes.slot[i] < 0) continue;
-    os << ind << "A* __restrict__ " << kept_buffer(static_cast<int>(i)) << " = magi_row_scratch<A>("
-       << passes.slot[i] << ", cols);  // " << name(s, static_cast<int>(i))
+    os << ind << "A* __restrict__ " << kept_buffer(static_cast<int>(i))
+       << " = kept.get() + ((long long)magi_thread_num() * " << slots << " + " << passes.slot[i]
+       << ") * cols;  // " << name(s, static_cast<int>(i))
        << " of each column, kept for a later pass\n";
   }
   size_t pass = 0;
@@ -290,6 +294,15 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     if (s.outputs[k].per_row) t.store_row(os, ind, static_cast<int>(k), name(s, s.outputs[k].op));
   }
+}
+
+void emit_kept_allocation(std::ostream& os, const KernelSpec& s, const std::string& ind) {
+  const RowPasses passes = plan_row_passes(s, true);
+  const int slots = passes.slot.empty() ? 0 : kept_slots(passes);
+  if (slots == 0) return;
+  os << ind << "// " << slots << " row(s) of kept values per thread, for this call\n";
+  os << ind << "const std::unique_ptr<A[]> kept(new A[(size_t)magi_max_threads() * " << slots
+     << " * (size_t)cols]);\n";
 }
 
 // ---- pointwise body --------------------------------------------------------------------------

@@ -96,6 +96,11 @@ std::string load_chunk(const KernelVariant& v, int i, bool gpu, const std::strin
 std::string load_row_value(const KernelVariant& v, int i, const std::string& args);
 void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
                    const std::string& ind);
+// Host row kernels: before the parallel loop over rows, the buffer the passes keep costly
+// values in for later passes over the row (`kept`: a row of each kept value per thread),
+// allocated for this call, so that a failed allocation raises std::bad_alloc to the caller
+// instead of terminating inside the parallel region. Prints nothing when nothing is kept.
+void emit_kept_allocation(std::ostream& os, const KernelSpec& s, const std::string& ind);
 /// `rows_outside`: inside the C++ printer's row loop (row_index and col_base defined).
 std::string load_pointwise(const KernelVariant& v, int i, bool gpu, const std::string& args,
                            bool rows_outside = false);

@@ -355,6 +355,7 @@ std::string print_cpp(const KernelVariant& v) {
     for (int i : inputs)
       o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, false, "(*a)") << "\n";
   };
+  emit_kept_allocation(os, s, "  ");
   os << "#pragma omp parallel for schedule(static) if (a->rows * cols > 32768)\n";
   os << "  for (long long row = 0; row < a->rows; ++row) {\n";
   emit_row_offsets(os, v, all_inputs(s), "(*a)", "row", "    ");

@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "kernel_variant.h"
 #include "magi/codegen/compiler.h"
@@ -26,6 +29,18 @@ using codegen::AccessClass;
 using namespace detail;  // MagiArgs and the choice of variant (kernel_variant.h)
 
 namespace {
+
+// A C++ kernel that could not allocate its buffer of kept values (the one allocation a
+// generated host kernel makes, before its parallel loop): still a std::bad_alloc, so Python
+// sees a MemoryError, with the kernel named.
+class KeptValuesAllocationError : public std::bad_alloc {
+ public:
+  explicit KeptValuesAllocationError(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 // A column kernel: blocks of 32 x 8 threads over tiles of 32 column vectors, and enough row
 // splits for about four blocks per SM while each thread row still walks at least 8 rows; with
@@ -684,7 +699,15 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
     codegen::launch_cuda_kernel(*v.cuda, blocks, 1, 1, threads, rows_per_block, 1, 0, stream,
                                 kernel_args, true);
   } else {
-    v.cpu(&args);
+    try {
+      v.cpu(&args);
+    } catch (const std::bad_alloc&) {
+      throw KeptValuesAllocationError(
+          "the C++ kernel " + v.variant.symbol() +
+          " could not allocate the values it keeps between passes over a row: " +
+          std::to_string(args.cols) +
+          " columns per kept value for each of its OpenMP threads (OMP_NUM_THREADS)");
+    }
   }
   return in_caller_order(std::move(outputs));
 }

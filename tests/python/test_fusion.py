@@ -15,6 +15,10 @@ fresh cache directory of its own.
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -639,12 +643,55 @@ def test_cpu_row_reductions_keep_nan_and_infinities_in_every_lane(dtype):
         assert err <= RTOL[dtype], (err, g, w)
 
 
+def test_cpu_kept_values_that_do_not_fit_raise_memory_error():
+    """A C++ row kernel allocates the values it keeps between passes for each call, before its
+    parallel loop: when that fails (here an OpenMP team of 2^30 threads asks for 4 TiB), the call
+    raises a MemoryError naming the kernel, and the process and the kernel work on. Run in a
+    child: the thread count is the process's OpenMP setting, which torch shares."""
+    script = textwrap.dedent(
+        """
+        import ctypes
+        import torch
+        from magi_compiler import magi_compile
+
+        def fn(x):
+            return torch.softmax(x, -1)
+
+        f = magi_compile(fn, dynamic_arg_dims={"x": [0]})
+        x = torch.randn(64, 1003)
+        torch.testing.assert_close(f(x), fn(x))
+        y = torch.randn(65, 1003)  # before the setting: torch's ops share the OpenMP runtime
+        omp = ctypes.CDLL("libgomp.so.1")
+        threads = omp.omp_get_max_threads()
+        omp.omp_set_num_threads(1 << 30)
+        try:
+            f(y)
+        except MemoryError as e:
+            print("MEMORY ERROR:", e)
+        omp.omp_set_num_threads(threads)
+        torch.testing.assert_close(f(x), fn(x))
+        print("STILL CORRECT")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "MEMORY ERROR: the C++ kernel fused_softmax_" in done.stdout, done.stdout
+    assert (
+        "could not allocate the values it keeps between passes over a row: 1003 columns per kept"
+        " value for each of its OpenMP threads (OMP_NUM_THREADS)" in done.stdout
+    ), done.stdout
+    assert done.stdout.rstrip().endswith("STILL CORRECT"), done.stdout
+
+
 @pytest.mark.usefixtures("no_fallback")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_cpu_row_passes_keep_costly_values_for_later_passes(dtype, assert_close_rel):
     """A C++ row kernel computes each exp or sin once per element: the pass that first computes
-    it keeps it in a per-thread row buffer (magi_row_scratch) for the later passes, which read
-    it there instead of the input. Here e = exp(x - max) is computed in the sum pass and read by
+    it keeps it in a row of the kernel's kept-values buffer (one per thread, allocated per call)
+    for the later passes, which read it there instead of the input. Here e = exp(x - max) is computed in the sum pass and read by
     the second sum and the outputs, s = sin(x) is computed in the second sum and read by the
     outputs; softmax keeps its exponentials the same way."""
 
@@ -665,7 +712,8 @@ def test_cpu_row_passes_keep_costly_values_for_later_passes(dtype, assert_close_
     kernels = {k["symbol"]: k["source"] for k in runs[0].magi_executable.generated_kernels()}
     (src,) = [text for symbol, text in kernels.items() if "_sin_" in symbol]
     (soft,) = [text for symbol, text in kernels.items() if "softmax" in symbol]
-    assert src.count("magi_row_scratch<A>(") == 2 and soft.count("magi_row_scratch<A>(") == 1
+    assert src.count("= kept.get() + (") == 2 and soft.count("= kept.get() + (") == 1
+    assert "kept(new A[(size_t)magi_max_threads() * 2 *" in src, src
     for text, kept in ((src, 2), (soft, 1)):
         assert text.count("magi_exp(") == 1 and text.count("sin(") == (kept == 2), text
         # the output pass reads the kept values and no input
