@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,27 +17,53 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _kernel_env import VECTOR_IO_MODES, compile_with, compiled_cleanly  # noqa: E402
 
 
-@pytest.mark.parametrize(
-    ("var", "value", "message"),
-    [
-        (
-            "MAGI_VECTOR_IO",
-            "fast",
-            "MAGI_VECTOR_IO=fast is not one of auto, cs, ldcs, ldg, asm, plain, stcs, l2last, "
-            "l2last_l1, l2last_cs",
-        ),
-        ("MAGI_ROW_BLOCK_ROUNDING", "odd", "MAGI_ROW_BLOCK_ROUNDING=odd is not one of warp, pow2"),
-        ("MAGI_KEEP_LOADS", "l2", "MAGI_KEEP_LOADS=l2 is not one of ldg, l1last"),
-        ("MAGI_ROW_HELD_THREADS", "384", "MAGI_ROW_HELD_THREADS=384 is not a power of two"),
-        (
-            "MAGI_ROW_HELD_THREADS",
-            "2048",
-            "MAGI_ROW_HELD_THREADS=2048 is not an integer in [32, 1024]",
-        ),
-    ],
-)
-def test_unknown_values_of_tuning_variables_are_user_errors(tmp_path, var, value, message):
-    out = compile_with("cpu", var, value, tmp_path)
+def _children(settings, root: Path, columns=(64,)) -> dict:
+    """compile_with's output for each (variable, value) in `settings`, the children run a few at a
+    time: each is mostly a single-threaded import followed by compiles, so two overlap well on
+    the 2-core CI machine."""
+    workers = max(1, min(4, os.cpu_count() or 1))
+
+    def child(setting):
+        var, value = setting
+        return setting, compile_with("cpu", var, value, root / f"{var}={value}", columns)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(child, settings))
+
+
+UNKNOWN_VALUES = [
+    (
+        "MAGI_VECTOR_IO",
+        "fast",
+        "MAGI_VECTOR_IO=fast is not one of auto, cs, ldcs, ldg, asm, plain, stcs, l2last, "
+        "l2last_l1, l2last_cs",
+    ),
+    ("MAGI_ROW_BLOCK_ROUNDING", "odd", "MAGI_ROW_BLOCK_ROUNDING=odd is not one of warp, pow2"),
+    ("MAGI_KEEP_LOADS", "l2", "MAGI_KEEP_LOADS=l2 is not one of ldg, l1last"),
+    ("MAGI_ROW_HELD_THREADS", "384", "MAGI_ROW_HELD_THREADS=384 is not a power of two"),
+    (
+        "MAGI_ROW_HELD_THREADS",
+        "2048",
+        "MAGI_ROW_HELD_THREADS=2048 is not an integer in [32, 1024]",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def unknown_value_outputs(tmp_path_factory):
+    return _children([(v, x) for v, x, _ in UNKNOWN_VALUES], tmp_path_factory.mktemp("unknown"))
+
+
+@pytest.fixture(scope="module")
+def vector_io_outputs(tmp_path_factory):
+    return _children(VECTOR_IO_MODES, tmp_path_factory.mktemp("modes"), columns=(64, 8192))
+
+
+@pytest.mark.parametrize(("var", "value", "message"), UNKNOWN_VALUES)
+def test_unknown_values_of_tuning_variables_are_user_errors(
+    unknown_value_outputs, var, value, message
+):
+    out = unknown_value_outputs[(var, value)]
     assert f"USER ERROR: {message}" in out, out
 
 
@@ -46,11 +73,11 @@ def test_a_known_value_compiles(tmp_path):
 
 
 @pytest.mark.parametrize(("var", "value"), VECTOR_IO_MODES)
-def test_every_vector_io_mode_compiles_with_nvrtc(tmp_path, var, value):
+def test_every_vector_io_mode_compiles_with_nvrtc(vector_io_outputs, var, value):
     """Each measuring mode's CUDA preamble (written-out PTX included) NVRTC-compiles for sm_90
     (MAGI_VERIFY_CUDA_CODEGEN) with RMSNorm, LayerNorm and softmax over rows held by a warp and
     by a block of 256 threads, and a pointwise kernel; the default mode is every CPU test's."""
-    out = compile_with("cpu", var, value, tmp_path, columns=(64, 8192))
+    out = vector_io_outputs[(var, value)]
     assert compiled_cleanly(out, 1e-5), out
 
 
