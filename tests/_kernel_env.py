@@ -62,9 +62,8 @@ def compile_with(
 ) -> str:
     """The child's stdout (``USER ERROR: <message>`` or ``COMPILED, worst relative error E``
     against eager over every kernel and row length in `columns`, inputs of `dtype`) and stderr,
-    where a kernel that
-    failed to compile leaves its warning (the child logs at warning level whatever the
-    caller's MAGI_LOGGING_LEVEL); a crashed child fails."""
+    where a kernel that failed to compile leaves its warning (the child logs at warning level
+    whatever the caller's MAGI_LOGGING_LEVEL); a crashed child fails."""
     env = dict(os.environ, MAGI_VERIFY_CUDA_CODEGEN="1", MAGI_CACHE_DIR=str(cache_dir))
     env["MAGI_LOGGING_LEVEL"] = "warning"
     env[var] = value

@@ -193,7 +193,12 @@ RowPasses plan_row_passes(const KernelSpec& s, bool keep) {
 
 std::string kept_buffer(int i) { return "k" + std::to_string(i); }
 
-int kept_slots(const RowPasses& p) { return *std::max_element(p.slot.begin(), p.slot.end()) + 1; }
+// Rows of the kept-values buffer a thread needs: one per kept value, 0 when none is kept.
+int kept_slots(const RowPasses& p) {
+  int slots = 0;
+  for (int slot : p.slot) slots = std::max(slots, slot + 1);
+  return slots;
+}
 
 // Inside a pass's lane loop: the kept values it reads, before its ops...
 void emit_kept_reads(std::ostream& os, const KernelSpec& s, const std::vector<int>& reads,
@@ -216,7 +221,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
                    const std::string& ind) {
   const KernelSpec& s = *v.spec;
   const RowPasses passes = plan_row_passes(s, !t.gpu);
-  const int slots = passes.slot.empty() ? 0 : kept_slots(passes);
+  const int slots = kept_slots(passes);
   for (size_t i = 0; i < s.ops.size(); ++i) {
     if (passes.slot[i] < 0) continue;
     os << ind << "A* __restrict__ " << kept_buffer(static_cast<int>(i))
@@ -298,7 +303,7 @@ void emit_row_body(std::ostream& os, const KernelVariant& v, const RowTarget& t,
 
 void emit_kept_allocation(std::ostream& os, const KernelSpec& s, const std::string& ind) {
   const RowPasses passes = plan_row_passes(s, true);
-  const int slots = passes.slot.empty() ? 0 : kept_slots(passes);
+  const int slots = kept_slots(passes);
   if (slots == 0) return;
   os << ind << "// " << slots << " row(s) of kept values per thread, for this call\n";
   os << ind << "const std::unique_ptr<A[]> kept(new A[(size_t)magi_max_threads() * " << slots
