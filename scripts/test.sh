@@ -16,6 +16,6 @@ echo "[test] pytest (tests/python, tests/gpu)"
 python -m pytest tests/python tests/gpu -q -ra --durations=5
 
 echo "[test] ruff"
-ruff check python tests examples benchmarks scripts
-ruff format --check python tests examples benchmarks scripts
+ruff check python tests examples benchmarks scripts tools
+ruff format --check python tests examples benchmarks scripts tools
 echo "[test] all green"

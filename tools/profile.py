@@ -1,10 +1,10 @@
-"""Where the GPU time of a benchmark workload goes, per variant: the CUDA kernels of one step
-grouped by name (total time, calls), the kernel count and the GPU-busy time per step, for
-eager, torch.compile and magi_compile side by side. Used to find what magi loses on
-(attention backend, matmul choice, unfused chains).
+"""Usage: python tools/profile.py --only llama_prefill,dit_block [--variants eager,inductor,magi]
+    [--rows 14] [--json $OUT/profile.json] [--host]
 
-    python scripts/gpu/profile_workloads.py --only llama_prefill,dit_block [--rows 14]
-        [--json $OUT/profile.json] [--host]
+Where the GPU time of a benchmark workload (benchmarks/workloads.py, full shapes, bf16, CUDA)
+goes, per variant: the CUDA kernels of one step grouped by name (total time, calls), the kernel
+count, the GPU-busy time per step and the largest idle gaps between kernels, for eager,
+torch.compile and magi_compile side by side.
 
 --host profiles the host too: the CUDA runtime calls that can block the host (synchronise,
 blocking copies, cudaMalloc/cudaFree) per step, and for the largest idle stretches of the GPU
@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 for p in (str(ROOT / "examples"), str(ROOT)):
     sys.path.insert(0, p)
 

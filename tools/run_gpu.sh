@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, run the CUDA tests, the quick start and the benchmarks,
-# writing logs and JSON to $OUT. Needs .deps/ (scripts/gpu/stage_deps.sh) carried along.
-#   bash scripts/gpu/run_gpu.sh [phase ...]   phases: build tests quickstart bench (default: all)
+# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench (default: all)
+# On the GPU machine: builds into build/gpu, runs the CUDA tests, the quick start and the
+# benchmarks, writing logs and result JSON to $OUT. Needs .deps/ (tools/stage_deps.sh).
+# The other tools call `tools/run_gpu.sh build` first.
 set -uo pipefail
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
 has() { [[ " $phases " == *" $1 "* ]]; }
 
@@ -30,13 +31,9 @@ if has quickstart; then
 fi
 if has bench; then
   for b in bandwidth host_overhead; do
-    if [[ -f benchmarks/$b.py ]]; then
-      echo "== benchmarks/$b.py"
-      timeout 240 python benchmarks/$b.py --device cuda --out "$OUT/$b.json" 2>&1 | tee "$OUT/$b.log" | tail -25
-    fi
+    echo "== benchmarks/$b.py"
+    timeout 240 python benchmarks/$b.py --device cuda --out "$OUT/$b.json" 2>&1 | tee "$OUT/$b.log" | tail -25
   done
-  if [[ -f benchmarks/run.py ]]; then
-    echo "== benchmarks/run.py"
-    timeout 480 python benchmarks/run.py --device cuda --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -40
-  fi
+  echo "== benchmarks/run.py"
+  timeout 480 python benchmarks/run.py --device cuda --out "$OUT/suite.json" 2>&1 | tee "$OUT/suite.log" | tail -40
 fi

@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
-# Row-kernel tuning on the GPU machine (after `run_gpu.sh build`): for each setting, a string of
-# environment assignments (the tuning variables of docs/config.md), one process of
-# benchmarks/bandwidth.py with torch.compile and magi_compile timed side by side (interleaved).
-# With INDUCTOR_CODE=1 also writes the Triton code torch.compile generates for RMSNorm and
-# LayerNorm ($OUT/inductor_code.log). SWEEP_ARGS adds arguments to bandwidth.py (another shape),
-# SWEEP_ONLY picks the workloads.
-#   bash scripts/gpu/sweep_env.sh "" "MAGI_ROW_CHUNKS=2 MAGI_MAX_BLOCK_THREADS=512" ...
+# Usage: bash tools/sweep.sh "SETTING" ...   e.g. bash tools/sweep.sh "" "MAGI_X=1 MAGI_Y=2"
+# On the GPU machine, after `tools/run_gpu.sh build`: for each setting (a string of environment
+# assignments; "" for the defaults), one process of benchmarks/bandwidth.py timing torch.compile
+# and magi_compile side by side, into $OUT/sweep_N.json; then one table of every setting, each
+# cell as % of that process's own copy bandwidth (compare rows only within one sweep).
+# SWEEP_ONLY picks the workloads (default: the row kernels), SWEEP_ARGS adds arguments to
+# bandwidth.py (another shape: "--rows 4096 --cols 32768").
 set -uo pipefail
-source "$(dirname "$0")/env.sh"
-if [[ "${INDUCTOR_CODE:-0}" == 1 ]]; then
-echo "== Triton code of torch.compile (RMSNorm, LayerNorm; 16384 x 8192 bf16)"
-TORCH_LOGS=output_code timeout 120 python - >"$OUT/inductor_code.log" 2>&1 <<'PY'
-import sys, torch
-sys.path.insert(0, "benchmarks")
-from bandwidth import rmsnorm, layer_norm
-x = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
-w = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
-torch.compile(rmsnorm)(x, w)
-torch.compile(layer_norm)(x, w, w)
-PY
-grep -E "def triton|reduction_hint" "$OUT/inductor_code.log" | head -20
-fi
+source "$(dirname "$0")/gpu_env.sh"
 i=0
 for setting in "$@"; do
   i=$((i + 1))
   echo "== setting $i: ${setting:-defaults}"
   env $setting timeout 180 python benchmarks/bandwidth.py --device cuda --no-compile-latency \
     --variants torch.compile,magi_compile --only "${SWEEP_ONLY:-rmsnorm,add_rmsnorm,layer_norm,softmax}" \
-    ${SWEEP_ARGS:-} --out "$OUT/sweep_env_$i.json" 2>&1 | tail -6
+    ${SWEEP_ARGS:-} --out "$OUT/sweep_$i.json" 2>&1 | tail -6
 done
+python - "$OUT" "$@" <<'PY'
+import json
+import sys
+from pathlib import Path
+
+out, settings = Path(sys.argv[1]), sys.argv[2:]
+print("\nmagi_compile / torch.compile, % of copy bandwidth")
+for i, setting in enumerate(settings, 1):
+    path = out / f"sweep_{i}.json"
+    if not path.exists():
+        print(f"{setting or 'defaults'}: no result")
+        continue
+    cells = []
+    for w in json.loads(path.read_text())["bandwidth"]["workloads"]:
+        pct = [w["variants"].get(v, {}).get("pct_of_copy") for v in ("magi_compile", "torch.compile")]
+        cells.append(f"{w['workload']} " + " / ".join("error" if p is None else f"{p:.1f}" for p in pct))
+    print(f"{setting or 'defaults'}: " + "; ".join(cells))
+PY
