@@ -450,6 +450,7 @@ def environment(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
+        "git_commit": harness.git_commit(),
     }
     if device == "cuda":
         meta["device_name"] = torch.cuda.get_device_name()
@@ -465,6 +466,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(compile_worker(args), default=str))
         return {}
     doc: dict[str, Any] = {"meta": environment(args.device)}
+    doc["meta"]["command"] = " ".join(
+        ["python", "benchmarks/bandwidth.py", *(argv or sys.argv[1:])]
+    )
     print(f"{doc['meta']['device_name']}, torch {torch.__version__}")
     if not args.no_bandwidth:
         doc["bandwidth"] = measure_bandwidth(args)

@@ -34,11 +34,13 @@ import itertools
 import math
 import os
 import statistics
+import subprocess
 import time
 import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,6 +53,21 @@ ROUNDS = 5  # interleaved timing rounds
 # Run order; eager is the reference. The *_cg variants replay CUDA graphs (CUDA only).
 VARIANTS = ("eager", "magi", "magi_cg", "inductor", "inductor_ro")
 CUDA_ONLY = ("magi_cg", "inductor_ro")
+
+
+def git_commit() -> str | None:
+    """The repository's short commit, with "+dirty" when the code a run measures (python, src,
+    include, kernels, benchmarks) has uncommitted changes; None outside a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        git = ["git", "-C", str(root)]
+        run: dict[str, Any] = dict(capture_output=True, text=True, timeout=10)
+        rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()
+        paths = ["python", "src", "include", "kernels", "benchmarks"]
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], **run).stdout.strip()
+        return (rev + ("+dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 @dataclass

@@ -65,9 +65,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (str(ROOT / "examples"), str(ROOT)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 from blocks import LlamaStack, init_weights_  # noqa: E402
+
+from benchmarks.harness import git_commit  # noqa: E402
 
 FULL = dict(n_layers=4, hidden=2048, n_heads=16, n_kv_heads=8, intermediate=8192)
 QUICK = dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, intermediate=512)
@@ -350,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {
             "benchmark": "host_overhead",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
             "device": device_name,
             "device_type": device.type,
             "torch": torch.__version__,

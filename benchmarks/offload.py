@@ -20,7 +20,6 @@ import datetime
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ for _p in (str(ROOT / "examples"), str(ROOT)):
 import torch  # noqa: E402
 from blocks import DiTStack  # noqa: E402
 
-from benchmarks.harness import fresh_instance  # noqa: E402
+from benchmarks.harness import fresh_instance, git_commit  # noqa: E402
 
 
 class SyncOffload:
@@ -188,11 +187,6 @@ def main() -> None:
             ["offload_base", "sync_pageable", "sync_pinned"] if main_shape else ["sync_pinned"]
         )
         configs.append(run_config(reference, tokens, args, variants))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip()  # fmt: skip
-    except OSError:
-        commit = ""
     doc = {
         "benchmark": "offload",
         "meta": {
@@ -200,7 +194,7 @@ def main() -> None:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "date": datetime.date.today().isoformat(),
-            "git_commit": commit,
+            "git_commit": git_commit(),
         },
         "model": {
             "layers": args.layers,

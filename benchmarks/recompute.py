@@ -80,7 +80,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -503,15 +502,7 @@ def meta(device: torch.device, dtype: torch.dtype, argv: list[str]) -> dict[str,
         m["magi_compiler"] = getattr(magi_compiler, "__version__", "?")
     except Exception as e:  # noqa: BLE001
         m["magi_compiler"] = f"import failed: {e}"
-    try:
-        git = ["git", "-C", str(ROOT)]
-        run = dict(capture_output=True, text=True, timeout=10)
-        rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()
-        paths = ["python", "src", "include", "benchmarks"]
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], **run).stdout.strip()
-        m["git_commit"] = (rev + ("+dirty" if dirty else "")) or None
-    except (OSError, subprocess.SubprocessError):
-        m["git_commit"] = None
+    m["git_commit"] = harness.git_commit()
     return m
 
 

@@ -1,17 +1,14 @@
 #!/usr/bin/env python
-"""Regenerates ``benchmarks/RESULTS.md`` (and its PNG plots) from result JSON files.
+"""Usage: python benchmarks/report.py [--results DIR] [--out PATH] [--plots DIR] [--headline]
 
-Usage::
-
-    python benchmarks/report.py                                  # every benchmarks/results/*.json
-    python benchmarks/report.py results/cuda_full.json results/cpu_quick.json
-
-One section per JSON file (GPU sections first): the device, torch, CUDA and date; absolute
-times with ratios to eager and to torch.compile; throughput; the memory-bound kernels'
-effective bandwidth against the device copy; peak memory; first-call (compile) times;
-correctness; and, spelled out, every place where magi_compile loses, fails or was skipped.
-Plots need matplotlib; without it the tables are written alone.
-The sections of the other result files (``results/extra``) are in ``report_extra.py``.
+Writes ``benchmarks/RESULTS.md`` from the result JSON in ``benchmarks/results/``. Each file is
+the output of one benchmark script (``run.py``'s suite, ``bandwidth.py``, ``host_overhead.py``,
+``recompute.py`` or ``offload.py``) on one device; for every benchmark and device kind (the CPU,
+each GPU model) the latest complete run is reported, so adding a newer run there and rerunning
+this script is the whole update. Runs restricted with ``--only``, ``--variants`` or ``--smoke``
+are not complete and are skipped. ``--headline`` prints only the headline table (the one the
+README shows); ``--plots DIR`` also writes PNG plots of the suite runs (needs matplotlib; the
+default folder ``benchmarks/plots`` is git-ignored).
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -28,8 +24,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: the repository root for the package
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.report_extra import extra_section  # noqa: E402
-from benchmarks.report_extra import table as _table  # noqa: E402
+from benchmarks.report_extra import other_section, table  # noqa: E402
 
 LABELS = {
     "eager": "eager",
@@ -47,6 +42,77 @@ COLORS = {
 }
 # Each magi variant against its torch.compile counterpart: plain, and with CUDA graphs.
 PAIRS = (("magi", "inductor"), ("magi_cg", "inductor_ro"))
+# Section order within a device kind.
+BENCHMARKS = ("suite", "bandwidth", "host_overhead", "recompute", "offload")
+PARTIAL_FLAGS = ("--only", "--variants", "--smoke", "--no-bandwidth")
+
+
+# --------------------------------------------------------------------------------------------
+# Which runs are reported
+# --------------------------------------------------------------------------------------------
+
+
+def benchmark_of(doc: dict) -> str | None:
+    """The script that wrote ``doc``, or None for a file this report does not know."""
+    if "suite" in doc and "workloads" in doc:
+        return "suite"
+    if "bandwidth" in doc:
+        return "bandwidth"
+    kind = doc.get("benchmark")
+    return kind if kind in BENCHMARKS else None
+
+
+def stamp(doc: dict) -> dict[str, str]:
+    """Device kind and name, torch version, date and commit of a run, whatever its schema."""
+    meta = doc.get("meta") or doc  # host_overhead.py keeps them at the top level
+    device = str(meta.get("device_type") or meta.get("device") or "?")
+    name = str(meta.get("device_name") or "")
+    if not name and meta.get("device") not in ("cpu", "cuda"):  # a name in the device field
+        name = str(meta.get("device"))
+    if device not in ("cpu", "cuda"):
+        device = "cuda"
+    name = name or device
+    kind = "CPU" if device == "cpu" else name.removeprefix("NVIDIA ").split()[0]
+    return {
+        "kind": kind,
+        "device": device,
+        "name": name,
+        "torch": str(meta.get("torch", "?")),
+        "date": str(meta.get("date", "?"))[:10],
+        "commit": str(meta.get("git_commit") or "?"),
+        "sort_date": str(meta.get("date", "")),
+    }
+
+
+def is_complete(doc: dict) -> bool:
+    command = str((doc.get("meta") or {}).get("command", ""))
+    return not any(flag in command.split() for flag in PARTIAL_FLAGS)
+
+
+def latest_runs(files: list[Path]) -> dict[tuple[str, str], tuple[dict, Path]]:
+    """{(device kind, benchmark): (document, path)} of the newest complete run of each."""
+    chosen: dict[tuple[str, str], tuple[dict, Path]] = {}
+    for path in files:
+        doc = json.loads(path.read_text())
+        bench = benchmark_of(doc)
+        if bench is None or not is_complete(doc):
+            continue
+        key = (stamp(doc)["kind"], bench)
+        if key not in chosen or stamp(doc)["sort_date"] > stamp(chosen[key][0])["sort_date"]:
+            chosen[key] = (doc, path)
+    return chosen
+
+
+def stamp_line(doc: dict, source: str) -> str:
+    s = stamp(doc)
+    return (
+        f"{s['name']} · torch {s['torch']} · {s['date']} · commit {s['commit']} · source `{source}`"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Suite tables (benchmarks/run.py)
+# --------------------------------------------------------------------------------------------
 
 
 def _ok(w: dict, v: str) -> dict | None:
@@ -76,18 +142,8 @@ def _ratio(num: float | None, den: float | None) -> str:
     return f"{num / den:.2f}×" if num and den else "–"
 
 
-def _tag(meta: dict) -> str:
-    name = re.sub(r"[^a-z0-9]+", "-", meta.get("device_name", meta["device"]).lower()).strip("-")
-    return f"{meta['device']}_{name[:32]}_{meta.get('preset', 'full')}"
-
-
 def _variants(doc: dict) -> list[str]:
     return [v for v in LABELS if v in doc["suite"]["variants"]]
-
-
-# --------------------------------------------------------------------------------------------
-# Tables
-# --------------------------------------------------------------------------------------------
 
 
 def _times(doc: dict) -> str:
@@ -104,7 +160,7 @@ def _times(doc: dict) -> str:
         row += [_ratio(_t(w, "eager"), _t(w, v)) for v in vs if v != "eager"]
         row += [_ratio(_t(w, t), _t(w, m)) for m, t in pairs]
         rows.append(row)
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _throughput(doc: dict) -> str:
@@ -116,7 +172,7 @@ def _throughput(doc: dict) -> str:
         unit = "generated tokens/s" if w.get("kind") == "decode" else "tokens/s"
         cells = [_cell(w, v, "tokens_per_s", ",.0f") for v in vs]
         rows.append([w["title"], unit] + cells)
-    return _table(["workload", "unit"] + [LABELS[v] for v in vs], rows) if rows else ""
+    return table(["workload", "unit"] + [LABELS[v] for v in vs], rows) if rows else ""
 
 
 def _bandwidth(doc: dict) -> str:
@@ -139,7 +195,7 @@ def _bandwidth(doc: dict) -> str:
     if not rows:
         return ""
     header = ["kernel", "shape", "MB moved"] + [f"{LABELS[v]} GB/s (% of copy)" for v in vs]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _memory(doc: dict) -> str:
@@ -153,19 +209,19 @@ def _memory(doc: dict) -> str:
         magi = (_ok(w, "magi") or {}).get("peak_mem_bytes")
         rows.append(row + [_ratio(magi, eager)])
     header = ["workload"] + [f"{LABELS[v]} MiB" for v in vs] + ["magi / eager"]
-    table = _table(header, rows) if rows else ""
+    out = table(header, rows) if rows else ""
     reserved = [
         [w["title"]] + [_cell(w, v, "peak_reserved_bytes", ",.0f", 2**-20) for v in vs]
         for w in doc["workloads"]
         if any((_ok(w, v) or {}).get("peak_reserved_bytes") for v in vs)
     ]
-    if table and reserved:
-        table += (
+    if out and reserved:
+        out += (
             "\n\nDevice memory held over the same step (`max_memory_reserved`, cached free blocks "
             "released first), which counts the private pools where CUDA-graph replays keep their "
-            "intermediates:\n\n" + _table(["workload"] + [f"{LABELS[v]} MiB" for v in vs], reserved)
+            "intermediates:\n\n" + table(["workload"] + [f"{LABELS[v]} MiB" for v in vs], reserved)
         )
-    return table
+    return out
 
 
 def _compile_times(doc: dict) -> str:
@@ -182,7 +238,7 @@ def _compile_times(doc: dict) -> str:
                 warm = "not run (budget)"
             row += [_cell(w, v, "first_call_s", ".2f"), warm]
         rows.append(row)
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _correctness(doc: dict) -> str:
@@ -191,7 +247,7 @@ def _correctness(doc: dict) -> str:
     rows = [
         [w["title"]] + [_cell(w, v, "norm_rel_err", ".1e") for v in vs] for w in doc["workloads"]
     ]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _losses(doc: dict) -> list[str]:
@@ -247,8 +303,80 @@ def _failures(doc: dict) -> list[str]:
     return out
 
 
+def suite_section(doc: dict, source: str) -> str:
+    meta, suite = doc["meta"], doc["suite"]
+    parts = [f"## {stamp(doc)['kind']}: whole models and kernels ({meta.get('preset')} shapes)"]
+    parts += ["", stamp_line(doc, source), ""]
+    details = [
+        f"`{meta.get('command')}`",
+        f"{meta.get('dtype')}",
+        f"CUDA {meta.get('cuda')}" if meta["device"] == "cuda" else "",
+        f"{meta['sm_count']} SMs, {meta['gpu_memory_gb']} GiB" if meta.get("sm_count") else "",
+        f"Triton {meta.get('triton')}",
+        f"Python {meta.get('python')}",
+        f"suite wall time {suite['wall_s']:.0f} s of a {suite['budget_s']:.0f} s budget",
+        f"error tolerance {suite['tolerance_norm_rel']:g}",
+    ]
+    parts += [" · ".join(d for d in details if d) + ".", ""]
+    if meta["device"] == "cpu":
+        parts += [
+            "CPU numbers come from a small shared development machine at the quick preset's "
+            "shapes, far from the GPU workloads; other jobs on the machine add noise. They show "
+            "that the suite runs and how the variants compare there, nothing more.",
+            "",
+        ]
+    parts += ["### Time per step", "", _times(doc)]
+    if tp := _throughput(doc):
+        parts += ["### Throughput", "", tp]
+    if bw := _bandwidth(doc):
+        parts += ["### Memory-bound kernels: effective bandwidth", "",
+                  "Bytes read + written at the least, over the median time; percentages are "
+                  "of the device copy on the same shape.", "", bw]  # fmt: skip
+    if mem := _memory(doc):
+        parts += ["### Peak memory", "", mem]
+    parts += ["### First call (capture + compile)", "", _compile_times(doc)]
+    parts += ["### Error against eager", "", _correctness(doc)]
+    losses = _losses(doc)
+    parts += ["### Where magi_compile loses, fails or was not measured", "",
+              "Slower than eager or than the faster torch.compile mode by more than 3%, more "
+              "than 5% above eager's peak memory, a slower cold compile than torch.compile, an "
+              "error over the tolerance, a failure or a skip.", ""]  # fmt: skip
+    parts += [f"- {x}" for x in losses] if losses else ["- nowhere in this run"]
+    parts.append("")
+    if fails := _failures(doc):
+        parts += ["### Failures and skips", ""] + [f"- {x}" for x in fails] + [""]
+    return "\n".join(parts)
+
+
 # --------------------------------------------------------------------------------------------
-# Plots
+# Headline
+# --------------------------------------------------------------------------------------------
+
+
+def headline(runs: dict[tuple[str, str], tuple[dict, Path]]) -> str:
+    """The latest suite run on a GPU (else on the CPU) as one table of ratios."""
+    suites = [(d, p) for (_, bench), (d, p) in runs.items() if bench == "suite"]
+    if not suites:
+        return ""
+    doc, path = max(suites, key=lambda r: (r[0]["meta"]["device"] == "cuda", stamp(r[0])["sort_date"]))  # fmt: skip
+    vs = _variants(doc)
+    header = ["workload", "magi_compile vs eager", "vs torch.compile"]
+    if "magi_cg" in vs and "inductor_ro" in vs:
+        header.append("CUDA graphs vs reduce-overhead")
+    rows = []
+    for w in doc["workloads"]:
+        if w["name"] == "micro_copy":
+            continue
+        row = [w["title"], _ratio(_t(w, "eager"), _t(w, "magi")), _ratio(_t(w, "inductor"), _t(w, "magi"))]  # fmt: skip
+        if len(header) == 4:
+            row.append(_ratio(_t(w, "inductor_ro"), _t(w, "magi_cg")))
+        rows.append(row)
+    source = os.path.relpath(path.resolve(), HERE.parent)
+    return f"{stamp_line(doc, source)}\n\n{table(header, rows)}"
+
+
+# --------------------------------------------------------------------------------------------
+# Plots (optional)
 # --------------------------------------------------------------------------------------------
 
 
@@ -259,9 +387,6 @@ def _bars(ax, names: list[str], series: dict[str, list[float | None]], ylabel: s
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(names))]
         ys = [y if y is not None and not math.isnan(y) else 0.0 for y in values]
         ax.bar(xs, ys, width, label=LABELS[v], color=COLORS[v])
-        for x, y in zip(xs, values, strict=True):
-            if y is None:  # failed or skipped: say so instead of a gap (NaN: not applicable)
-                ax.text(x, 0, "×", ha="center", va="bottom", fontsize=8, color=COLORS[v])
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -269,63 +394,43 @@ def _bars(ax, names: list[str], series: dict[str, list[float | None]], ylabel: s
     ax.grid(axis="y", alpha=0.3)
 
 
-def plots(doc: dict, out_dir: Path, md_dir: Path) -> dict[str, str]:
-    """Writes the PNGs of one section; returns {kind: path relative to RESULTS.md}."""
+def plots(doc: dict, out_dir: Path) -> list[Path]:
+    """Speed-up over eager and peak memory of one suite run as PNGs in ``out_dir``."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return {}
+        print("report: matplotlib is not installed; no plots")
+        return []
     out_dir.mkdir(parents=True, exist_ok=True)
-    tag, vs, made = _tag(doc["meta"]), _variants(doc), {}
-    title = f"{doc['meta'].get('device_name', '')}, {doc['meta'].get('preset', '')} shapes"
+    s, vs, made = stamp(doc), _variants(doc), []
+    title = f"{s['name']}, {doc['meta'].get('preset')} shapes, {s['date']}"
     work = [w for w in doc["workloads"] if _t(w, "eager") and w["name"] != "micro_copy"]
-
-    def save(fig, kind: str) -> None:
+    mem = [w for w in doc["workloads"] if (_ok(w, "eager") or {}).get("peak_mem_bytes")]
+    for kind, rows, label in (
+        ("speedup", work, "speed-up over eager (higher is better)"),
+        ("memory", mem, "peak allocated GiB (lower is better)"),
+    ):
+        if not rows:
+            continue
+        if kind == "speedup":
+            te = [_t(w, "eager") for w in rows]
+            series = {v: [(e / t if (t := _t(w, v)) else None) for w, e in zip(rows, te, strict=True)]
+                      for v in vs if v != "eager"}  # fmt: skip
+        else:
+            series = {v: [((_ok(w, v) or {}).get("peak_mem_bytes") or 0) / 2**30 for w in rows]
+                      for v in vs}  # fmt: skip
+        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4.2))
+        _bars(ax, [w["name"] for w in rows], series, label)
+        ax.set_title(f"{kind}: {title}", fontsize=10)
         fig.tight_layout()
-        path = out_dir / f"{tag}_{kind}.png"
+        path = out_dir / f"{s['kind'].lower()}_{kind}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
-        made[kind] = Path(os.path.relpath(path, md_dir)).as_posix()
-
-    speed = {v: [_ratio_value(_t(w, "eager"), _t(w, v)) for w in work] for v in vs if v != "eager"}
-    if work and speed:
-        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(work) + 2), 4.2))
-        _bars(ax, [w["name"] for w in work], speed, "speedup vs eager (higher is better)")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_title(f"Speedup over eager: {title}", fontsize=10)
-        save(fig, "speedup")
-    mem = [w for w in doc["workloads"] if (_ok(w, "eager") or {}).get("peak_mem_bytes")]
-    if mem:
-        series = {
-            v: [((_ok(w, v) or {}).get("peak_mem_bytes") or 0) / 2**30 for w in mem] for v in vs
-        }
-        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(mem) + 2), 4.2))
-        _bars(ax, [w["name"] for w in mem], series, "peak allocated GiB (lower is better)")
-        ax.set_title(f"Peak memory: {title}", fontsize=10)
-        save(fig, "memory")
-    micro = [w for w in doc["workloads"] if w["group"] == "micro" and _t(w, "eager")]
-    if micro:
-        series = {v: [_value(w, v, "bandwidth_gbs") for w in micro] for v in vs}
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        _bars(ax, [w["name"].removeprefix("micro_") for w in micro], series, "effective GB/s")
-        ax.set_title(f"Memory-bound kernels: {title}", fontsize=10)
-        save(fig, "bandwidth")
+        made.append(path)
     return made
-
-
-def _value(w: dict, v: str, key: str) -> float | None:
-    """A plotted value: None when the variant failed or was skipped, NaN when it does not
-    apply (a variant the workload does not run)."""
-    if v not in w["variants"]:
-        return math.nan
-    return (_ok(w, v) or {}).get(key)
-
-
-def _ratio_value(num: float | None, den: float | None) -> float | None:
-    return num / den if num and den else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,9 +439,9 @@ def _ratio_value(num: float | None, den: float | None) -> float | None:
 
 PREAMBLE = """# Benchmark results
 
-Generated by `python benchmarks/report.py` from the JSON files named in each section
-(written by `python benchmarks/run.py`); edit those scripts, not this file. Every number
-here is a measurement of that run; nothing is estimated.
+Generated by `python benchmarks/report.py` from the JSON files in `benchmarks/results/` (the
+latest complete run of each benchmark on each device kind); edit those scripts or add a newer
+run, never this file. Every number is a measurement of the run named above its tables.
 
 How to read the tables:
 
@@ -350,121 +455,64 @@ How to read the tables:
   time / magi time: above 1.00× means faster.
 - **First call** includes capture and compilation. *Cold*: the first compile of that graph in
   the process, with Inductor and magi cache directories that were empty when the run started
-  (kernels compiled by an earlier workload or variant of the same run can be reused; process
-  start-up costs, such as Inductor's worker pool and precompiled header, were paid beforehand
-  on a tiny module). *Warm*: a second compile of the same variant in the same process, from a
-  wrapper with a fresh code object: Dynamo traces again and Inductor finds its graph and
-  kernels in its caches. It is not a fresh process with a warm disk cache.
+  (kernels compiled by an earlier workload or variant of the same run can be reused). *Warm*:
+  a second compile of the same variant in the same process, from a wrapper with a fresh code
+  object.
 - **Peak memory**: `torch.cuda.max_memory_allocated` over one step, less what the variants
   compiled before it still hold; the weights and the rotating inputs are in every number.
   GPU only. A CUDA-graph replay (`reduce-overhead`) keeps its intermediates in a private pool
-  this figure does not see, so runs since 2026-11-26 also record the device memory held over
-  the step (`max_memory_reserved`, cached free blocks released first), shown below it.
+  this figure does not see; the device memory held over the step (`max_memory_reserved`) is
+  shown below it where the run recorded it.
 - **Error**: normwise relative error `||out - eager|| / ||eager||` of the outputs (training:
   loss and every gradient; decode: first-step logits), worst tensor; ⚠ marks one over the
   tolerance. Eager's column compares two eager runs: the noise floor.
 - A variant that fails or runs out of time budget is listed with its reason, never dropped.
+- Compare variants within one run only: a memory-bound kernel's figure moves by a few points
+  with what else the process ran and where its buffers landed.
 """
 
 
-def section(doc: dict, source: str, plot_dir: Path, md_dir: Path) -> str:
-    meta, suite = doc["meta"], doc["suite"]
-    title = f"## {meta.get('device_name', meta['device'])}: {meta.get('preset', 'full')} shapes"
-    facts = [
-        f"device `{meta['device']}` ({meta.get('device_name', '?')}"
-        + (f", {meta['sm_count']} SMs, {meta['gpu_memory_gb']} GiB" if meta.get("sm_count") else "")
-        + ")",
-        f"torch {meta.get('torch')}",
-        f"CUDA {meta.get('cuda')}"
-        if meta["device"] == "cuda"
-        else f"torch built for CUDA {meta.get('cuda')}",
-        f"Triton {meta.get('triton')}",
-        f"Python {meta.get('python')}",
-        f"magi_compiler {meta.get('magi_compiler')} (commit {meta.get('git_commit')})",
-        f"dtype {meta.get('dtype')}",
-        f"date {meta.get('date')}",
-    ]
-    parts = [title, "", " · ".join(facts), ""]
-    parts.append(
-        f"Source: `{source}`; command `{meta.get('command')}`; suite wall time "
-        f"{suite['wall_s']:.0f} s of a {suite['budget_s']:.0f} s budget; error tolerance "
-        f"{suite['tolerance_norm_rel']:g}"
-        + (f"; load average (1, 5, 15 min) {meta['load_average_at_start']} at the start, "
-           f"{suite.get('load_average_at_end')} at the end" if meta.get("load_average_at_start")
-           else "")
-        + ".\n"
-    )  # fmt: skip
-    if meta.get("note"):
-        parts.append(meta["note"] + "\n")
-    if meta["device"] == "cpu":
-        parts.append(
-            "CPU numbers come from a small shared development machine: shapes are the quick "
-            "preset's, far from the GPU workloads, and other jobs on the machine add noise. "
-            "They show that the suite runs and how the variants compare there, nothing more."
-            + (
-                " The run used one intra-op thread (`--threads`, the CPU default): with two "
-                "OpenMP threads on cores that other jobs also used, timings swung several-fold."
-                if meta.get("cpu_threads") == 1
-                else ""
-            )
-            + "\n"
-        )
-    figs = plots(doc, plot_dir, md_dir)
-    parts += ["### Time per step", "", _times(doc)]
-    if "speedup" in figs:
-        parts.append(f"![speedup over eager]({figs['speedup']})\n")
-    if tp := _throughput(doc):
-        parts += ["### Throughput", "", tp]
-    if bw := _bandwidth(doc):
-        parts += ["### Memory-bound kernels: effective bandwidth", "",
-                  "Bytes read + written at the least, over the median time; percentages are "
-                  "of the device copy on the same shape.", "", bw]  # fmt: skip
-        if "bandwidth" in figs:
-            parts.append(f"![bandwidth]({figs['bandwidth']})\n")
-    if mem := _memory(doc):
-        parts += ["### Peak memory", "", mem]
-        if "memory" in figs:
-            parts.append(f"![peak memory]({figs['memory']})\n")
-    parts += ["### First call (capture + compile)", "", _compile_times(doc)]
-    parts += ["### Error against eager", "", _correctness(doc)]
-    losses = _losses(doc)
-    parts += ["### Where magi_compile loses, fails or was not measured", "",
-              "Slower than eager or than the faster torch.compile mode by more than 3%, more "
-              "than 5% above eager's peak memory, a slower cold compile than torch.compile, an "
-              "error over the tolerance, a failure or a skip.", ""]  # fmt: skip
-    parts += [f"- {x}" for x in losses] if losses else ["- nowhere in this run"]
-    parts.append("")
-    fails = _failures(doc)
-    if fails:
-        parts += ["### Failures and skips", ""] + [f"- {x}" for x in fails] + [""]
-    return "\n".join(parts)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "files", nargs="*", help="result JSON files (default: benchmarks/results/*.json)"
-    )
-    p.add_argument("--out", default=str(HERE / "RESULTS.md"))
-    p.add_argument("--plots", default=str(HERE / "plots"))
-    args = p.parse_args(argv)
-    files = [Path(f) for f in args.files] or sorted((HERE / "results").glob("*.json"))
-    if not files:
-        sys.exit("report: no result files; run benchmarks/run.py first")
-    docs = [(json.loads(f.read_text()), f) for f in files]
-    docs.sort(key=lambda d: (d[0]["meta"]["device"] != "cuda", d[0]["meta"].get("date", "")))
+def render(runs: dict[tuple[str, str], tuple[dict, Path]]) -> str:
     body = [PREAMBLE]
-    headline = HERE / "results" / "HEADLINE.md"  # hand-written summary of the latest figures
-    if headline.exists() and not args.files:
-        body.append(headline.read_text())
-    for doc, f in docs:
-        source = os.path.relpath(f.resolve(), HERE.parent)
-        body.append(section(doc, source, Path(args.plots), Path(args.out).resolve().parent))
-    extra = sorted((HERE / "results" / "extra").glob("*.json")) if not args.files else []
-    for f in extra:
-        body.append(extra_section(json.loads(f.read_text()), os.path.relpath(f, HERE.parent)))
-    Path(args.out).write_text("\n".join(body).rstrip() + "\n")
-    print(f"wrote {args.out} from {len(docs) + len(extra)} result file(s)")
+    if head := headline(runs):
+        body += ["## Headline", "", head]
+    kinds = sorted({k for k, _ in runs}, key=lambda k: (k == "CPU", [-ord(c) for c in k]))
+    for kind in kinds:
+        for bench in BENCHMARKS:
+            if (kind, bench) not in runs:
+                continue
+            doc, path = runs[(kind, bench)]
+            source = os.path.relpath(path.resolve(), HERE.parent)
+            if bench == "suite":
+                body.append(suite_section(doc, source))
+            else:
+                body.append(other_section(bench, doc, kind, stamp_line(doc, source)))
+    return "\n".join(body).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=str(HERE / "results"), help="folder of result JSON")
+    p.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    p.add_argument("--plots", nargs="?", const=str(HERE / "plots"), help="write PNG plots here")
+    p.add_argument("--headline", action="store_true", help="print the headline table only")
+    args = p.parse_args(argv)
+    runs = latest_runs(sorted(Path(args.results).glob("*.json")))
+    if not runs:
+        sys.exit(f"report: no result files in {args.results}; run benchmarks/run.py first")
+    if args.headline:
+        text = headline(runs)
+        print(text)
+        return text
+    text = render(runs)
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out} from {len(runs)} result file(s)")
+    if args.plots:
+        for (_, bench), (doc, _) in runs.items():
+            if bench == "suite":
+                for path in plots(doc, Path(args.plots)):
+                    print(f"wrote {path}")
+    return text
 
 
 if __name__ == "__main__":

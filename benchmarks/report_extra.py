@@ -1,8 +1,7 @@
-"""The sections of ``benchmarks/RESULTS.md`` for result files other than ``run.py``'s (the
-JSON under ``benchmarks/results/extra``): bandwidth and compile-latency runs
-(``bandwidth.py``), host time (``host_overhead.py``), weight offload, recomputation, schedule
-and setting sweeps, CUDA test tiers and hand-recorded findings. ``report.py`` calls
-``extra_section`` for each file.
+"""The sections of ``benchmarks/RESULTS.md`` for the benchmarks other than ``run.py``'s suite:
+generated kernels' bandwidth and compile latency (``bandwidth.py``), host time per call
+(``host_overhead.py``), recomputation in training (``recompute.py``) and weight offload
+(``offload.py``). ``report.py`` picks the runs and calls ``other_section`` for each.
 """
 
 from __future__ import annotations
@@ -14,6 +13,114 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def other_section(bench: str, doc: dict, kind: str, stamp: str) -> str:
+    """One section of RESULTS.md: ``bench`` names the script, ``kind`` the device kind and
+    ``stamp`` the line with device, torch version, date, commit and source file."""
+    sections = {
+        "bandwidth": _bandwidth_section,
+        "host_overhead": _host_section,
+        "recompute": _recompute_section,
+        "offload": _offload_section,
+    }
+    return sections[bench](doc, kind, stamp)
+
+
+def _host_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/host_overhead.py: host time per call of a small-batch stack."""
+    m = doc["model"]
+    lines = [
+        f"## {kind}: host time per call",
+        "",
+        stamp,
+        "",
+        f"`benchmarks/host_overhead.py` · {doc['dtype']}. {m['class']} ({m['n_layers']} layers, "
+        f"hidden {m['hidden']}, {m['n_heads']}/{m['n_kv_heads']} heads, intermediate "
+        f"{m['intermediate']}) at batch {doc['batch']} x {doc['tokens']} tokens, {doc['iters']} "
+        "calls per measurement"
+        + (
+            f", taking {doc['inputs']} input tensors in turn"
+            if doc.get("inputs") is not None
+            else ", on one input tensor"
+        )
+        + ". *Host* is the wall time of the Python call (the GPU kept from being the bottleneck), "
+        "*host, GPU busy* the same with the calls queued behind a sleep kernel instead of a "
+        "synchronise before each, *device* the CUDA-event time of one call, *back-to-back* the "
+        "mean time of calls issued without syncs. A variant named twice was measured twice, in "
+        "the order listed: the first variant measured in a process tends to run slower.",
+        "",
+    ]
+    header = ["variant", "host µs (median)", "host µs (p90)", "host, GPU busy µs", "device µs",
+              "back-to-back µs", "first call s"]  # fmt: skip
+    rows = []
+    for r in doc["results"]:
+        if r.get("error"):
+            rows.append([r["label"], f"failed: {r['error']}"] + [""] * 5)
+            continue
+        busy = r.get("host_us_busy")
+        rows.append([
+            r["label"], f"{r['host_us_median']:.1f}", f"{r['host_us_p90']:.1f}",
+            "–" if busy is None else f"{busy:.1f}", f"{r['device_us_median']:.1f}",
+            f"{r['back_to_back_us']:.1f}", f"{r['first_call_s']:.2f}",
+        ])  # fmt: skip
+    return "\n".join(lines) + "\n" + table(header, rows)
+
+
+def _bandwidth_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/bandwidth.py: generated kernels against the device copy; compile latency."""
+    lines = []
+    bw = doc.get("bandwidth")
+    if bw:
+        variants = _bw_variants(bw)
+        lines += [
+            f"## {kind}: generated kernels' bandwidth",
+            "",
+            stamp,
+            "",
+            f"`benchmarks/bandwidth.py` · {bw['rows']} x {bw['cols']} {bw['dtype']}; device copy "
+            f"{bw['copy']['gbps']:,.0f} GB/s. Bytes read + written at the least (each input and "
+            "output once), over the median time.",
+            "",
+        ]
+        rows = []
+        for w in bw["workloads"]:
+            cells = []
+            for v in variants:
+                r = w["variants"].get(v, {})
+                ok = r.get("status") == "ok"
+                cells.append(f"{r['gbps']:,.0f} ({r['pct_of_copy']:.1f}%)" if ok else "–")
+            rows.append([w["workload"]] + cells)
+        lines.append(table(["kernel"] + [f"{v} GB/s (% of copy)" for v in variants], rows))
+    latency = doc.get("compile_latency")
+    if latency:
+        lines += [
+            f"## {kind}: kernel compile latency",
+            "",
+            stamp,
+            "",
+            f"All kernels of one LlamaBlock (hidden {latency['hidden']}, sequence "
+            f"{latency['seq']}), each case in a fresh process: *cold* with an empty kernel cache "
+            "directory, *warm* loading from the one the cold process filled. *Lowering + "
+            "kernels* is magi's part of the first call (import, passes, kernel compiles or "
+            "loads, one run less a steady-state run); *capture* is Dynamo and AOTAutograd.",
+            "",
+        ]
+        rows = []
+        for case in ("cold", "warm"):
+            r = latency.get(case, {})
+            if r.get("status") != "ok":
+                rows.append([case, "failed", "", "", "", ""])
+                continue
+            st = r["stats"]
+            rows.append([
+                case, f"{r['lowering_and_kernels_s']:.3f}", f"{r['capture_s']:.2f}",
+                f"{r['first_call_s']:.2f}", str(st["cuda_compiles"]), str(st["disk_hits"]),
+            ])  # fmt: skip
+        header = ["case", "lowering + kernels s", "capture s", "first call s", "CUDA compiles",
+                  "disk hits"]  # fmt: skip
+        lines.append(table(header, rows))
+    return "\n".join(lines)
+
+
 def _bw_variants(bw: dict) -> list[str]:
     seen: list[str] = []
     for w in bw["workloads"]:
@@ -23,24 +130,27 @@ def _bw_variants(bw: dict) -> list[str]:
     return seen
 
 
-def _offload_section(doc: dict, source: str) -> str:
+def _offload_section(doc: dict, kind: str, stamp: str) -> str:
     """benchmarks/offload.py: a DiT stack with weights offloaded, beside all-resident and
     synchronous offload."""
-    meta, m = doc["meta"], doc["model"]
+    m = doc["model"]
     lines = [
-        f"## Weight offload: {meta['device']}",
+        f"## {kind}: weight offload",
         "",
-        f"`benchmarks/offload.py` · torch {meta['torch']} · CUDA {meta['cuda']} · {m['dtype']} · "
-        f"commit {meta.get('git_commit', '?')} · date {meta['date']} · source `{source}`",
+        stamp,
         "",
-        f"DiT-style stack: {m['layers']} blocks, hidden {m['hidden']}, {m['heads']} heads, MLP "
-        f"{m['mlp']}x, {m['weight_bytes'] / 1e9:.2f} GB of weights; pinned host-to-device copies "
-        f"measured at {doc['link_gbps']:.1f} GB/s. Offloaded variants keep "
-        f"{doc['settings']['ratio']:.0%} of the weight bytes resident (BASE: none). Median of "
-        f"{doc['settings']['iters']} calls (CUDA events). *Overlap*: the share of the copy time "
-        "hidden behind compute, measured (predicted by the plan).",
+        f"`benchmarks/offload.py` · {m['dtype']}. DiT-style stack: {m['layers']} blocks, hidden "
+        f"{m['hidden']}, {m['heads']} heads, MLP {m['mlp']}x, {m['weight_bytes'] / 1e9:.2f} GB of "
+        f"weights; pinned host-to-device copies measured at {doc['link_gbps']:.1f} GB/s. One call "
+        "is one forward at batch 1. Offloaded variants keep "
+        f"{doc['settings']['ratio']:.0%} of the weight bytes resident (BASE: none) and run their "
+        "calibration calls before the timing; `sync_pageable` copies each block's weights from "
+        "ordinary CPU memory right before the block runs (a plain CPU offload), `sync_pinned` the "
+        f"same from pinned memory. Median of {doc['settings']['iters']} calls (CUDA events). "
+        "*Peak*: `max_memory_allocated` during one call less what was allocated before the "
+        "variant was built. *Overlap*: the share of the copy time hidden behind compute, measured "
+        "(predicted by the plan).",
         "",
-        *([doc["note"], ""] if doc.get("note") else []),
     ]
     for c in doc["configs"]:
         vs = c["variants"]
@@ -85,204 +195,7 @@ def _offload_section(doc: dict, source: str) -> str:
     return "\n".join(lines)
 
 
-def extra_section(doc: dict, source: str) -> str:
-    """Sections for benchmarks/host_overhead.py and benchmarks/bandwidth.py results."""
-    if doc.get("benchmark") == "offload":
-        return _offload_section(doc, source)
-    if doc.get("benchmark") == "host_overhead":
-        m = doc["model"]
-        lines = [
-            f"## Host time per call: {doc['device']}",
-            "",
-            f"`benchmarks/host_overhead.py` · torch {doc['torch']} · CUDA {doc['cuda']} · "
-            f"{doc['dtype']} · date {doc['date']} · source `{source}`",
-            "",
-            *([doc["note"], ""] if doc.get("note") else []),
-            f"{m['class']} ({m['n_layers']} layers, hidden {m['hidden']}, {m['n_heads']}/"
-            f"{m['n_kv_heads']} heads, intermediate {m['intermediate']}) at batch {doc['batch']} x "
-            f"{doc['tokens']} tokens, {doc['iters']} calls per measurement"
-            + (
-                f", taking {doc['inputs']} input tensors in turn"
-                if doc.get("inputs") is not None
-                else ", on one input tensor"
-            )
-            + ". *Host* is the wall time "
-            "of the Python call (the GPU kept from being the bottleneck), *host, GPU busy* the same "
-            "with the calls queued behind a sleep kernel instead of a synchronise before each (when "
-            "measured), *device* the CUDA-event time of one call, *back-to-back* the mean time of "
-            "calls issued without syncs.",
-            "",
-            "| variant | host µs (median) | host µs (p90) | host, GPU busy µs | device µs | "
-            "back-to-back µs | first call s |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in doc["results"]:
-            if r.get("error"):
-                lines.append(f"| {r['label']} | failed: {r['error']} | | | | | |")
-                continue
-            busy = r.get("host_us_busy")
-            lines.append(
-                f"| {r['label']} | {r['host_us_median']:.1f} | {r['host_us_p90']:.1f} | "
-                f"{'-' if busy is None else f'{busy:.1f}'} | "
-                f"{r['device_us_median']:.1f} | {r['back_to_back_us']:.1f} | {r['first_call_s']:.2f} |"
-            )
-        return "\n".join(lines) + "\n"
-    if doc.get("benchmark") == "kernel_sweep":
-        return _sweep_section(doc, source)
-    if doc.get("benchmark") == "env_sweep":
-        return _env_sweep_section(doc, source)
-    if doc.get("benchmark") == "recompute":
-        return _recompute_section(doc, source)
-    if doc.get("benchmark") == "findings":
-        return _findings_section(doc, source)
-    if doc.get("benchmark") == "gpu_tests":
-        lines = [
-            f"## CUDA test tier: {doc['device']}",
-            "",
-            f"torch {doc['torch']} · source `{source}`",
-            "",
-            "| date | commit | command | result |",
-            "|---|---|---|---|",
-        ]
-        for r in doc["runs"]:
-            lines.append(f"| {r['date']} | {r['commit']} | `{r['command']}` | {r['summary']} |")
-        return "\n".join(lines + [""] + [f"- {n}" for n in doc.get("notes", [])]) + "\n"
-    lines = []
-    meta = doc.get("meta", {})
-    name = meta.get("device_name", meta.get("device", "?"))
-    stamp = f"`benchmarks/bandwidth.py` · torch {meta.get('torch')} · date {meta.get('date')}"
-    note = f"\n\n{doc['note']}" if doc.get("note") else ""
-    bw = doc.get("bandwidth")
-    if bw:
-        variants = _bw_variants(bw)
-        lines += [
-            f"## Generated kernels: effective bandwidth, {name}",
-            "",
-            f"{stamp} · source `{source}`{note}",
-            "",
-            f"{bw['rows']} x {bw['cols']} {bw['dtype']}; device copy {bw['copy']['gbps']:,.0f} "
-            "GB/s. Bytes read + written at the least (each input and output once), over the "
-            "median time.",
-            "",
-            "| kernel | " + " | ".join(f"{v} GB/s (% of copy)" for v in variants) + " |",
-            "|---|" + "---|" * len(variants),
-        ]
-        for w in bw["workloads"]:
-            cells = []
-            for v in variants:
-                r = w["variants"].get(v, {})
-                ok = r.get("status") == "ok"
-                cells.append(f"{r['gbps']:,.0f} ({r['pct_of_copy']:.1f}%)" if ok else "–")
-            lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
-        lines.append("")
-    latency = doc.get("compile_latency")
-    if latency:
-        lines += [
-            f"## Kernel compile latency: {name}",
-            "",
-            f"{stamp} · source `{source}`{note}",
-            "",
-            f"All kernels of one LlamaBlock (hidden {latency['hidden']}, sequence "
-            f"{latency['seq']}), each case in a fresh process: *cold* with an empty kernel cache "
-            "directory, *warm* loading from the one the cold process filled. *Lowering + "
-            "kernels* is magi's part of the first call (import, passes, kernel compiles or "
-            "loads, one run less a steady-state run); *capture* is Dynamo and AOTAutograd.",
-            "",
-            "| case | lowering + kernels s | capture s | first call s | CUDA compiles | disk hits |",
-            "|---|---|---|---|---|---|",
-        ]
-        for case in ("cold", "warm"):
-            r = latency.get(case, {})
-            if r.get("status") != "ok":
-                lines.append(f"| {case} | failed | | | | |")
-                continue
-            st = r["stats"]
-            lines.append(
-                f"| {case} | {r['lowering_and_kernels_s']:.3f} | {r['capture_s']:.2f} | "
-                f"{r['first_call_s']:.2f} | {st['cuda_compiles']} | {st['disk_hits']} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _sweep_section(doc: dict, source: str) -> str:
-    meta = doc.get("meta", {})
-    lines = [
-        f"## Generated kernels: schedule sweep, {meta.get('device_name', '?')}",
-        "",
-        f"`scripts/gpu/tune_kernels.sh` · torch {meta.get('torch')} · date {meta.get('date')} · "
-        f"source `{source}`",
-        "",
-        "magi_compile's effective bandwidth under each schedule setting, one process per "
-        f"setting, as % of the highest device copy of the runs ({doc['copy_gbps']:,.0f} GB/s). "
-        "Setting names: per-column input loads (`late`: in the output pass, `row`: with each "
-        "row's loads), `k` register chunks per thread, `t` threads per block at most, grid "
-        "(`all`: a block per row, `wave`: one wave of persistent blocks); `u` pointwise unroll; "
-        "a suffix names another row length. The defaults are `late_k4_t256_all` and `u1_all`.",
-        "",
-        "| setting | shape | " + " | ".join(doc["workloads"]) + " |",
-        "|---|---|" + "---|" * len(doc["workloads"]),
-    ]
-    for name, s in doc["settings"].items():
-        cells = []
-        for w in doc["workloads"]:
-            c = s["workloads"].get(w)
-            if c is None:
-                cells.append("–")
-            elif c["status"] != "ok":
-                cells.append("error")
-            else:
-                cells.append(f"{c['pct_of_copy']:.1f}%" + ("" if c["correct"] else " ⚠"))
-        lines.append(f"| `{name}` | {s['shape']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _findings_section(doc: dict, source: str) -> str:
-    """An investigation recorded by hand from a script's printed output (when its JSON did not
-    come back from the GPU machine): a title, the scripts, notes and tables of the numbers."""
-    meta = doc["meta"]
-    lines = [
-        f"## {doc['title']}: {meta['device_name']}",
-        "",
-        f"torch {meta['torch']} · date {meta['date']} · commit {meta['git_commit']} · scripts "
-        + ", ".join(f"`{s}`" for s in doc["scripts"])
-        + f" · source `{source}`",
-        "",
-        *[p + "\n" for p in doc.get("notes", [])],
-    ]
-    for t in doc.get("tables", []):
-        lines += [f"**{t['caption']}**", "", table(t["header"], t["rows"]).rstrip("\n"), ""]
-    return "\n".join(lines) + "\n"
-
-
-def _env_sweep_section(doc: dict, source: str) -> str:
-    meta = doc.get("meta", {})
-    workloads = list(doc["runs"][0]["workloads"])
-    lines = [
-        f"## Generated kernels: settings measured apart, {meta.get('device_name', '?')}",
-        "",
-        f"`scripts/gpu/sweep_env.sh` · torch {meta.get('torch')} · date {meta.get('date')} · "
-        f"source `{source}`",
-        "",
-        doc.get("note", ""),
-        "",
-        "One process per row, in the order run; each cell is magi_compile / torch.compile as % of "
-        "that process's copy bandwidth, timed interleaved.",
-        "",
-        "| setting | shape | " + " | ".join(workloads) + " |",
-        "|---|---|" + "---|" * len(workloads),
-    ]
-    for r in doc["runs"]:
-        cells = []
-        for w in workloads:
-            c = r["workloads"].get(w, {})
-            m, t = c.get("magi_compile"), c.get("torch.compile")
-            cells.append(f"{m:.1f}% / {t:.1f}%" if m is not None and t is not None else "error")
-        lines.append(f"| `{r['setting']}` | {r['shape']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _recompute_section(doc: dict, source: str) -> str:
+def _recompute_section(doc: dict, kind: str, stamp: str) -> str:
     """benchmarks/recompute.py: training steps with recomputation, one table pair per model."""
     meta, st = doc.get("meta", {}), doc.get("settings", {})
 
@@ -293,25 +206,22 @@ def _recompute_section(doc: dict, source: str) -> str:
         return "–" if flag is None else "yes" if flag else "**no**"
 
     lines = [
-        f"## Recomputation in training: {meta.get('device_name', meta.get('device', '?'))}",
+        f"## {kind}: recomputation in training",
         "",
-        f"`benchmarks/recompute.py` · torch {meta.get('torch')} · CUDA {meta.get('cuda')} · "
-        f"{meta.get('dtype')} · magi_compiler {meta.get('magi_compiler')} (commit "
-        f"{meta.get('git_commit')}) · date {meta.get('date')} · source `{source}`",
+        stamp,
         "",
-        f"One training step (forward, loss `{st.get('loss', '?')}`, backward; no optimizer), "
-        f"median of {st.get('steps')} steps after {st.get('warmup')} warm-up. *Act. peak*: "
-        "`max_memory_allocated` during a step less what was allocated before it (activations, "
-        "backward temporaries and the gradients produced). *Predicted*: the simulated activation "
-        "peak of the compiled forward and backward graphs, fusion groups included (before "
-        "2026-11-24 evening: the planner's, op by op on the joint graph). *Saved*: bytes autograd saved for the backward (measured through "
-        "saved-tensor hooks), beside the plan's. `tc`: torch.compile, `budget b`: its "
-        "`activation_memory_budget`; AUTOSEARCH budgets (`AUTOSEARCH f`) are the floor plus f of "
-        "the range from the floor (the lowest predicted peak the planner found) to the "
-        "no-recompute plan's predicted peak (before 2026-11-24 04:00: f of that peak alone). "
-        "Error: worst normwise gradient error against eager.",
+        f"`{meta.get('command')}` · {meta.get('dtype')}. One training step (forward, loss "
+        f"`{st.get('loss', '?')}`, backward; no optimizer), median of {st.get('steps')} steps "
+        f"after {st.get('warmup')} warm-up. *Act. peak*: `max_memory_allocated` during a step less "
+        "what was allocated before it (activations, backward temporaries and the gradients "
+        "produced). *Predicted*: the simulated activation peak of the compiled forward and "
+        "backward graphs, fusion groups included. *Saved*: bytes autograd saved for the backward "
+        "(measured through saved-tensor hooks), beside the plan's. `tc`: torch.compile, "
+        "`budget b`: its `activation_memory_budget`; AUTOSEARCH budgets (`AUTOSEARCH f`) are the "
+        "floor plus f of the range from the floor (the lowest predicted peak the planner found) "
+        "to the no-recompute plan's predicted peak. Error: worst normwise gradient error against "
+        "eager.",
         "",
-        *([doc["note"], ""] if doc.get("note") else []),
     ]
     for m in doc.get("models", []):
         lines += [f"### {m.get('title', m.get('name'))}: {m.get('shape', '')}", ""]

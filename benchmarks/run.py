@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "meta": {
             **col.meta,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": _git_commit(),
+            "git_commit": harness.git_commit(),
             "command": " ".join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])]),
         },
         "suite": {
@@ -419,18 +419,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_summary(doc)
     print(f"wrote {out} ({doc['suite']['wall_s']:.0f} s)")
     return doc
-
-
-def _git_commit() -> str | None:
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "python",
-                                "src", "include", "kernels", "benchmarks"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
-        return (rev + ("+dirty" if dirty else "")) or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def print_summary(doc: dict[str, Any]) -> None:

@@ -1,8 +1,10 @@
-"""Smoke test of the benchmark suite (benchmarks/run.py and report.py).
+"""Smoke test of the benchmark suite (benchmarks/run.py) and of benchmarks/report.py.
 
 Runs a few workloads of the suite at tiny shapes on the CPU, in this process, with eager and
 magi_compile only (torch.compile's CPU compile would take most of a minute): correctness and
-first-call times, no timing and no thresholds on time. Then renders a report from the JSON.
+first-call times, no timing and no thresholds on time. Then renders a report section from the
+JSON, and checks that RESULTS.md and the README's headline are report.py's output on the runs kept
+in benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -45,15 +47,78 @@ def test_suite_checks_magi_against_eager(smoke_run):
     assert doc["meta"]["torch"] and doc["meta"]["device"] == "cpu"
 
 
-def test_report_renders(smoke_run, tmp_path):
+def test_report_renders_a_suite_run(smoke_run):
     from benchmarks import report
 
-    _, out = smoke_run
-    md = tmp_path / "RESULTS.md"
-    report.main([str(out), "--out", str(md), "--plots", str(tmp_path / "plots")])
-    text = md.read_text()
-    assert "## " in text and "smoke shapes" in text
+    doc, _ = smoke_run
+    text = report.suite_section(doc, "smoke.json")
+    assert text.startswith("## CPU: whole models and kernels (smoke shapes)")
+    assert "source `smoke.json`" in text and f"commit {report.stamp(doc)['commit']}" in text
     assert "Error against eager" in text and "magi_compile" in text
+    # A run restricted to some workloads or variants is never reported as the latest.
+    assert not report.is_complete(doc)
+
+
+def _kept_runs():
+    from benchmarks import report
+
+    return report.latest_runs(sorted((ROOT / "benchmarks" / "results").glob("*.json")))
+
+
+def test_results_md_is_generated_from_the_kept_runs():
+    """benchmarks/RESULTS.md is report.py's output on benchmarks/results/, and every JSON kept
+    there is the latest complete run of its benchmark and device kind (nothing stale)."""
+    from benchmarks import report
+
+    runs = _kept_runs()
+    kept = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    assert sorted(p for _, p in runs.values()) == kept
+    text = report.render(runs)
+    assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == text, (
+        "RESULTS.md is stale: run python benchmarks/report.py"
+    )
+    # Device, torch version, date and commit are stated once above each run's tables.
+    for doc, path in runs.values():
+        line = report.stamp_line(doc, f"benchmarks/results/{path.name}")
+        assert line in text and "commit ?" not in line and "torch ?" not in line
+
+
+def test_readme_shows_the_headline_table():
+    from benchmarks import report
+
+    head = report.headline(_kept_runs())
+    assert head and head in (ROOT / "README.md").read_text(), (
+        "README's numbers differ from python benchmarks/report.py --headline"
+    )
+
+
+def test_report_takes_the_latest_complete_run_per_device_kind(tmp_path):
+    from benchmarks import report
+
+    def suite(name: str, date: str, command: str) -> dict:
+        meta = {"device": "cuda", "device_name": name, "date": date, "command": command}
+        return {"meta": meta, "suite": {}, "workloads": []}
+
+    docs = {
+        "old.json": suite("NVIDIA H100 80GB HBM3", "2026-01-01T00:00:00", "run.py"),
+        "new.json": suite("NVIDIA H100 PCIe", "2026-02-01T00:00:00", "run.py"),
+        "partial.json": suite("NVIDIA H100", "2026-03-01T00:00:00", "run.py --only gpt2"),
+        "h200.json": suite("NVIDIA H200", "2026-01-15T00:00:00", "run.py"),
+        "bandwidth.json": {
+            "meta": {"device": "cuda", "device_name": "NVIDIA H200", "date": "2026-01-02"},
+            "bandwidth": {},
+        },  # fmt: skip
+        "unknown.json": {"benchmark": "something else"},
+    }
+    for name, doc in docs.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    runs = report.latest_runs(sorted(tmp_path.glob("*.json")))
+    picked = {key: path.name for key, (_, path) in runs.items()}
+    assert picked == {
+        ("H100", "suite"): "new.json",
+        ("H200", "suite"): "h200.json",
+        ("H200", "bandwidth"): "bandwidth.json",
+    }
 
 
 def test_unknown_workload_is_a_clear_error():
