@@ -83,10 +83,9 @@ __device__ __forceinline__ A magi_to_acc(magi_f16 v) {
 
 // The bf16 value in half `j & 1` of word `w` (half 0 the low one), as a float: one instruction
 // (a shift or a mask), where extracting the 16-bit value first and then shifting it took two.
-// Row kernels read each held element once per pass, so on the H200 (more bytes per SM cycle
-// than the H100) they were bound by instruction issue: reading bf16 from words took 11% of the
-// LayerNorm kernel's instructions off and lifted it from 93.5% to 96.5-97.0% of copy bandwidth,
-// softmax from 95% to 97.6-98.7% (16384 x 8192; benchmarks/RESULTS.md, 2026-11-28).
+// Row kernels read each held element once per pass, and on GPUs with many bytes per SM cycle
+// they are bound by instruction issue: reading bf16 from words takes a tenth of the LayerNorm
+// kernel's instructions off.
 __device__ __forceinline__ float magi_bf16_half(unsigned w, int j) {
   return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
 }
@@ -134,8 +133,7 @@ struct MagiStore<magi_f16> {
 // v rounded to bf16, as a float. With v in the upper half of cvt.rn.bf16x2.f32 (and 0 in the
 // lower), the word is exactly the rounded float's bits: one ALU instruction (F2FP), where the
 // single conversion runs on the quarter-rate conversion pipe (F2F) and needs a shift after.
-// Rotary embedding rounds three times per element: on the H100 it went from 89.2% to 91.1% of
-// copy bandwidth with this form (benchmarks/RESULTS.md, 2026-11-27).
+// Rotary embedding rounds three times per element, so this form matters to its speed.
 __device__ __forceinline__ float magi_round_bf16_float(float v) {
 #if __CUDA_ARCH__ >= 800
   unsigned w;
@@ -186,10 +184,9 @@ __device__ __forceinline__ uint4 magi_load_keep16(const void* p) {
 // read once), under an L2 evict_last policy (the l2last modes), through the read-only path
 // (ldg, the build without any define), written out in PTX (asm) or left to the compiler
 // (plain). kKeep loads never take the streaming hint: data every row reads again (a norm's
-// weight and bias), and every load of a pointwise kernel. On the H100 the hint cost pointwise
-// kernels 1.4% (silu*mul) to 4% (x*y+z) of their time when their inputs were not the tensors
-// another kernel had just read (scripts/gpu/pointwise_kernels.py), while it gains row kernels
-// about one point of copy bandwidth (benchmarks/RESULTS.md).
+// weight and bias), and every load of a pointwise kernel: the hint slowed pointwise kernels
+// whose inputs were not the tensors another kernel had just read, while row kernels gain from
+// it.
 template <bool kKeep = false>
 __device__ __forceinline__ uint4 magi_load16(const void* p) {
 #if defined(MAGI_VECTOR_IO_ASM)
@@ -251,10 +248,9 @@ __device__ __forceinline__ void magi_load(const T* __restrict__ p, A* out) {
 }
 
 // A plain (write-back, weak) 16-byte store, written out in PTX as __stcs is: assigned through a
-// uint4*, the compiler split half the stores of the RMSNorm kernel into four 4-byte stores
-// (sm_90, CUDA 13: 2.5 store instructions per 16 bytes in Nsight Compute, 3.4% more L2 write
-// sectors), and __stwb compiles to a strong store (STG.E.128.STRONG.SM), where this gives the
-// STG.E.128 torch.compile's kernels use.
+// uint4*, the compiler (sm_90, CUDA 13) split half the stores of the RMSNorm kernel into four
+// 4-byte stores, and __stwb compiles to a strong store (STG.E.128.STRONG.SM), where this gives
+// the STG.E.128 torch.compile's kernels use.
 __device__ __forceinline__ void magi_store16_plain(void* p, uint4 v) {
   asm("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
       : "memory");
@@ -263,9 +259,9 @@ __device__ __forceinline__ void magi_store16_plain(void* p, uint4 v) {
 // One 16-byte store of four words. Built from words rather than from converted elements:
 // given a uint4 filled element by element, the compiler sometimes split the store into four
 // 4-byte stores. The MAGI_VECTOR_IO=asm form is asm volatile, which orders a kernel's stores
-// among themselves: add+RMSNorm (two outputs) lost 1.9% of copy bandwidth to it (H100, against
-// the default). kKeep stores never take the streaming hint: outputs that a matmul or attention
-// kernel reads next, which then finds them in L2.
+// among themselves and slows kernels with several outputs (add+RMSNorm). kKeep stores never
+// take the streaming hint: outputs that a matmul or attention kernel reads next, which then
+// finds them in L2.
 template <bool kKeep = false>
 __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {

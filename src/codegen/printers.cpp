@@ -109,9 +109,9 @@ std::string print_cuda(const KernelVariant& v) {
   // their storage type (c<i>). Inputs with one value per column (a norm's weight) are read
   // where used (row_column_loads() 'l': no registers held across reductions), or into
   // registers w<i> with each row ('r') or once per block ('b'). 'a', the default, picks 'r' for
-  // a kernel with one such input (RMSNorm: 100.6% of copy bandwidth against 100.1% late on the
-  // H100, and one trip to memory before the reduction instead of two) and 'l' for more
-  // (LayerNorm's weight and bias held across its two reductions: 96.3% against 99.7% late).
+  // a kernel with one such input (RMSNorm: one trip to memory before the reduction instead of
+  // two) and 'l' for more (LayerNorm's weight and bias held across its two reductions cost
+  // registers that its row needs).
   auto cached_input = [&v](int i) {
     return v.access[i] == AccessClass::kContiguous || v.access[i] == AccessClass::kStrided;
   };

@@ -80,15 +80,14 @@ class Fuser {
 
   // Single ops that a generated kernel runs faster than ATen: softmax, log-softmax and layer
   // norm (our row kernel reads the row once where ATen's may not), and sums over leading dims
-  // (a weight gradient: on the H100 ATen's reduction ran the training step's [4096, 2048]
-  // float32 column sums at about half the copy bandwidth, the column kernel 17% faster, and at
-  // 16384 x 8192 the column kernel reaches 93% of copy).
+  // (a weight gradient: ATen's general reduction stays well under the copy bandwidth on such
+  // column sums, which the column kernel reads in one coalesced pass).
   static bool is_compound(const Node& n);
 
   // A copy (clone, or a cast) of an operand that is not contiguous: grouped-query attention's
   // repeat_kv (the clone of an expand) or a cast of a transposed tensor. ATen's general copy
-  // kernel ran such copies at about a third of the copy bandwidth on the H100; a generated
-  // kernel reads the operand through its strides, a vector at a time along its last dim.
+  // kernel handles such copies an element at a time; a generated kernel reads the operand
+  // through its strides, a vector at a time along its last dim.
   // Only into a contiguous result: a copy that keeps the operand's layout (preserve_format of
   // a transposed tensor) is one dense pass in ATen, where the kernel would write contiguously
   // and then copy into the traced layout.

@@ -22,8 +22,8 @@
 // float32 for half-precision g, rounded once). A backward at dropout 0 (cuDNN: without an
 // attention bias) whose key and value are repeats and whose gradients are read only through
 // that sum reads k and v as they are; the sums' readers read its gradients instead, and the
-// sums, the repeats and the gradients' views go. On the H100 (torch 2.11) both backwards match
-// a float32 reference as closely grouped as repeated (scripts/gpu/gqa_backward_probe.py).
+// sums, the repeats and the gradients' views go. The gradients then match eager's within the
+// dtype's tolerance (tests/gpu/test_runtime_choices_cuda.py).
 //
 // Memory-efficient attention takes no grouped heads; AttentionCall leaves it out for such
 // calls.
@@ -145,8 +145,7 @@ void erase_unread(ir::Graph& graph, ir::Value* v) {
 }
 
 // The attention calls that read grouped heads: flash and cuDNN, forward and backward (cuDNN's
-// forward also with a mask: on the H100, torch 2.11, a [1, 1, 1, 256] mask with 32 query and 8
-// key heads matched a float32 reference to 2e-3, scripts/gpu/cudnn_gqa_mask_probe.py).
+// forward also with a mask, which broadcasts over the heads either way).
 struct AttentionOp {
   const char* name;
   bool backward;

@@ -17,8 +17,8 @@ struct PassEntry {
   bool (*run)(ir::Graph&, const PipelineOptions&);
 };
 
-// Later issues insert their passes here, in order. Passes after split_at_boundaries that work
-// on straight-line code (fusion, memory planning) run on each piece.
+// The passes in the order they run; docs/passes.md describes each. Passes after
+// split_at_boundaries that work on straight-line code (fusion) recurse into each piece.
 constexpr PassEntry kPipeline[] = {
     {"eliminate_dead_code",
      [](ir::Graph& g, const PipelineOptions&) { return eliminate_dead_code(g); }},

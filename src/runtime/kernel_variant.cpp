@@ -179,10 +179,10 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
 // Vectors per thread of a GPU pointwise variant over `numel` elements on a device of
 // `sm_count` SMs: MAGI_POINTWISE_UNROLL when set; else 4 for a kernel that reads an input
 // shifted along the row or through general strides and whose one-vector grid is at least 16
-// waves of the device's threads, 1 for the rest. Measured on an H100 (bf16 rotary embedding):
-// 16384 x 8192 (62 waves) went from 70% to 87% of copy bandwidth with 4; the prefill's q and k
-// (4096 tokens x 16 and 8 heads, 4 and 2 waves) took 108 us per step with 1, 117 with 2 and
-// 120 with 4. Contiguous pointwise kernels are at copy bandwidth with one vector per thread.
+// waves of the device's threads, 1 for the rest. A shifted or strided kernel issues more
+// instructions per byte, and several vectors per thread keep enough loads in flight on a large
+// grid; on a grid of a few waves the extra vectors only leave threads idle. Contiguous
+// pointwise kernels reach copy bandwidth with one vector per thread.
 int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count) {
   if (kv.spec->schedule != codegen::Schedule::kPointwise) return 1;
   if (const int forced = codegen::pointwise_unroll(); forced > 0) return forced;
@@ -208,8 +208,8 @@ int sm_count_of(int index) {
 // block holds, max_threads_per_block, which marks it streamed (its launch then takes
 // codegen::stream_threads_per_block threads). Rows of at most 32 threads run several to a block
 // (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values takes 4 lanes with 4
-// loads in flight each (with a block of 32 threads per row, three quarters of them idle, the
-// video-DiT block's q/k norm took 432 us per call on an H100).
+// loads in flight each (a block of 32 threads per such row would leave three quarters of its
+// threads idle).
 int64_t threads_per_row(int64_t cols, int width) {
   const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
   const int64_t need = (cols + per_thread - 1) / per_thread;

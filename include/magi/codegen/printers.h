@@ -10,16 +10,15 @@
 
 namespace magi::codegen {
 
-// Schedule settings of generated CUDA kernels. The defaults are the fastest of the sweep
-// recorded in benchmarks/RESULTS.md (H100, bf16, rows of 2048 and 8192); each can be overridden by
-// an environment variable for tuning experiments (docs/debugging.md, scripts/gpu/sweep_*.sh). Each
-// is read once per process and is part of the printed source, hence of the kernel cache key.
+// Schedule settings of generated CUDA kernels. The defaults are the fastest settings measured
+// on bf16 rows of 2048 to 8192 values; each can be overridden by an environment variable for
+// tuning experiments (docs/config.md, tools/sweep.sh). Each is read once per process and is part
+// of the printed source, hence of the kernel cache key.
 
 /// How many blocks a launch gets: 'a' (default) one block per row or per 256 vectors, the
 /// hardware scheduling them as slots free (pointwise kernels then print no stride loop: one
 /// vector per thread); 'w' about one wave of resident blocks, each walking a stride of rows or
-/// vectors. On an H100 (bf16, 16384 x 8192) 'a' was 3-10% faster for pointwise kernels and
-/// 7-12% for row kernels (schedule sweep in benchmarks/RESULTS.md). MAGI_KERNEL_GRID=all|wave.
+/// vectors. 'a' measured faster for both pointwise and row kernels. MAGI_KERNEL_GRID=all|wave.
 char kernel_grid_mode();
 /// Chunks of vector_width columns each thread of a row kernel holds in registers when its row
 /// fits: 4 by default, MAGI_ROW_CHUNKS (1-16).
@@ -66,18 +65,15 @@ int row_min_blocks();
 bool row_grid_loop(const KernelVariant& v, int64_t row_bytes);
 /// The longest streamed row (bytes of the widest row-wide input) that MAGI_ROW_GRID_LOOP=auto
 /// prints without the loop over rows. Without it the kernels take fewer registers, so more
-/// blocks per SM, each keeping its row in L2 between the passes over it. On an H200 (bf16,
-/// four row kernels) rows of 32 and 64 KiB gained 2-28 points of copy bandwidth; rows of
-/// 128 KiB lost 6-16 points on three of them (docs/config.md). Measured with one or two inputs
-/// read along the row, and only on an H200 (50 MiB of L2).
+/// blocks per SM, each keeping its row in L2 between the passes over it. That gains on rows of
+/// up to 64 KiB and loses on longer ones, whose blocks' rows no longer fit in L2 together.
 constexpr int64_t kStreamedRowsWithoutLoop = int64_t{64} << 10;
 /// The most threads per block a GPU row kernel takes to hold its rows in registers: rows that do
 /// not fit in max_threads_per_block() threads but fit in this many are held by a wider block
 /// (KernelVariant::wide_rows) instead of streamed. 512 by default, MAGI_ROW_HELD_THREADS (a power
-/// of two, 32-1024; at most max_threads_per_block() turns wide rows off). On an H200, rows of
-/// 16384 bf16 values held by 512 threads without the loop over rows measured 96.4 / 97.5 / 96.7 /
-/// 95.3% of copy bandwidth (RMSNorm / add+RMSNorm / LayerNorm / softmax) against 95.0 / 99.6 /
-/// 68.9 / 82.2% streamed; rows of 32768 held by 1024 threads lost to streamed ones.
+/// of two, 32-1024; at most max_threads_per_block() turns wide rows off). Rows of 16384 bf16
+/// values held by 512 threads beat streamed rows, most for the kernels that reduce a row twice
+/// (LayerNorm, softmax); rows of 32768 held by 1024 threads lost to streamed ones.
 int held_row_threads();
 /// How a GPU row kernel holding rows of more than 32 threads' worth rounds its block up: 'w'
 /// (default) to whole warps (a row of 12288 bf16 values: 384 threads of 4 chunks), 'p' to a

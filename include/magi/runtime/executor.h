@@ -47,7 +47,7 @@ struct ExecutorOptions {
   /// Plan intermediates into the memory arena (memory_arena.cpp; MAGI_MEMORY_ARENA=0 turns it
   /// off everywhere). Inference graphs only: a training graph's backward frees its saved
   /// inputs as it reads them, which the arena's peak estimate does not see, and arena blocks
-  /// then raised the measured activation peak (by 184 MiB on the 4-layer Llama stack).
+  /// then held memory the allocator would have reused, raising the activation peak.
   bool memory_arena = true;
   /// Pieces: which of the piece's outputs an operator other than our generated kernels reads
   /// where the piece is called (empty: none). A fused kernel that writes such an output stores
