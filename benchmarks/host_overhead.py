@@ -43,7 +43,7 @@ leaves out ``torch.compile`` unless ``--variants`` names it (Inductor's C++ buil
 
 Usage::
 
-    python benchmarks/host_overhead.py --out results/host_overhead_cuda.json
+    python benchmarks/host_overhead.py --out benchmarks/results/cuda_h200_host_overhead.json
     python benchmarks/host_overhead.py --device cpu --quick --out /tmp/host_overhead_cpu.json
 """
 

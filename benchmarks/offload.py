@@ -9,7 +9,7 @@ CUDA events (warm-up, median of the timed calls). Offloaded variants first run t
 four calibration calls (docs/offload.md). Peak memory is ``max_memory_allocated`` during one
 call less what was allocated before the variant was built.
 
-    python benchmarks/offload.py --out benchmarks/results/extra/cuda_h100_offload.json
+    python benchmarks/offload.py --out benchmarks/results/cuda_h100_offload.json
 """
 
 from __future__ import annotations
