@@ -7,7 +7,8 @@ Usage::
     python benchmarks/run.py --device cpu --quick                   # the CPU subset (< 5 min)
     python benchmarks/run.py --device cpu --smoke --only gpt2_prefill --in-process
 
-then ``python benchmarks/report.py results.json ...`` regenerates ``benchmarks/RESULTS.md``.
+A complete run written to ``benchmarks/results/`` (the default ``--out``) is what
+``python benchmarks/report.py`` turns into ``benchmarks/RESULTS.md``.
 
 The workloads run in a worker process; this process only shares out the time budget, watches
 the worker and writes the JSON. A worker that crashes (a segfault, a CUDA fault) or overruns
