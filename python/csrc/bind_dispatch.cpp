@@ -55,7 +55,7 @@
 namespace magi::bindings {
 namespace {
 
-enum class Result { kTensor, kTuple, kList };
+enum class Result { kTensor, kTuple, kList, kCall };
 
 /// Verified fingerprints kept per direct call (fast_dispatch_guards="arguments"); calls with
 /// later ones are checked by Dynamo's guards every time.
@@ -65,9 +65,9 @@ constexpr size_t kMaxVerified = 256;
 constexpr size_t kQuickCalls = 16;
 constexpr size_t kMaxQuickFailures = 4;
 
-// Bumped (by _fast_dispatch.py's registration hooks) whenever a module anywhere registers a
-// parameter, buffer or submodule: direct calls learned before are stale. Read and written
-// with the GIL held.
+// Bumped when a direct call finds that a submodule it reads parameters through was replaced
+// (Routes) or that a dict it gathers from is no longer the one the frame reaches: direct calls
+// learned before are stale. Read and written with the GIL held.
 uint64_t g_registration_epoch = 0;
 // Calls a DirectEntry ran directly (get_counters().direct_calls adds them), GIL-protected.
 uint64_t g_direct_calls = 0;
@@ -84,9 +84,9 @@ PyObject* training_name() {
 
 /// Where one graph input comes from.
 struct Slot {
-  enum Kind { kArg, kSize, kFixed } kind = kArg;
-  size_t arg = 0;   ///< kArg, kSize: index into the call's positional arguments
-  int64_t dim = 0;  ///< kSize: which size of that argument
+  enum Kind { kArg, kSize, kItem, kFixed } kind = kArg;
+  size_t arg = 0;   ///< kArg, kSize, kItem: index into the call's arguments
+  int64_t dim = 0;  ///< kSize: which size of that argument; kItem: which item of that tuple
   py::object dict;  ///< kFixed: the module's _parameters or _buffers dict
   py::object key;   ///< kFixed: the name in it
   // kFixed, as of the last call: the object the dict held (borrowed: the dict keeps it alive
@@ -183,19 +183,62 @@ bool append_arguments(PyObject* const* argv, size_t first, size_t n, std::vector
   return true;
 }
 
+/// The steps from a module to the submodules whose parameter and buffer dicts direct calls
+/// read: each a `_modules` dict, a name in it and the submodule it held when the call was
+/// learned. A submodule replaced (`model.layers[0] = other`) makes the held dicts stale; the
+/// check reads a dict again only when its version tag moved.
+class Routes {
+ public:
+  explicit Routes(const py::list& steps) {
+    for (py::handle item : steps) {
+      const py::tuple step = py::reinterpret_borrow<py::tuple>(item);
+      MAGI_ASSERT(step.size() == 3 && PyDict_Check(step[0].ptr()),
+                  "Routes: a step is (dict, key, submodule)");
+      steps_.push_back(Step{step[0], step[1], step[2], dict_version(step[0].ptr())});
+    }
+  }
+
+  /// True while every step still leads to the submodule it led to when learned.
+  bool hold() {
+    for (Step& step : steps_) {
+      const uint64_t version = dict_version(step.dict.ptr());
+      if (version != 0 && version == step.version) continue;
+      PyObject* now = PyDict_GetItemWithError(step.dict.ptr(), step.key.ptr());
+      if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (now != step.child.ptr()) return false;
+      step.version = version;
+    }
+    return true;
+  }
+
+  size_t size() const { return steps_.size(); }
+
+ private:
+  struct Step {
+    py::object dict;
+    py::object key;
+    py::object child;  // held: compared by identity, so it must not be freed and reused
+    uint64_t version = 0;
+  };
+  std::vector<Step> steps_;
+};
+
 class DirectCall {
  public:
   DirectCall(py::object signature, py::object guard_check, std::vector<std::string> frame_names,
              std::vector<std::pair<std::string, py::object>> cells, py::object target,
              const py::list& slots, const std::string& result, bool method, bool memoize,
-             py::object planner)
+             py::object planner, py::object routes, py::object builder)
       : signature_obj_(std::move(signature)),
         guard_check_(std::move(guard_check)),
         cells_(std::move(cells)),
         target_(std::move(target)),
         planner_(std::move(planner)),
+        routes_obj_(std::move(routes)),
+        builder_(std::move(builder)),
         method_(method),
         memoize_(memoize) {
+    if (!routes_obj_.is_none()) routes_ = routes_obj_.cast<Routes*>();
     signature_ = signature_obj_.cast<const runtime::GuardSignature*>();
     for (const std::string& name : frame_names) frame_names_.push_back(py::str(name));
     if (py::isinstance<runtime::CudaGraphRunner>(target_)) {
@@ -210,8 +253,8 @@ class DirectCall {
       if (kind == "arg") {
         slot.kind = Slot::kArg;
         slot.arg = spec[1].cast<size_t>();
-      } else if (kind == "size") {
-        slot.kind = Slot::kSize;
+      } else if (kind == "size" || kind == "item") {
+        slot.kind = kind == "size" ? Slot::kSize : Slot::kItem;
         slot.arg = spec[1].cast<size_t>();
         slot.dim = spec[2].cast<int64_t>();
       } else {
@@ -226,9 +269,12 @@ class DirectCall {
     for (const Slot& slot : slots_) steady_.push_back(slot.kind == Slot::kFixed);
     result_ = result == "tuple"  ? Result::kTuple
               : result == "list" ? Result::kList
+              : result == "call" ? Result::kCall
                                  : Result::kTensor;
-    MAGI_ASSERT(result == "tensor" || result == "tuple" || result == "list",
+    MAGI_ASSERT(result == "tensor" || result == "tuple" || result == "list" || result == "call",
                 "DirectCall: unknown result kind ", result);
+    MAGI_ASSERT((result_ == Result::kCall) == !builder_.is_none(),
+                "DirectCall: a builder goes with the result kind 'call' and only with it");
   }
 
   size_t arity() const { return frame_names_.size(); }
@@ -281,10 +327,14 @@ class DirectCall {
     const bool match = signature_->matches(values, training);
     values.clear();  // it holds references to the arguments
     if (!match) return py::none();
+    if (routes_ != nullptr && !routes_->hold()) {
+      ++g_registration_epoch;  // a submodule was replaced: every learned path is relearned
+      return py::none();
+    }
 
     // The inputs, gathered before the guards run as the Python path does. Parameters and
-    // buffers are what their dicts hold now: a write to module._parameters bypasses the
-    // registration hooks. A CUDA graph runner borrows them: the fixed ones stay in the kept
+    // buffers are what their dicts hold now (re-read when a dict's version tag moved). A CUDA
+    // graph runner borrows them: the fixed ones stay in the kept
     // vector from call to call (no reference counting for the unchanged), the arguments are
     // dropped from it on the way out (Lease).
     std::vector<c10::IValue> own_inputs;
@@ -299,6 +349,10 @@ class DirectCall {
       Slot& slot = slots_[i];
       PyObject* obj = slot.kind == Slot::kFixed ? fixed_input(slot) : argv[slot.arg];
       if (obj == nullptr) return py::none();
+      if (slot.kind == Slot::kItem) {
+        if (!PyTuple_Check(obj) || slot.dim >= PyTuple_GET_SIZE(obj)) return py::none();
+        obj = PyTuple_GET_ITEM(obj, slot.dim);
+      }
       c10::IValue value;
       if (slot.kind == Slot::kSize) {
         if (!THPVariable_Check(obj)) return py::none();
@@ -378,6 +432,7 @@ class DirectCall {
     py::list list(outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) list[i] = to_python(outputs[i]);
     if (result_ == Result::kList) return std::move(list);
+    if (result_ == Result::kCall) return builder_(list);
     return py::tuple(list);
   }
 
@@ -449,8 +504,8 @@ class DirectCall {
   /// Asks the planner what the guard tree just passed on `frame` reads; a tree it cannot
   /// list is evaluated on every call from now on.
   /// Returns false when a dict this call gathers parameters or buffers from is no longer the
-  /// one the frame reaches (a submodule replaced without a registration hook): every direct
-  /// call is then dropped, as a registration drops them, and this call is made ordinarily.
+  /// one the frame reaches (a submodule replaced in a way Routes did not see): every direct
+  /// call is then dropped, and this call is made ordinarily.
   /// The watched state moved: every verdict is dropped. A watch that keeps failing soon after
   /// it was listed (state that moves on every call, such as a counter attribute the guards
   /// compare) costs a walk of the tree each time: after kMaxQuickFailures in a row the tree
@@ -535,8 +590,11 @@ class DirectCall {
   py::object guard_check_;
   std::vector<py::str> frame_names_;
   std::vector<std::pair<std::string, py::object>> cells_;
-  py::object target_;             // keeps the runner or executable alive
-  py::object planner_;            // _guard_watch.planner's callable, or None
+  py::object target_;      // keeps the runner or executable alive
+  py::object planner_;     // _guard_watch.planner's callable, or None
+  py::object routes_obj_;  // keeps routes_ alive (None: no submodules to check)
+  Routes* routes_ = nullptr;
+  py::object builder_;            // Result::kCall: builds the result from the output list
   std::shared_ptr<Watch> watch_;  // replaced whole, never changed in place but for versions
   bool watching_ = false;
   size_t calls_ = 0;           // calls that ran directly
@@ -588,10 +646,31 @@ class DirectEntry {
   DirectEntry empty_copy() const {
     DirectEntry copy(owner_ref_);
     copy.epoch_ = g_registration_epoch;
+    copy.names_ = names_;
+    copy.defaults_ = defaults_;
+    copy.var_keyword_ = var_keyword_;
     return copy;
   }
 
-  py::object call(const py::args& args) {
+  /// How a call's keyword arguments and left-out arguments map to the compiled function's
+  /// parameters (after the owner): their names, their defaults (`required` where there is
+  /// none) and the position of a `**kwargs` parameter (-1: none). Without it, only calls that
+  /// pass every parameter positionally are tried.
+  void set_parameters(const std::vector<std::string>& names, const py::list& defaults,
+                      const py::object& required, int64_t var_keyword) {
+    MAGI_ASSERT(names.size() == defaults.size(), "DirectEntry: one default per parameter");
+    names_.clear();
+    defaults_.clear();
+    for (size_t i = 0; i < names.size(); ++i) {
+      names_.push_back(
+          py::reinterpret_steal<py::str>(PyUnicode_InternFromString(names[i].c_str())));
+      py::object value = defaults[i];
+      defaults_.push_back(value.is(required) ? py::object() : std::move(value));
+    }
+    var_keyword_ = var_keyword;
+  }
+
+  py::object call(const py::args& args, const py::kwargs& kwargs) {
     if (natives_.empty() || epoch_ != g_registration_epoch) return py::none();
     const size_t n = args.size();
     PyObject* const* given = n > 0 ? &PyTuple_GET_ITEM(args.ptr(), 0) : nullptr;
@@ -604,6 +683,8 @@ class DirectEntry {
       argv.push_back(alive);
     }
     argv.append(given, given + n);
+    py::dict extra;  // the **kwargs parameter's dict, held through the call
+    if (!bind_rest(n, kwargs, &argv, &extra)) return py::none();
     // The direct calls as of now, held: another thread may reset or extend this entry while
     // one of them runs (its guards run Python; its run releases the GIL).
     const c10::SmallVector<Native, 2> held(natives_.begin(), natives_.end());
@@ -618,10 +699,62 @@ class DirectEntry {
   }
 
  private:
+  /// Appends to `argv` the parameters after the `n` given positionally: from `kwargs` by
+  /// name, else their defaults, and keywords that name no parameter in `extra` for a
+  /// `**kwargs` parameter. False when the call does not bind (Python would raise, or no
+  /// parameter layout is known): the ordinary call then handles it.
+  bool bind_rest(size_t n, const py::kwargs& kwargs, c10::SmallVector<PyObject*, 8>* argv,
+                 py::dict* extra) const {
+    const size_t given_kwargs = kwargs ? PyDict_GET_SIZE(kwargs.ptr()) : 0;
+    if (names_.empty()) return given_kwargs == 0;
+    if (n > names_.size()) return false;
+    size_t used = 0;
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (static_cast<int64_t>(i) == var_keyword_) {
+        argv->push_back(extra->ptr());  // filled below: the dict object stays the same
+        continue;
+      }
+      PyObject* by_name =
+          given_kwargs > 0 ? PyDict_GetItemWithError(kwargs.ptr(), names_[i].ptr()) : nullptr;
+      if (by_name == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (i < n) {
+        if (by_name != nullptr) return false;  // given twice: Python's TypeError
+        continue;
+      }
+      if (by_name != nullptr) {
+        argv->push_back(by_name);
+        ++used;
+      } else if (defaults_[i]) {
+        argv->push_back(defaults_[i].ptr());
+      } else {
+        return false;  // a required argument is missing
+      }
+    }
+    if (used == given_kwargs) return true;
+    if (var_keyword_ < 0) return false;  // a keyword that names no parameter
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kwargs.ptr(), &pos, &key, &value)) {
+      bool named = false;
+      for (const py::str& name : names_) {
+        if (PyUnicode_Compare(key, name.ptr()) == 0) {
+          named = true;
+          break;
+        }
+      }
+      if (!named && PyDict_SetItem(extra->ptr(), key, value) < 0) throw py::error_already_set();
+    }
+    return true;
+  }
+
   using Native = std::pair<py::object, DirectCall*>;  // the object keeps the pointer valid
   py::object owner_ref_;
   std::vector<Native> natives_;
   uint64_t epoch_ = 0;
+  std::vector<py::str> names_;        // parameters after the owner; empty: positional only
+  std::vector<py::object> defaults_;  // per parameter, its default (null: none)
+  int64_t var_keyword_ = -1;          // index of the **kwargs parameter in names_
 };
 
 }  // namespace
@@ -632,19 +765,22 @@ void bind_dispatch(py::module_& m) {
                          "C++ (_fast_dispatch.py).")
       .def(py::init<py::object, py::object, std::vector<std::string>,
                     std::vector<std::pair<std::string, py::object>>, py::object, const py::list&,
-                    const std::string&, bool, bool, py::object>(),
+                    const std::string&, bool, bool, py::object, py::object, py::object>(),
            py::arg("signature"), py::arg("guard_check"), py::arg("frame_names"), py::arg("cells"),
            py::arg("target"), py::arg("slots"), py::arg("result"), py::arg("method"),
            py::arg("memoize") = false, py::arg("planner") = py::none(),
+           py::arg("routes") = py::none(), py::arg("builder") = py::none(),
            "signature: the GuardSignature; guard_check: Dynamo's guard check of the cache "
            "entry, called with the frame's locals; frame_names: the function's parameters, "
            "self included; cells: (name, cell) of its closure; target: a CudaGraphRunner or "
-           "Executable; slots: per graph input ('arg', i) | ('size', i, dim) | ('fixed', dict, "
-           "key); result: 'tensor', 'tuple' or 'list'; method: argument 0 is the "
+           "Executable; slots: per graph input ('arg', i) | ('size', i, dim) | ('item', i, "
+           "index) (an item of a tuple argument) | ('fixed', dict, key); result: 'tensor', "
+           "'tuple', 'list' or 'call' (builder(list of outputs)); method: argument 0 is the "
            "module; memoize: evaluate Dynamo's guards once per argument layout and process "
            "state (fast_dispatch_guards='arguments'); planner: (frame) -> what the guard tree "
            "reads (_guard_watch.py) or None, run after each check that passed when not "
-           "memoize: verdicts are then reused while that state holds.")
+           "memoize: verdicts are then reused while that state holds; routes: the Routes "
+           "through which the fixed inputs' dicts are reached, or None; builder: see result.")
       .def_property_readonly("arity", &DirectCall::arity)
       .def_property_readonly("num_guard_checks", &DirectCall::num_guard_checks,
                              "Calls that evaluated Dynamo's guards.")
@@ -655,6 +791,14 @@ void bind_dispatch(py::module_& m) {
            "The result of the call with these positional arguments (self first for a method), "
            "or None when the path does not apply and an ordinary call must be made.");
 
+  py::class_<Routes>(m, "Routes",
+                     "The submodules a direct call reads parameters through, checked on each "
+                     "call (_fast_dispatch.py).")
+      .def(py::init<const py::list&>(), py::arg("steps"),
+           "steps: (a module's _modules dict, a name in it, the submodule it holds) each.")
+      .def("hold", &Routes::hold, "True while every step leads to the same submodule.")
+      .def("__len__", &Routes::size);
+
   py::class_<DirectEntry>(m, "DirectEntry",
                           "The direct calls of one module instance's compiled method (or one "
                           "function), tried from C++ by its wrapper (_fast_dispatch.py).")
@@ -663,6 +807,10 @@ void bind_dispatch(py::module_& m) {
       .def("reset", &DirectEntry::reset,
            "Forgets every direct call; later ones belong to the current registration epoch.")
       .def("add", &DirectEntry::add, py::arg("native"), "Adds a DirectCall.")
+      .def("set_parameters", &DirectEntry::set_parameters, py::arg("names"), py::arg("defaults"),
+           py::arg("required"), py::arg("var_keyword"),
+           "How keyword and left-out arguments bind: the parameters after the owner, their "
+           "defaults (`required` for none) and the index of **kwargs (-1: none).")
       .def("__len__", &DirectEntry::size)
       // A copy (copy.deepcopy of a compiled module copies its compiled entry) has the same
       // owner and no direct calls: the copy learns its own.
@@ -671,12 +819,12 @@ void bind_dispatch(py::module_& m) {
           "__deepcopy__", [](const DirectEntry& e, const py::dict&) { return e.empty_copy(); },
           py::arg("memo"))
       .def("__call__", &DirectEntry::call,
-           "The result of the first direct call that applies to these positional arguments "
-           "(the owner is put first), or None.");
+           "The result of the first direct call that applies to these arguments (the owner is "
+           "put first; keywords and defaults bound as set_parameters says), or None.");
   m.def(
       "bump_registration_epoch", []() { ++g_registration_epoch; },
-      "Marks every direct call learned so far stale (a parameter, buffer or submodule was "
-      "registered somewhere).");
+      "Marks every direct call learned so far stale (a submodule they read through was "
+      "replaced).");
   m.def(
       "registration_epoch", []() { return g_registration_epoch; },
       "The number of registrations seen so far.");

@@ -227,16 +227,20 @@ def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
             return None
         sources.append(name)
     try:
+        from torch._dynamo.source import TempLocalSource
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         effects = InstructionTranslator.current_tx().output.side_effects
         # Objects created during the trace count as "modified" too; what a direct call would
-        # skip are mutations of objects that existed before it (they have a source).
+        # skip are mutations of objects that existed before it (they have a source; a
+        # TempLocalSource only names an object the trace built, such as a ModelOutput).
         side_effect_free = not (
             effects.tensor_hooks
             or effects.save_for_backward
             or any(
-                effects.is_modified(v) and getattr(v, "source", None) is not None
+                effects.is_modified(v)
+                and getattr(v, "source", None) is not None
+                and not isinstance(v.source, TempLocalSource)
                 for v in effects.id_to_variable.values()
             )
         )

@@ -20,13 +20,17 @@ the Dynamo cache entry the learning call ran (sizes the code branched on, the sa
 twice, values of tuples and other arguments, parameters' dtypes and shapes, hooks; a few
 microseconds, evaluated in C++ by Dynamo's guard manager; the C++ direct call reuses their
 verdict while nothing they read moved, _guard_watch.py). A call that fails them is an ordinary
-call. Assigning a parameter, buffer or submodule anywhere in the process (``module.x = ...``,
-``register_buffer``) drops every direct path, so the next call goes through Dynamo again.
-``CompileConfig.fast_dispatch=False`` turns this off. See docs/api.md.
+call. Parameters and buffers are read from their modules' dicts on every call (again only
+when a dict's version tag moved); replacing a submodule they are read through
+(``model.layers[0] = other``) is seen the same way (``_C.Routes``) and drops every direct path,
+so the next call goes through Dynamo again. No global hook is installed: code that never calls
+a compiled module is untouched. ``CompileConfig.fast_dispatch=False`` turns this off. See
+docs/api.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import threading
@@ -38,20 +42,6 @@ import torch
 
 from magi_compiler import _guard_watch
 from magi_compiler._logging import logger
-
-
-def _bump(*_: Any) -> None:
-    """Marks every direct path stale: a module somewhere registered a parameter, buffer or
-    submodule. The epoch lives in C++, where DirectEntry objects compare it on every call."""
-    from magi_compiler import _C
-
-    _C.bump_registration_epoch()
-
-
-torch.nn.modules.module.register_module_parameter_registration_hook(_bump)
-torch.nn.modules.module.register_module_buffer_registration_hook(_bump)
-torch.nn.modules.module.register_module_module_registration_hook(_bump)
-
 
 # --- observing one ordinary call -----------------------------------------------------------
 _observed = threading.local()
@@ -120,9 +110,11 @@ def _owned_entry(expr: str, owner_name: str | None) -> tuple[str, str] | None:
 
 class DirectPath:
     """One (signature, instance) pair's direct call: gather inputs, check the signature and
-    Dynamo's guards, run, rebuild the result. ``native`` does the same in C++ for calls with
-    positional arguments only (``_C.DirectCall``), when every input's source is an argument,
-    a size of one or a parameter or buffer of the module; else None."""
+    Dynamo's guards, run, rebuild the result. ``native`` does the same in C++
+    (``_C.DirectCall``, keyword arguments bound by the owner's ``_C.DirectEntry``), when every
+    input's source is an argument, an item of a tuple argument, a size of one or a parameter
+    or buffer of the module; else None. ``routes`` (``_C.Routes``) says whether the submodules
+    the gatherer reads parameters through are still the ones it was built with."""
 
     def __init__(
         self,
@@ -132,6 +124,7 @@ class DirectPath:
         run: Callable,
         rebuild: Callable,
         native: Any = None,
+        routes: Any = None,
     ):
         self.signature = signature
         self.guards = guards  # the Dynamo cache entry's guard manager
@@ -139,15 +132,56 @@ class DirectPath:
         self.run = run
         self.rebuild = rebuild
         self.native = native
+        self.routes = routes
+
+
+_SUBMODULE = re.compile(r"\._modules\['([^']*)'\]")
+
+
+def module_routes(containers: list[str], namespace: dict[str, Any]) -> Any:
+    """The ``_C.Routes`` of the parameter and buffer dicts named by ``containers`` (expressions
+    such as ``self._modules['layers']._modules['0']._parameters``): each ``_modules`` dict on
+    the way, the name read in it and the submodule found there now."""
+    from magi_compiler import _C
+
+    steps: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+    for container in containers:
+        for m in _SUBMODULE.finditer(container):
+            table = eval(container[: m.start()] + "._modules", namespace)  # noqa: S307 - our text
+            if isinstance(table, dict) and (id(table), m[1]) not in steps:
+                steps[id(table), m[1]] = (table, m[1], table.get(m[1]))
+    return _C.Routes(list(steps.values()))
+
+
+def parameter_layout(fn: Callable, skip_first: bool) -> tuple[list[str], list[Any], int] | None:
+    """How a call binds to ``fn``'s parameters (after the owner when ``skip_first``): names,
+    defaults (``inspect.Parameter.empty`` where none) and the index of ``**kwargs`` (-1); None
+    for a function with ``*args`` or keyword-only parameters (those calls are bound in Python)."""
+    params = list(inspect.signature(fn).parameters.values())[1 if skip_first else 0 :]
+    names, defaults, var_keyword = [], [], -1
+    for i, p in enumerate(params):
+        if p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY):
+            return None
+        if p.kind is p.VAR_KEYWORD:
+            var_keyword = i
+        names.append(p.name)
+        defaults.append(p.default)
+    return names, defaults, var_keyword
 
 
 def _parameter_text(fn: Callable) -> str | None:
     """``fn``'s parameter list as source text (defaults set afterwards), or None when it takes
-    *args or **kwargs."""
+    *args."""
     parts, positional_only, star = [], False, False
     for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind is p.VAR_POSITIONAL:
             return None
+        if p.kind is p.VAR_KEYWORD:
+            if positional_only:
+                parts.append("/")
+                positional_only = False
+            parts.append(f"**{p.name}")
+            continue
         if p.kind is p.POSITIONAL_ONLY:
             positional_only = True
         elif positional_only:
@@ -175,7 +209,7 @@ def build_gatherer(
     Returns (None, why) when the sources cannot be turned into code."""
     params = _parameter_text(fn)
     if params is None:
-        return None, "the function takes *args or **kwargs"
+        return None, "the function takes *args"
     namespace: dict[str, Any] = {"__magi_G": fn.__globals__}
     containers: dict[str, str] = {}  # container expression -> its name in the namespace
     items = []
@@ -216,11 +250,13 @@ def build_gatherer(
     gather = namespace["__magi_gather"]
     gather.__defaults__ = fn.__defaults__
     gather.__kwdefaults__ = fn.__kwdefaults__
+    gather.magi_routes = module_routes(list(containers), {**namespace, **bound})
     return gather, ""
 
 
 _ARG = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]$")
 _ARG_SIZE = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\]$")
+_ARG_ITEM = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]\[(\d+)\]$")
 
 
 def build_native(
@@ -242,8 +278,8 @@ def build_native(
     from magi_compiler import _C
 
     parameters = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.KEYWORD_ONLY for p in parameters):
-        return None, "the function has keyword-only parameters"
+    if any(p.kind in (p.KEYWORD_ONLY, p.VAR_POSITIONAL) for p in parameters):
+        return None, "the function has keyword-only parameters or *args"
     names = [p.name for p in parameters]
     index = {name: i for i, name in enumerate(names)}
     namespace = {"__magi_G": fn.__globals__, **bound}
@@ -255,6 +291,9 @@ def build_native(
             continue
         if (m := _ARG_SIZE.match(source)) and m[1] in index:
             slots.append(("size", index[m[1]], int(m[2])))
+            continue
+        if (m := _ARG_ITEM.match(source)) and m[1] in index:
+            slots.append(("item", index[m[1]], int(m[2])))
             continue
         owned = _owned_entry(_LOCAL.sub(r"\1", source).replace("G[", "__magi_G["), owner_name)
         if owned is None:
@@ -269,9 +308,8 @@ def build_native(
             return None, f"{container}{key} is not a tensor in a dict"
         slots.append(("fixed", table, name))
         containers.append(container)
-    result = {_first: "tensor", tuple: "tuple", list: "list"}.get(rebuild)
-    if result is None:
-        return None, "the result is not built from the outputs as they are"
+    result = {_first: "tensor", tuple: "tuple", list: "list"}.get(rebuild, "call")
+    builder = rebuild if result == "call" else None
     target = run.magi_native_target
     if target is None:
         return None, "the graph's run is wrapped (dumps are on)"
@@ -307,6 +345,8 @@ def build_native(
         owner_name is not None,
         memoize,
         planner,
+        module_routes(containers, namespace),
+        builder,
     )
     return native, ""
 
@@ -336,6 +376,17 @@ def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
             r is o for r, o in zip(result, outputs, strict=True)
         ):
             return tuple if type(result) is tuple else list
+    if isinstance(result, dict) and dataclasses.is_dataclass(result):
+        # A dataclass that is also a dict (Hugging Face's ModelOutput): rebuilt from its
+        # fields when the ones set are the outputs in order and the others are None.
+        names = [f.name for f in dataclasses.fields(result)]
+        values = [getattr(result, n) for n in names]
+        present = [n for n, v in zip(names, values, strict=True) if v is not None]
+        if len(present) == len(outputs) and all(
+            getattr(result, n) is o for n, o in zip(present, outputs, strict=True)
+        ):
+            kind = type(result)
+            return lambda outs: kind(**dict(zip(present, outs, strict=True)))
     return None
 
 
@@ -449,12 +500,15 @@ class PathTable:
 
 
 def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
-    """The callable that replaces a compiled method (``owner`` given) or function: calls with
-    positional arguments try the owner's direct calls in C++ first (_C.DirectEntry), then go
-    through ``entry`` (the _CompiledCallable). While Dynamo traces (a nested compiled module),
+    """The callable that replaces a compiled method (``owner`` given) or function: calls try
+    the owner's direct calls in C++ first (_C.DirectEntry), then go through ``entry`` (the
+    _CompiledCallable). While Dynamo traces (a nested compiled module),
     the call goes straight to ``entry``, which Dynamo can inline."""
     native = table.native_entry(owner)
     is_compiling = torch.compiler.is_compiling
+    layout = parameter_layout(entry.fn, skip_first=owner is not None)
+    if native is not None and layout is not None:
+        native.set_parameters(*layout[:2], inspect.Parameter.empty, layout[2])
     if native is None:  # an owner without weak references: no direct paths at all
 
         def plain(*args: Any, **kwargs: Any) -> Any:
@@ -464,8 +518,8 @@ def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
     if owner is None:
 
         def function(*args: Any, **kwargs: Any) -> Any:
-            if not kwargs and not is_compiling():
-                result = native(*args)
+            if not is_compiling():
+                result = native(*args, **kwargs)
                 if result is not None:
                     return result
                 return entry.call(args, kwargs, natives_tried=True)
@@ -474,8 +528,8 @@ def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
         return function
 
     def method(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not is_compiling():
-            result = native(*args)
+        if not is_compiling():
+            result = native(*args, **kwargs)
             if result is not None:
                 return result
             return entry.call((owner, *args), kwargs, natives_tried=True)

@@ -161,14 +161,16 @@ class _CompiledCallable:
                         f"out of range for a tensor of rank {value.dim()}"
                     )
                 if value.shape[dim] <= 1:
-                    if first:
-                        raise ValueError(
-                            f"{self.model_tag}: dynamic dim {dim} of argument {name!r} has size "
-                            f"{value.shape[dim]} on the first call; PyTorch specialises sizes 0 and"
-                            " 1, so the first call must use a size >= 2 for every dynamic dim (or "
-                            f"make the dim static: dynamic_arg_dims={{{name!r}: []}})"
-                        )
-                    continue  # a later size-1 call gets its own, specialised capture
+                    # PyTorch specialises sizes 0 and 1: this call is captured with the size
+                    # fixed, and the first call with a larger size captures the dim dynamic
+                    # (torch.compile's automatic dynamic), so batch 1 then 2..N is 2 captures.
+                    if self.dims_explicit and first:
+                        logger.info(
+                            "%s: dynamic dim %d of %r has size %d on the first call; captured "
+                            "with that size, and dynamic from the first call with a larger one",
+                            self.model_tag, dim, name, value.shape[dim],
+                        )  # fmt: skip
+                    continue
                 # Inferred dims may turn out fixed by the code (a weight's rows): Dynamo then
                 # specialises them silently, in the same trace (_drop_fixed finds them);
                 # dims the user named must stay dynamic, or Dynamo says why not.
@@ -198,6 +200,9 @@ class _CompiledCallable:
         paths = self._direct.get(owner)
         if paths is not None and paths.valid():
             for path in paths.paths:
+                if not path.routes.hold():
+                    _C.bump_registration_epoch()  # a submodule was replaced: relearn
+                    break
                 native = path.native
                 if native is not None and not kwargs and len(args) == native.arity:
                     if natives_tried:
@@ -306,7 +311,9 @@ class _CompiledCallable:
         )
         if native is None:
             logger.debug("%s: direct calls stay in Python: %s", self.model_tag, why)
-        return _fast_dispatch.DirectPath(sig, guards, gather, run, rebuild, native), ""
+        return _fast_dispatch.DirectPath(
+            sig, guards, gather, run, rebuild, native, gather.magi_routes
+        ), ""
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1
@@ -454,9 +461,26 @@ def _unsupported_reason(e: BaseException) -> str | None:
         if isinstance(e, UnsupportedError):
             return str(e).strip()
         if isinstance(e, torch._dynamo.exc.Unsupported):
-            return "Dynamo cannot capture it as one graph: " + str(e).strip().splitlines()[0]
+            return "Dynamo cannot capture it as one graph: " + _graph_break(e)
         e = getattr(e, "inner_exception", None) or e.__cause__
     return None
+
+
+def _graph_break(e: BaseException) -> str:
+    """What broke Dynamo's graph and where in the user's code: Dynamo's first line, its
+    explanation, and the innermost user frame of the trace (file:line, function, source)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    explanation = next((ln for ln in lines if ln.startswith("Explanation:")), "")
+    if explanation:
+        text += f" ({explanation[len('Explanation:') :].strip()})"
+    stack = getattr(e, "real_stack", None)
+    if stack:
+        frame = stack[-1]
+        text += f" at {frame.filename}:{frame.lineno} in {frame.name}"
+        if frame.line:
+            text += f": `{frame.line.strip()}`"
+    return text
 
 
 _SPECIALISED = re.compile(
@@ -487,14 +511,18 @@ def _unmark_dynamic(t: torch.Tensor, dim: int) -> None:
             ranges.discard(r)
 
 
-def _resolve_config(owner_patch: dict[str, Any] | None, config_patch: dict[str, Any] | None):
-    # The default is looked up through the module at decoration time, so tests and users can
-    # replace it (magi_compiler.config.set_compile_config).
-    cfg = _config.patched(_config.get_compile_config(), owner_patch)
-    cfg = _config.patched(cfg, config_patch)
-    _config.validate(cfg)
-    _config.warn_not_yet_acted_on(cfg)
-    return cfg
+def get_compile_config() -> CompileConfig:
+    """The process default config that decoration starts from (``magi_compiler.config``'s).
+    Decoration calls it through this module, so replacing either this function or the config
+    module's (as MagiCompiler's tests do with ``unittest.mock.patch``) takes effect."""
+    return _config.get_compile_config()
+
+
+def _resolve_config(
+    owner_patch: dict[str, Any] | None,
+    config_patch: dict[str, Any] | Callable[[CompileConfig], CompileConfig] | None,
+) -> CompileConfig:
+    return _config.resolve(get_compile_config(), owner_patch, config_patch)
 
 
 # What _install sets on a module instance, besides the compiled methods themselves.
@@ -504,7 +532,7 @@ _INSTALLED = ("_magi_compiled_methods", "_magi_compiled", "__deepcopy__")
 def _install(module: nn.Module, entry: _CompiledCallable, method_name: str) -> None:
     """Makes ``module.<method_name>`` call ``entry`` with ``module`` as its owner (its weights
     moved to pinned host memory first when the config offloads them)."""
-    if entry.config.offload_config.model_cpu_offload:
+    if entry.config.offload_config.model_cpu_offload and isinstance(module, nn.Module):
         _offload.offload_module(module)
     compiled_method = functools.wraps(entry.fn)(
         _fast_dispatch.wrapper(entry, module, entry._direct)
@@ -536,6 +564,42 @@ def _deepcopy_compiled(module: nn.Module, memo: dict) -> nn.Module:
     return twin
 
 
+def _is_routine(obj: Any) -> bool:
+    return inspect.ismethod(obj) or inspect.isfunction(obj)
+
+
+def _inherited_call(cls: type) -> Any:
+    """The ``__call__`` defined by ``cls`` or a base class in Python (None for ``object``'s)."""
+    return next((vars(base)["__call__"] for base in cls.__mro__ if "__call__" in vars(base)), None)
+
+
+def _default_method(cls: type) -> str:
+    """``forward`` for modules and classes that have one; ``__call__`` for other callables."""
+    if issubclass(cls, nn.Module) or callable(getattr(cls, "forward", None)):
+        return "forward"
+    if inspect.isfunction(_inherited_call(cls)):
+        return "__call__"
+    raise TypeError(
+        f"magi_compile takes an nn.Module class or instance, a callable class or instance, a "
+        f"bound method or a function; {cls.__name__} has neither forward nor __call__ (pass "
+        "method_name to name the method to compile)"
+    )
+
+
+def _instance_dunder_call(fn: Callable) -> Callable:
+    """A type-level ``__call__`` that runs the instance's compiled ``__call__`` (installed in
+    its ``__dict__``), or ``fn`` for an instance that has none (a subclass that overrides)."""
+
+    @functools.wraps(fn)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled = self.__dict__.get("__call__")
+        if compiled is None:
+            return fn(self, *args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    return __call__
+
+
 def _method_of(cls: type, method_name: str) -> Callable:
     fn = getattr(cls, method_name, None)
     if not callable(fn):
@@ -549,7 +613,7 @@ def magi_compile(
     model_tag: str | None = None,
     dynamic_arg_dims: dict[str, int | list[int]] | None = None,
     enable_if: Callable[[], bool] | None = None,
-    config_patch: dict[str, Any] | None = None,
+    config_patch: dict[str, Any] | Callable[[CompileConfig], CompileConfig] | None = None,
     method_name: str | None = None,
 ) -> Any:
     """Compiles a module class, module instance, bound method or function with magi-compiler.
@@ -565,9 +629,11 @@ def magi_compile(
         enable_if: called at decoration time; when it returns False, ``obj`` is returned as is.
         config_patch: overrides of :class:`~magi_compiler.config.CompileConfig` fields for this
             object only (they win over the class attribute ``magi_compile_config``, the
-            ``MAGI_COMPILE_*`` environment and the defaults).
-        method_name: the method of a module class or instance to compile (default
-            ``forward``). Not accepted with a function or bound method.
+            ``MAGI_COMPILE_*`` environment and the defaults): a dict of fields, or (as in
+            MagiCompiler) a callable given a copy of the config that returns the one to use.
+        method_name: the method of a class or instance to compile (default ``forward``; for a
+            callable class that is not an ``nn.Module`` and has no ``forward``, ``__call__``).
+            Not accepted with a function or bound method.
 
     Returns:
         The class itself (its instances are compiled after ``__init__``), the same instance,
@@ -586,12 +652,7 @@ def magi_compile(
         return obj
 
     if isinstance(obj, type):
-        if not issubclass(obj, nn.Module):
-            raise TypeError(
-                f"magi_compile takes an nn.Module class, a module, a bound method or a function; "
-                f"{obj.__name__} is a class that is not an nn.Module"
-            )
-        name = method_name or "forward"
+        name = method_name or _default_method(obj)
         cfg = _resolve_config(getattr(obj, CONFIG_ATTRIBUTE, None), config_patch)
         if cfg.compile_mode == CompileMode.NONE:
             return obj
@@ -599,25 +660,38 @@ def magi_compile(
         entry = _CompiledCallable(fn, cfg, dynamic_arg_dims, model_tag or obj.__name__, True)
         original_init = obj.__init__
 
+        # Calls look __call__ up on the type: the class's forwards to the instance's compiled one.
+        own = _instance_dunder_call(fn) if name == "__call__" else fn
+
         @functools.wraps(original_init)
-        def __init__(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original_init(self, *args, **kwargs)
             # A subclass that overrides the method compiles it only if it is decorated itself.
-            if getattr(type(self), name) is fn:
+            if getattr(type(self), name) is own:
                 _install(self, entry, name)
 
         obj.__init__ = __init__
+        if own is not fn:
+            obj.__call__ = own
         logger.debug("magi_compile: class %s, method %s", obj.__name__, name)
         return obj
 
-    if isinstance(obj, nn.Module):
-        name = method_name or "forward"
+    if isinstance(obj, nn.Module) or (callable(obj) and not _is_routine(obj)):
+        name = method_name or _default_method(type(obj))
         cfg = _resolve_config(getattr(type(obj), CONFIG_ATTRIBUTE, None), config_patch)
         if cfg.compile_mode == CompileMode.NONE:
             return obj
         fn = _method_of(type(obj), name)
         tag = model_tag or type(obj).__name__
         _install(obj, _CompiledCallable(fn, cfg, dynamic_arg_dims, tag, True), name)
+        if name == "__call__" and type(obj).__call__ is fn:
+            # Calls look __call__ up on the type: this instance gets a subclass of its own
+            # whose __call__ forwards to the compiled one.
+            cls = type(obj)
+            twin = type(cls.__name__, (cls,), {"__call__": _instance_dunder_call(fn)})
+            twin.__qualname__ = cls.__qualname__
+            twin.__module__ = cls.__module__
+            obj.__class__ = twin
         return obj
 
     if inspect.ismethod(obj) or inspect.isfunction(obj):

@@ -16,6 +16,7 @@ import json
 import os
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +65,17 @@ class RecomputeConfig:
 class PassConfig:
     # Passes of the C++ pipeline to skip, by name (same as MAGI_DISABLE_PASSES).
     disabled_passes: list[str] = field(default_factory=list)
+    # MagiCompiler's Inductor pass switches: accepted so its configs load; a warning says
+    # what they mean here when set (MAGI_COMPAT_FIELDS).
+    enable_sage_attn: bool = False
+    enable_mm_epilogue_fusion: bool = False
 
 
 @dataclass
 class CompileConfig:
-    backend: str = "magi"  # "magi": our C++ runtime; "eager": captured FX graphs run in Python
+    # "magi": our C++ runtime ("inductor", MagiCompiler's default, means the same here);
+    # "eager": captured FX graphs run in Python.
+    backend: str = "magi"
     compile_mode: CompileMode = CompileMode.MAGI_COMPILE
     cache_root_dir: str = field(
         default_factory=lambda: os.path.join(os.path.expanduser("~"), ".cache", "magi_compiler")
@@ -81,6 +88,11 @@ class CompileConfig:
     pass_config: PassConfig = field(default_factory=PassConfig)
     recompute_config: RecomputeConfig = field(default_factory=RecomputeConfig)
     cudagraph_mode: CudaGraphMode = CudaGraphMode.NONE
+    # MagiCompiler's Inductor options: accepted so its configs load (MAGI_COMPAT_FIELDS).
+    enable_inductor_max_autotune: bool = False
+    enable_inductor_coordinate_descent_tuning: bool = False
+    post_grad_pass: str = "post_grad_custom_post_pass"
+    custom_partitioner_fn: str = "custom_partitioner_fn"
     # ours
     dynamic_dim_default: int | None = 0  # dim made dynamic when none are given; None: static
     strict: bool = False  # raise on code we cannot compile instead of running it eagerly
@@ -111,6 +123,19 @@ NOT_YET_ACTED_ON = {
     "aot",
     "disable_cache",
 }
+# MagiCompiler fields that configure Inductor, which magi_compile does not run: accepted, and
+# a value away from the default warns once with what happens instead.
+MAGI_COMPAT_FIELDS = {
+    "enable_inductor_max_autotune": "our kernels are shape-generic and need no autotuning",
+    "enable_inductor_coordinate_descent_tuning": "our kernels are shape-generic and need no "
+    "autotuning",
+    "post_grad_pass": "graph passes are our C++ pipeline (pass_config.disabled_passes)",
+    "custom_partitioner_fn": "the partition is our C++ recompute planner (recompute_config)",
+    "pass_config.enable_sage_attn": "attention runs through the attention_backend choice",
+    "pass_config.enable_mm_epilogue_fusion": "matmuls stay library calls; their pointwise "
+    "epilogues fuse into our generated kernels",
+}
+BACKENDS = ("magi", "inductor", "eager")
 _warned: set[str] = set()
 
 _ENV_PREFIX = "MAGI_COMPILE_"
@@ -240,8 +265,15 @@ def _deepcopy(cfg: CompileConfig) -> CompileConfig:
     return copy.deepcopy(cfg)
 
 
+def _field(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 def warn_not_yet_acted_on(cfg: CompileConfig) -> None:
-    """Warns once per field that is set away from its default but not implemented yet."""
+    """Warns once per field that is set away from its default but has no effect here: fields
+    not implemented yet, and MagiCompiler's Inductor options."""
     default = CompileConfig()
     for name in sorted(NOT_YET_ACTED_ON):
         if getattr(cfg, name) != getattr(default, name) and name not in _warned:
@@ -249,8 +281,41 @@ def warn_not_yet_acted_on(cfg: CompileConfig) -> None:
             warnings.warn(
                 f"magi_compiler: CompileConfig.{name} is accepted but not acted on in this "
                 "version; it has no effect yet (see docs/config.md)",
-                stacklevel=3,
+                stacklevel=5,
             )
+    for name, instead in MAGI_COMPAT_FIELDS.items():
+        if _field(cfg, name) != _field(default, name) and name not in _warned:
+            _warned.add(name)
+            warnings.warn(
+                f"magi_compiler: CompileConfig.{name} is a MagiCompiler option for Inductor, "
+                f"which magi_compile does not run; it has no effect: {instead} "
+                "(see docs/config.md)",
+                stacklevel=5,
+            )
+
+
+def resolve(
+    base: CompileConfig,
+    owner_patch: dict[str, Any] | None,
+    config_patch: dict[str, Any] | Callable[[CompileConfig], CompileConfig] | None,
+) -> CompileConfig:
+    """``base`` (deep-copied) with a class's ``magi_compile_config`` dict and then the
+    decorator's ``config_patch`` applied: a dict of field overrides, or MagiCompiler's form, a
+    callable that takes a copy of the config and returns the config to use."""
+    cfg = patched(base, owner_patch)
+    if callable(config_patch):
+        result = config_patch(cfg)
+        if not isinstance(result, CompileConfig):
+            raise ValueError(
+                "config_patch: a callable config_patch must return the CompileConfig to use "
+                f"(it is given a copy it may change and return); it returned {type(result).__name__}"
+            )
+        cfg = result
+    else:
+        cfg = patched(cfg, config_patch)
+    validate(cfg)
+    warn_not_yet_acted_on(cfg)
+    return cfg
 
 
 def validate(cfg: CompileConfig) -> None:
@@ -258,6 +323,10 @@ def validate(cfg: CompileConfig) -> None:
     training call (the C++ planner checks the same bounds)."""
     from magi_compiler.errors import UserError
 
+    if cfg.backend not in BACKENDS:
+        raise UserError(
+            f"backend={cfg.backend!r} is not one of {', '.join(BACKENDS)} (docs/config.md)"
+        )
     if cfg.attention_backend.lower() not in ATTENTION_BACKENDS:
         raise UserError(
             f"attention_backend={cfg.attention_backend!r} is not one of "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import logging
 
 import _future_annotations_model as future_models
 import pytest
@@ -172,8 +173,8 @@ def test_default_valued_settings_add_no_capture(assert_close_rel):
 # --------------------------------------------------------------------------------------------
 
 
-class NotAModule:
-    def forward(self, x):
+class NothingToCall:
+    def helper(self, x):
         return x
 
 
@@ -182,9 +183,9 @@ class NotAModule:
     [
         (42, ["cannot compile a int", "nn.Module class or instance"]),
         ("forward", ["cannot compile a str"]),
-        (NotAModule, ["NotAModule is a class that is not an nn.Module"]),
+        (NothingToCall, ["NothingToCall has neither forward nor __call__", "method_name"]),
     ],
-    ids=["int", "str", "plain_class"],
+    ids=["int", "str", "class_without_forward_or_call"],
 )
 def test_unsupported_object_is_a_type_error(obj, words):
     with pytest.raises(TypeError) as info:
@@ -221,17 +222,34 @@ def test_dynamic_arg_dims_errors():
         model(inputs(2))
 
 
+@pytest.mark.parametrize("explicit", [False, True])
 @pytest.mark.parametrize("size", [0, 1])
-def test_size_one_dynamic_dim_on_first_call_is_a_value_error(size):
-    compiled = magi_compile(pointwise)
-    with pytest.raises(ValueError) as info:
-        compiled(inputs(size))
-    message = str(info.value)
-    assert f"dynamic dim 0 of argument 'x' has size {size} on the first call" in message
-    assert "size >= 2" in message and "dynamic_arg_dims={'x': []}" in message
-    assert captures() == 0
-    x = inputs(2)  # nothing was recorded: the next call is a normal first call
-    torch.testing.assert_close(compiled(x), pointwise(x))
+def test_size_zero_or_one_on_first_call_specialises_then_goes_dynamic(size, explicit, caplog):
+    dims = {"x": 0} if explicit else None
+    compiled = magi_compile(pointwise, dynamic_arg_dims=dims)
+    with caplog.at_level(logging.INFO, logger="magi_compiler"):
+        x = inputs(size)
+        torch.testing.assert_close(compiled(x), pointwise(x))
+    assert captures() == 1
+    logged = f"dynamic dim 0 of 'x' has size {size} on the first call" in caplog.text
+    assert logged == explicit  # only a dim the user named is worth a log line
+    for b in (2, 3, 17, size, 4):
+        x = inputs(b)
+        torch.testing.assert_close(compiled(x), pointwise(x))
+    assert captures() == 2
+
+
+def test_rotary_table_of_batch_one_beside_a_larger_batch():
+    # A [1, 1, S, D] argument's dim 0 is inferred dynamic and is 1 on every call: it stays
+    # static while x's batch is dynamic.
+    def rotate(x, table):
+        return x * table.cos() + x.flip(-1) * table.sin()
+
+    compiled = magi_compile(rotate)
+    for b in (4, 1, 6):
+        x, table = torch.randn(b, 2, 8, 16), torch.randn(1, 1, 8, 16)
+        torch.testing.assert_close(compiled(x, table), rotate(x, table))
+    assert captures() <= 2
 
 
 def test_config_patch_errors():

@@ -24,7 +24,7 @@ from _fast_dispatch_helpers import (
     warm_up,
 )
 from blocks import LlamaStack, init_weights_
-from magi_compiler import get_counters, magi_compile
+from magi_compiler import _C, get_counters, magi_compile
 from magi_compiler.errors import UserError
 from torch import nn
 
@@ -193,9 +193,9 @@ def test_a_guard_tree_read_through_a_list_is_checked_on_every_call(assert_close_
 
 
 def test_a_submodule_replaced_in_its_dict_is_computed_with(assert_close_rel):
-    """``model._modules['fc'] = other`` runs no registration hook. Dynamo's guards pass (the
-    same type and shapes), but the direct call gathered the old module's weights: the watch
-    sees the dict move and drops the direct calls, so the new weights are used."""
+    """``model._modules['fc'] = other`` runs no hook. Dynamo's guards pass (the same type and
+    shapes), but the direct call gathered the old module's weights: the routes to the
+    parameter dicts see the dict move and drop the direct calls, so the new weights are used."""
 
     class Wrapped(nn.Module):
         def __init__(self):
@@ -650,8 +650,8 @@ def test_deep_copy_of_a_module_with_direct_calls(assert_close_rel):
 
 
 def test_concurrent_calls_while_paths_are_dropped_and_learned(assert_close_rel):
-    """Two threads call one compiled module while a third keeps registering parameters
-    elsewhere (each registration drops every direct path; the next call learns it again).
+    """Two threads call one compiled module while a third keeps dropping every direct path
+    (as a replaced submodule does; the next call learns it again).
     The C++ entry holds the direct calls it is running, and a call made while another holds
     the shared buffers uses buffers of its own: every result matches eager."""
     import threading
@@ -676,7 +676,7 @@ def test_concurrent_calls_while_paths_are_dropped_and_learned(assert_close_rel):
 
     def register() -> None:
         while not stop.wait(0.005):  # a few drops per call, leaving room for direct calls
-            nn.Linear(2, 2)  # its parameters' registration bumps the epoch
+            _C.bump_registration_epoch()  # what a replaced submodule does
 
     threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
     bumper = threading.Thread(target=register)

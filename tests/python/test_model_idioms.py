@@ -1,0 +1,229 @@
+"""What real models do that our own blocks did not: register buffers or submodules inside
+``forward``, take keyword arguments with defaults, tuples (``position_embeddings=(cos, sin)``)
+and ``**kwargs``, return Hugging Face style output dataclasses. Each must capture as one graph
+and, for inference, reach the C++ direct path. And importing magi_compiler must leave code
+that never uses it exactly as it was: no global module hooks of ours.
+
+Numerics compare against eager PyTorch on the same weights, fresh random float32 inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _api_helpers import RTOL, H, inputs
+from magi_compiler import _C, get_counters, magi_compile
+from torch import nn
+
+pytestmark = pytest.mark.usefixtures("counters")  # fresh Dynamo caches, zeroed counters
+
+
+def native_calls() -> int:
+    """Calls that went from a compiled method's wrapper straight into C++ (_C.DirectEntry)."""
+    return _C.direct_entry_calls()
+
+
+# --------------------------------------------------------------------------------------------
+# Importing us changes nothing for others
+# --------------------------------------------------------------------------------------------
+
+
+def test_no_global_module_hooks_of_ours():
+    from torch.nn.modules import module as m
+
+    tables = [
+        m._global_module_registration_hooks,
+        m._global_parameter_registration_hooks,
+        m._global_buffer_registration_hooks,
+        m._global_forward_pre_hooks,
+        m._global_forward_hooks,
+        m._global_backward_hooks,
+        m._global_backward_pre_hooks,
+    ]
+    ours = [
+        hook
+        for table in tables
+        for hook in table.values()
+        if getattr(hook, "__module__", "").startswith("magi_compiler")
+    ]
+    assert ours == []
+
+
+class AssignsInForward(nn.Module):
+    """Assigns a submodule and registers a buffer inside forward, as some models do lazily."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.act = nn.SiLU()
+        self.register_buffer("scale", torch.full((H,), 0.5), persistent=False)
+        return self.act(self.fc(x)) * self.scale
+
+
+def test_torch_compile_of_a_module_assigning_in_forward_is_untouched():
+    # Before, our global registration hooks were traced by Dynamo and broke this graph for
+    # code that never called magi_compile.
+    model = AssignsInForward()
+    x = inputs(3)
+    expected = copy.deepcopy(model)(x)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), expected)
+
+
+def test_magi_compile_of_a_module_assigning_in_forward_captures_once(assert_close_rel):
+    eager = AssignsInForward()
+    model = magi_compile(copy.deepcopy(eager))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")  # an eager fallback warns: fail on it
+        for b in (1, 2, 3, 5):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+    assert model._magi_compiled.fallback_reason is None
+    assert get_counters().captures == 2  # batch 1, then dim 0 dynamic
+
+
+# --------------------------------------------------------------------------------------------
+# A submodule replaced after the direct path was learned
+# --------------------------------------------------------------------------------------------
+
+
+class TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(H, H) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+@pytest.mark.parametrize("how", ["setattr", "item", "dict"])
+def test_a_replaced_submodule_is_computed_with(how, assert_close_rel):
+    eager = TwoLayers()
+    model = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert native_calls() >= 1
+        other = nn.Linear(H, H)
+        for target, layer in ((model, other), (eager, copy.deepcopy(other))):
+            if how == "setattr":
+                target.layers = nn.ModuleList([target.layers[0], layer])
+            elif how == "item":
+                target.layers[1] = layer
+            else:
+                target.layers._modules["1"] = layer  # no hook of any kind runs
+        before = native_calls()
+        for b in (4, 4, 6, 4):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+        assert native_calls() > before  # learned again, and direct again
+
+
+# --------------------------------------------------------------------------------------------
+# Keyword calls, defaults, tuples, **kwargs and output dataclasses reach the C++ path
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Output(OrderedDict):
+    """Shaped like Hugging Face's ModelOutput: a dataclass that is also an ordered dict, whose
+    unset (None) fields are left out."""
+
+    last_hidden_state: torch.Tensor | None = None
+    aux: torch.Tensor | None = None
+    attentions: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                self[f.name] = value
+
+
+class HFStyleLayer(nn.Module):
+    """A decoder-layer-like forward: keyword arguments with defaults, a (cos, sin) tuple, an
+    optional mask, **kwargs, a dataclass result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(H, H)
+        self.norm = nn.LayerNorm(H)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        use_cache: bool = False,
+        **kwargs,
+    ) -> Output:
+        h = self.proj(self.norm(hidden_states))
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            h = h * cos + h.flip(-1) * sin
+        if attention_mask is not None:
+            h = h + attention_mask
+        return Output(last_hidden_state=hidden_states + F.gelu(h), aux=h.mean(-1))
+
+
+def _check_output(got: Output, want: Output, assert_close_rel) -> None:
+    assert type(got) is Output and list(got.keys()) == list(want.keys())
+    for key in want:
+        assert_close_rel(got[key], want[key], RTOL)
+
+
+def test_keyword_calls_with_tuples_and_defaults_go_direct(assert_close_rel):
+    eager = HFStyleLayer()
+    model = magi_compile(copy.deepcopy(eager))
+
+    with torch.no_grad():
+        for b in (1, 2, 3, 4, 5, 6):
+            x = inputs(b)
+            # As Hugging Face's rotary embedding builds them: batch 1, broadcast over x's.
+            rope = (torch.randn(1, x.shape[1], H), torch.randn(1, x.shape[1], H))
+            got = model(hidden_states=x, position_embeddings=rope, use_cache=False)
+            _check_output(got, eager(hidden_states=x, position_embeddings=rope), assert_close_rel)
+        # Batch 1 and 2 captured, 3 learned the direct path, 4-6 ran it from C++.
+        assert native_calls() == 3
+        assert get_counters().captures == 2
+
+        # The same signature with the argument given positionally, or the default left out.
+        x = inputs(4)
+        rope = (torch.randn(1, x.shape[1], H), torch.randn(1, x.shape[1], H))
+        _check_output(model(x, None, rope), eager(x, None, rope), assert_close_rel)
+        _check_output(model(x, position_embeddings=rope), eager(x, None, rope), assert_close_rel)
+        assert native_calls() == 5
+        # An unknown keyword lands in **kwargs: Dynamo's guards on it decide (a new capture).
+        _check_output(
+            model(x, position_embeddings=rope, output_attentions=False),
+            eager(x, position_embeddings=rope),
+            assert_close_rel,
+        )
+    assert model._magi_compiled.fallback_reason is None
+
+
+def test_a_keyword_call_with_a_mask_is_its_own_signature(assert_close_rel):
+    eager = HFStyleLayer()
+    model = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for b in (2, 3, 4, 2, 3):
+            x = inputs(b)
+            mask = torch.randn(b, 1, H)
+            assert_close_rel(
+                model(x, attention_mask=mask).last_hidden_state,
+                eager(x, attention_mask=mask).last_hidden_state,
+                RTOL,
+            )
+            assert_close_rel(model(x).aux, eager(x).aux, RTOL)
+    assert native_calls() >= 4
