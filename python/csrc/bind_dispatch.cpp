@@ -1,4 +1,4 @@
-// Direct calls in C++: the hot path of a captured inference signature (issue 6, DESIGN §3.5).
+// Direct calls in C++: the hot path of a captured inference signature (DESIGN §3.5).
 //
 // _fast_dispatch.py learns, from one observed ordinary call, where each input of the compiled
 // graph comes from: an argument of the call, a size of one, or a parameter or buffer found in

@@ -164,13 +164,13 @@ def test_compiling_a_number_is_a_type_error():
         magi_compile(42)
 
 
-def test_compiling_a_plain_class_is_a_type_error():
-    class NotAModule:
-        def forward(self, x):
+def test_compiling_a_class_without_forward_or_call_is_a_type_error():
+    class NotCallable:
+        def helper(self, x):
             return x
 
-    with pytest.raises(TypeError, match="NotAModule"):
-        magi_compile(NotAModule)
+    with pytest.raises(TypeError, match="NotCallable has neither forward nor __call__"):
+        magi_compile(NotCallable)
 
 
 def test_method_name_on_a_function_is_a_value_error():
