@@ -18,7 +18,8 @@ Variants: ``eager``; ``inductor`` (``torch.compile(model)``) and ``inductor_ro``
 ``cudagraph_mode=FULL``, CUDA only). For every variant and batch the first call is timed on the
 host clock (capture and compile included) and its outputs (logits, hidden states, the new cache)
 are compared with eager's on the same inputs. For magi's variants the row also records captures,
-compiles and guard misses (``magi_compiler.get_counters``), fallbacks (``fallback_reason`` of
+compiles and guard misses (``magi_compiler.get_counters``), the graphs lowered (pieces and
+dispatcher calls, ``magi_compiler.inspection``), fallbacks (``fallback_reason`` of
 every compiled entry and magi_compiler's "will run eagerly" warnings) and, in the timed calls,
 direct calls per call. Then the variants of a scenario group are timed together in interleaved
 rounds: CUDA events per call after a warm-up (``time.perf_counter`` on the CPU), the median over
@@ -142,10 +143,12 @@ def first_calls(
     """The variant's first call at each batch, in order: seconds, errors against eager, and
     for magi what was captured and whether anything fell back."""
     import magi_compiler
+    from magi_compiler import inspection
 
     for batch, kwargs in inputs.items():
         rec: dict[str, Any] = {}
         before = magi_compiler.get_counters()
+        graphs_before = {id(g) for g in inspection.compiled_graphs()}
         breaks = graph_breaks()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -171,6 +174,12 @@ def first_calls(
             rec["fallbacks"] = max(len(reasons), len(fell))
             rec["fallback_reasons"] = reasons or fell
             rec["entries"] = len(zm.compiled_entries(v.model))
+            # What each graph lowered in this call became (inspection.CompiledGraphInfo).
+            rec["graphs"] = [
+                {"kind": g.kind, "pieces": g.num_pieces, "operator_calls": g.num_operator_calls}
+                for g in inspection.compiled_graphs()
+                if id(g) not in graphs_before
+            ]
             other = [m for m in zm.magi_warnings(caught) if m not in fell]
             if other:
                 rec["warnings"] = other
