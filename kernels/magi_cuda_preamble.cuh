@@ -164,60 +164,25 @@ __device__ __forceinline__ unsigned long long magi_l2_evict_first() {
   return policy;
 }
 
-// One 16-byte load of data every row reads again (a norm's weight and bias): through the
-// read-only path, or under L1 evict_last (MAGI_KEEP_LOADS=l1last, a measuring mode: torch.compile
-// loads a norm's weight that way).
-__device__ __forceinline__ uint4 magi_load_keep16(const void* p) {
-#if defined(MAGI_KEEP_L1LAST)
-  uint4 r;
-  asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-#else
-  return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
-}
-
-// One 16-byte load. MAGI_VECTOR_IO (docs/config.md; its default, auto, picks l2last or cs
-// per kernel) picks how: with the streaming hint (cs and ldcs: evict first, since each byte is
-// read once), under an L2 evict_last policy (the l2last modes), through the read-only path
-// (ldg, the build without any define), written out in PTX (asm) or left to the compiler
-// (plain). kKeep loads never take the streaming hint: data every row reads again (a norm's
-// weight and bias), and every load of a pointwise kernel: the hint slowed pointwise kernels
-// whose inputs were not the tensors another kernel had just read, while row kernels gain from
-// it.
+// One 16-byte load. The variant's vector I/O (codegen::vector_io_for, a define ahead of this
+// preamble) picks how: with the streaming hint (MAGI_VECTOR_IO_CS: evict first, since each
+// byte is read once) or under an L2 evict_last policy without L1 allocation
+// (MAGI_VECTOR_IO_L2LAST: rows held in registers and reduced once, as torch.compile's norm
+// kernels read them). kKeep loads go through the read-only path instead: data every row reads
+// again (a norm's weight and bias), and every load of a pointwise kernel: the hint slowed
+// pointwise kernels whose inputs were not the tensors another kernel had just read, while row
+// kernels gain from it.
 template <bool kKeep = false>
 __device__ __forceinline__ uint4 magi_load16(const void* p) {
-#if defined(MAGI_VECTOR_IO_ASM)
+  if constexpr (kKeep) return __ldg(reinterpret_cast<const uint4*>(p));
+#if defined(MAGI_VECTOR_IO_L2LAST)
   uint4 r;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-#elif defined(MAGI_VECTOR_IO_PLAIN)
-  return *reinterpret_cast<const uint4*>(p);
-#elif defined(MAGI_VECTOR_IO_LDCS) || defined(MAGI_VECTOR_IO_CS)
-  if constexpr (kKeep) return magi_load_keep16(p);
-  return __ldcs(reinterpret_cast<const uint4*>(p));
-#elif defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_L1) || \
-    defined(MAGI_VECTOR_IO_L2LAST_CS)
-  // Under an L2 evict_last policy (torch.compile's first read of a norm's row); L1 not
-  // allocated (l2last: the default's choice for rows held in registers and reduced once;
-  // l2last_cs) or evict_last there (l2last_l1, torch.compile's form).
-  if constexpr (kKeep) return magi_load_keep16(p);
-  uint4 r;
-#if defined(MAGI_VECTOR_IO_L2LAST) || defined(MAGI_VECTOR_IO_L2LAST_CS)
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-#else
-  asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-#endif
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p), "l"(magi_l2_evict_last()));
   return r;
 #else
-  if constexpr (kKeep) return magi_load_keep16(p);
-  return __ldg(reinterpret_cast<const uint4*>(p));
+  return __ldcs(reinterpret_cast<const uint4*>(p));
 #endif
 }
 
@@ -258,30 +223,25 @@ __device__ __forceinline__ void magi_store16_plain(void* p, uint4 v) {
 
 // One 16-byte store of four words. Built from words rather than from converted elements:
 // given a uint4 filled element by element, the compiler sometimes split the store into four
-// 4-byte stores. The MAGI_VECTOR_IO=asm form is asm volatile, which orders a kernel's stores
-// among themselves and slows kernels with several outputs (add+RMSNorm). kKeep stores never
-// take the streaming hint: outputs that a matmul or attention kernel reads next, which then
-// finds them in L2.
+// 4-byte stores. Streaming (evict-first) under MAGI_VECTOR_IO_CS, except kKeep stores: outputs
+// that a matmul or attention kernel reads next, which then finds them in L2. Plain under
+// MAGI_VECTOR_IO_L2LAST.
 template <bool kKeep = false>
 __device__ __forceinline__ void magi_store16(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {
-#if defined(MAGI_VECTOR_IO_ASM)
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
-#else
   uint4 v;
   v.x = a;
   v.y = b;
   v.z = c;
   v.w = d;
-#if defined(MAGI_VECTOR_IO_STCS) || defined(MAGI_VECTOR_IO_CS) || defined(MAGI_VECTOR_IO_L2LAST_CS)
+#if defined(MAGI_VECTOR_IO_L2LAST)
+  magi_store16_plain(p, v);
+#else
   if constexpr (kKeep) {
     magi_store16_plain(p, v);
   } else {
     __stcs(reinterpret_cast<uint4*>(p), v);  // streaming: evict first
   }
-#else
-  magi_store16_plain(p, v);
-#endif
 #endif
 }
 
@@ -402,6 +362,8 @@ __device__ __forceinline__ void magi_load_raw(const T* __restrict__ p, MagiVec<T
 }
 
 // magi_load_raw under an L2 eviction policy (16-byte vectors; other widths load plainly).
+// kLast marks the row's last read (the output pass, whose policy is evict_first); the load
+// itself is the same.
 template <bool kLast = false, typename T, int V>
 __device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, MagiVec<T, V>& out,
                                                    unsigned long long policy) {
@@ -410,29 +372,9 @@ __device__ __forceinline__ void magi_load_raw_hint(const T* __restrict__ p, Magi
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c) {
       uint4& raw = reinterpret_cast<uint4*>(out.v)[c];
-      const uint4* at = reinterpret_cast<const uint4*>(p) + c;
-#if defined(MAGI_STREAM_L1)
-      // kLast: the row's last read (the output pass), else a pass another one reads again.
-#if MAGI_STREAM_L1 == 1
-#define MAGI_STREAM_LD "ld.global.nc"
-#else
-#define MAGI_STREAM_LD "ld.global"
-#endif
-      if constexpr (kLast) {
-        asm(MAGI_STREAM_LD ".L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-            : "l"(at), "l"(policy));
-      } else {
-        asm(MAGI_STREAM_LD ".L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-            : "l"(at), "l"(policy));
-      }
-#undef MAGI_STREAM_LD
-#else
       asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-          : "l"(at), "l"(policy));
-#endif
+          : "l"(reinterpret_cast<const uint4*>(p) + c), "l"(policy));
     }
   } else {
     magi_load_raw(p, out);
@@ -454,7 +396,7 @@ __device__ __forceinline__ void magi_load_strided(const T* __restrict__ base, lo
 }
 
 // First statement of every generated kernel. A kernel launched as a programmatic dependent of
-// the stream's previous kernel (MAGI_DEPENDENT_LAUNCH) may start while that kernel's last
+// the stream's previous kernel (sm_90+) may start while that kernel's last
 // blocks still run; this waits until it has finished and its writes are visible. Without
 // that launch attribute it returns at once.
 __device__ __forceinline__ void magi_wait_for_prior_grids() {

@@ -84,7 +84,7 @@ void bind_codegen(py::module_& m) {
       "dependents or plain) since the last reset.");
   m.def("dependent_launch_available", &codegen::dependent_launch_available, py::arg("device"),
         "Whether kernels on CUDA device `device` launch as programmatic dependents "
-        "(MAGI_DEPENDENT_LAUNCH, sm_90+, a 12.3+ driver).");
+        "(sm_90+, a 12.3+ driver).");
   m.def("reset_compiler_stats", &codegen::reset_compiler_stats);
   m.def("set_cache_dir", &codegen::set_cache_dir, py::arg("path"),
         "Directory of the kernel disk cache; an empty string disables it.");

@@ -162,9 +162,10 @@ void bind_runtime(py::module_& m) {
                                   "A graph lowered for the C++ executor (boxed ATen calls).")
       .def(py::init([](const ir::Graph& g, const std::string& attention_backend,
                        int64_t private_outputs_from, std::optional<py::dict> offload,
-                       bool memory_arena) {
+                       bool memory_arena, const std::vector<std::string>& disabled_passes) {
              runtime::ExecutorOptions options;
              options.memory_arena = memory_arena;
+             options.disabled.insert(disabled_passes.begin(), disabled_passes.end());
              options.attention = runtime::parse_attention_backend(attention_backend);
              if (private_outputs_from >= 0) {
                options.private_outputs_from = static_cast<size_t>(private_outputs_from);
@@ -174,14 +175,16 @@ void bind_runtime(py::module_& m) {
            }),
            py::arg("graph"), py::arg("attention_backend") = "auto",
            py::arg("private_outputs_from") = -1, py::arg("offload") = py::none(),
-           py::arg("memory_arena") = true,
+           py::arg("memory_arena") = true, py::arg("disabled_passes") = std::vector<std::string>{},
            "Lowers `graph`. attention_backend: how CUDA SDPA calls of inference graphs pick "
            "their kernel (auto, graph, flash, cudnn, efficient; docs/config.md). "
            "private_outputs_from: outputs from this index on (a training forward's saved "
            "tensors) reach only the backward and may share values kept across calls. "
            "offload: weight offload settings (policy, resident_ratio, safety_factor, lookahead, "
            "prefetch_across_calls); inputs in offloaded host memory are then streamed. "
-           "memory_arena: plan intermediates into the memory arena (inference graphs).")
+           "memory_arena: plan intermediates into the memory arena (inference graphs). "
+           "disabled_passes: pipeline names to skip; the lowering steps fold_constants and "
+           "plan_memory_arena among them are skipped here.")
       .def(
           "run",
           [](const runtime::Executable& exe, py::sequence args, bool steal_inputs) {

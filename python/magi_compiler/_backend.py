@@ -43,6 +43,7 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
         # Training graphs keep the caching allocator: their backward frees saved inputs as it
         # reads them, which the arena's peak estimate does not model (ExecutorOptions).
         memory_arena=kind == "inference",
+        disabled_passes=list(config.pass_config.disabled_passes),
     )
     # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
     executable.precompile_kernels()

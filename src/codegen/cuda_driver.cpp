@@ -81,7 +81,6 @@ struct Driver {
   CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
-  CUresult (*occupancy)(int*, CUfunction, int, size_t) = nullptr;
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*launch_kernel_ex)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
@@ -118,7 +117,6 @@ const Driver& driver() {
     resolve(d.module_load_data, "cuModuleLoadData");
     resolve(d.module_get_function, "cuModuleGetFunction");
     resolve(d.func_set_attribute, "cuFuncSetAttribute");
-    resolve(d.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     resolve(d.launch_kernel, "cuLaunchKernel");
     // Optional: without it (or a driver older than 12.3) every launch is a plain cuLaunchKernel.
     d.launch_kernel_ex =
@@ -280,7 +278,7 @@ bool cuda_driver_available() { return driver().loaded && driver().device_count >
 
 bool dependent_launch_available(int device) {
   const Driver& d = driver();
-  if (!dependent_launch() || !cuda_driver_available() || device < 0 || device >= d.device_count) {
+  if (!cuda_driver_available() || device < 0 || device >= d.device_count) {
     return false;
   }
   return d.launch_kernel_ex != nullptr && d.driver_version >= kDependentLaunchDriverVersion &&
@@ -356,11 +354,6 @@ const CudaKernel& get_cuda_kernel(const std::string& source, const std::string& 
   kernel.device = device;
   kernel.name = kernel_name;
   kernel.dependent_launch = dependent;
-  for (int i = 0, threads = 32; threads <= 1024; ++i, threads *= 2) {
-    int blocks = 0;
-    if (d.occupancy(&blocks, function, threads, 0) != 0) blocks = 0;  // beyond launch bounds
-    kernel.blocks_per_sm[i] = blocks;
-  }
   return table.kernels.emplace(kernel_key, std::move(kernel)).first->second;
 }
 

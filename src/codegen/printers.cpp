@@ -4,7 +4,7 @@
 // Row kernels run, per row: the per-row ops in SSA order, and for each reduction a pass over
 // the row that evaluates the per-element ops it needs and combines them; then a final pass
 // that stores the full-size outputs. On the GPU a row belongs to one thread block; when the
-// row fits (cols <= threads * vector_width * row_chunks_per_thread()) it is read from memory once
+// row fits (cols <= threads * vector_width * row_chunks) it is read from memory once
 // into registers and every pass reads the registers, else each pass streams the row again.
 #include <functional>
 #include <sstream>
@@ -52,15 +52,12 @@ std::string print_cuda(const KernelVariant& v) {
   const KernelSpec& s = *v.spec;
   std::ostringstream os;
   emit_header_comment(os, v);
-  const int block_threads = v.streamed_rows ? stream_threads_per_block()
-                            : v.wide_rows   ? held_row_threads()
-                                            : max_threads_per_block();
-  os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads;
-  const int min_blocks = s.schedule != Schedule::kRow ? 0
-                         : v.streamed_rows            ? stream_min_blocks()
-                                                      : row_min_blocks();
-  if (min_blocks > 0) os << ", " << min_blocks;
-  os << ") " << v.symbol() << "(const MagiArgs a) {\n";
+  const KernelSchedule& schedule = kernel_schedule();
+  const int block_threads = v.streamed_rows ? schedule.stream_threads
+                            : v.wide_rows   ? schedule.held_row_threads
+                                            : schedule.block_threads;
+  os << "extern \"C\" __global__ void __launch_bounds__(" << block_threads << ") " << v.symbol()
+     << "(const MagiArgs a) {\n";
   os << "  magi_wait_for_prior_grids();\n";
   os << "  typedef " << (s.use_double ? "double" : "float") << " A;\n";
   os << "  constexpr int V = " << v.vector_width << ";\n";
@@ -74,17 +71,9 @@ std::string print_cuda(const KernelVariant& v) {
   if (s.schedule == Schedule::kPointwise) {
     os << "  const long long vectors = a.numel / V;\n";
     const int unroll = v.unroll;
-    if (unroll == 1 && kernel_grid_mode() == 'a') {  // the grid covers every vector
+    if (unroll == 1) {  // the grid covers every vector
       os << "  const long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
       os << "  if (vi < vectors) {\n";
-      os << "    const long long base = vi * V;\n";
-      emit_pointwise_body(os, v, true, "a", "    ");
-      os << "  }\n}\n";
-      return unroll_lane_loops(os.str());
-    }
-    if (unroll == 1) {
-      os << "  for (long long vi = blockIdx.x * (long long)blockDim.x + threadIdx.x; vi < "
-            "vectors;\n       vi += (long long)gridDim.x * blockDim.x) {\n";
       os << "    const long long base = vi * V;\n";
       emit_pointwise_body(os, v, true, "a", "    ");
       os << "  }\n}\n";
@@ -101,34 +90,28 @@ std::string print_cuda(const KernelVariant& v) {
     os << "      }\n    }\n  }\n}\n";
     return unroll_lane_loops(os.str());
   }
-  os << "  constexpr int K = "
-     << (v.streamed_rows ? stream_chunks_per_thread() : row_chunks_per_thread()) << ";\n";
+  os << "  constexpr int K = " << (v.streamed_rows ? schedule.stream_chunks : schedule.row_chunks)
+     << ";\n";
   os << "  __shared__ A scratch[32];\n";
   // When a row fits (cols <= threads * V * K), each thread owns the same K chunks of V columns
   // in every row: inputs with one value per element are read once per row into registers, in
   // their storage type (c<i>). Inputs with one value per column (a norm's weight) are read
-  // where used (row_column_loads() 'l': no registers held across reductions), or into
-  // registers w<i> with each row ('r') or once per block ('b'). 'a', the default, picks 'r' for
-  // a kernel with one such input (RMSNorm: one trip to memory before the reduction instead of
-  // two) and 'l' for more (LayerNorm's weight and bias held across its two reductions cost
-  // registers that its row needs).
+  // into registers w<i> with each row's loads when the kernel has one such input (RMSNorm: one
+  // trip to memory before the reduction instead of two), and where used when it has more
+  // (LayerNorm's weight and bias held across its two reductions cost registers its row needs).
   auto cached_input = [&v](int i) {
     return v.access[i] == AccessClass::kContiguous || v.access[i] == AccessClass::kStrided;
   };
-  const char column_mode = [&] {
-    const char mode = row_column_loads();
-    if (mode != 'a') return mode;
-    int columns = 0;
-    for (size_t i = 0; i < s.inputs.size(); ++i) {
-      columns += !s.inputs[i].per_row && v.access[i] == AccessClass::kColumn;
-    }
-    return columns <= 1 ? 'r' : 'l';
-  }();
+  int column_count = 0;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    column_count += !s.inputs[i].per_row && v.access[i] == AccessClass::kColumn;
+  }
+  const bool columns_with_row = column_count <= 1;
   std::vector<int> row_inputs, column_inputs;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     if (s.inputs[i].per_row) continue;
     if (cached_input(static_cast<int>(i))) row_inputs.push_back(static_cast<int>(i));
-    if (v.access[i] == AccessClass::kColumn && column_mode != 'l') {
+    if (v.access[i] == AccessClass::kColumn && columns_with_row) {
       column_inputs.push_back(static_cast<int>(i));
     }
   }
@@ -195,15 +178,9 @@ std::string print_cuda(const KernelVariant& v) {
         const std::string at =
             v.access[i] == AccessClass::kColumn ? " + col0" : " + row * cols + col0";
         o << ind << "  " << raw_type(i) << " s" << i << "[K];\n";
-        if (row_stream_hints()) {
-          const bool last = v.access[i] == AccessClass::kContiguous && output_pass;
-          loads << ind << "      magi_load_raw_hint" << (last ? "<true>(" : "(") << in << at << ", "
-                << slot << ", " << (last ? "drop" : "keep") << ");\n";
-        } else {
-          const char* keep = v.access[i] == AccessClass::kColumn ? "<true>" : "";
-          loads << ind << "      magi_load_raw" << keep << "(" << in << at << ", " << slot
-                << ");\n";
-        }
+        const bool last = v.access[i] == AccessClass::kContiguous && output_pass;
+        loads << ind << "      magi_load_raw_hint" << (last ? "<true>(" : "(") << in << at << ", "
+              << slot << ", " << (last ? "drop" : "keep") << ");\n";
       }
       if (!loads.str().empty()) {
         o << ind << "  #pragma unroll\n" << ind << "  for (int k = 0; k < K; ++k) {\n";
@@ -231,18 +208,18 @@ std::string print_cuda(const KernelVariant& v) {
       o << ind << (warps ? "if (threadIdx.x == 0 && live) out" : "if (threadIdx.x == 0) out") << k
         << "[row] = MagiStore<" << ctype(s.outputs[k].dtype) << ">::from(" << value << ");\n";
     };
-    t.element_load = [&v, cached, cached_input, column_mode, streamed](int i) {
+    t.element_load = [&v, cached, cached_input, columns_with_row, streamed](int i) {
       if (cached && cached_input(i)) return "magi_vec_get<A>(c" + std::to_string(i) + "[k], j)";
-      if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l')
+      if (cached && v.access[i] == AccessClass::kColumn && columns_with_row)
         return "magi_vec_get<A>(w" + std::to_string(i) + "[k], j)";
       if (!cached && streamed(i)) return "magi_vec_get<A>(s" + std::to_string(i) + "[k], j)";
       return "t" + std::to_string(i) + "[j]";
     };
-    t.prepare_chunk = [&v, cached, cached_input, column_mode, streamed](
+    t.prepare_chunk = [&v, cached, cached_input, columns_with_row, streamed](
                           std::ostream& o, const std::string& ind, const std::vector<int>& inputs) {
       for (int i : inputs) {
         if (cached && cached_input(i)) continue;
-        if (cached && v.access[i] == AccessClass::kColumn && column_mode != 'l') continue;
+        if (cached && v.access[i] == AccessClass::kColumn && columns_with_row) continue;
         if (!cached && streamed(i)) continue;
         o << ind << "A t" << i << "[V];\n" << ind << load_chunk(v, i, true, "a") << "\n";
       }
@@ -252,10 +229,8 @@ std::string print_cuda(const KernelVariant& v) {
   if (v.streamed_rows) {
     // The launch picks this layout when cols > blockDim.x * V * K.
     os << "  // Rows longer than the block holds in registers: streamed once per pass.\n";
-    if (row_stream_hints()) {
-      os << "  const unsigned long long keep = magi_l2_evict_last(), drop = "
-            "magi_l2_evict_first();\n  (void)keep;\n  (void)drop;\n";
-    }
+    os << "  const unsigned long long keep = magi_l2_evict_last(), drop = "
+          "magi_l2_evict_first();\n  (void)keep;\n  (void)drop;\n";
     emit_gpu_row_loop(os, v.rows_in_warps, v.row_loop, "  ");
     emit_row_offsets(os, v, all_inputs(s), "a", "row", "    ");
     emit_row_body(os, v, make_target(false), "    ");
@@ -264,22 +239,12 @@ std::string print_cuda(const KernelVariant& v) {
   }
   // The launch picks this layout when cols <= blockDim.x * V * K.
   os << "  // Rows held in registers: each row read once.\n";
-  std::ostringstream column_loads;
-  if (column_mode == 'b') {
-    for (int i : column_inputs) {
-      os << "  " << raw_type(i) << " w" << i << "[K];\n";
-      column_loads << "      " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
-    }
-    if (!column_inputs.empty()) chunk_loop(os, "  ", column_loads.str());
-  }
   emit_gpu_row_loop(os, v.rows_in_warps, v.row_loop, "  ");
   emit_row_offsets(os, v, all_inputs(s), "a", "row", "    ");
   std::ostringstream row_loads;
-  if (column_mode == 'r') {
-    for (int i : column_inputs) {
-      os << "    " << raw_type(i) << " w" << i << "[K];\n";
-      row_loads << "        " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
-    }
+  for (int i : column_inputs) {
+    os << "    " << raw_type(i) << " w" << i << "[K];\n";
+    row_loads << "        " << raw_load(i, "w" + std::to_string(i) + "[k]") << "\n";
   }
   for (int i : row_inputs) {
     os << "    " << raw_type(i) << " c" << i << "[K];\n";

@@ -41,6 +41,20 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_groups", [](ir::Graph& g, const PipelineOptions&) { return fuse_groups(g); }},
 };
 
+// Steps of lowering a graph to an Executable (src/runtime/lower_program.cpp), after the passes,
+// switched off by name like them.
+constexpr const char* kLoweringSteps[] = {"fold_constants", "plan_memory_arena"};
+
+bool known_name(const std::string& name) {
+  for (const auto& p : kPipeline) {
+    if (name == p.name) return true;
+  }
+  for (const char* step : kLoweringSteps) {
+    if (name == step) return true;
+  }
+  return false;
+}
+
 std::set<std::string> disabled_from_env() {
   std::set<std::string> out;
   const char* env = std::getenv("MAGI_DISABLE_PASSES");
@@ -56,15 +70,14 @@ std::set<std::string> disabled_from_env() {
 }  // namespace
 
 bool pass_enabled(const std::string& name, const std::set<std::string>& disabled) {
-  bool known = false;
-  for (const auto& p : kPipeline) known |= (name == p.name);
-  MAGI_ASSERT(known, "pass_enabled: no pass is named '", name, "'");
+  MAGI_ASSERT(known_name(name), "pass_enabled: no pass is named '", name, "'");
   return !disabled.count(name) && !disabled_from_env().count(name);
 }
 
 std::vector<std::string> pipeline_pass_names() {
   std::vector<std::string> names;
   for (const auto& p : kPipeline) names.emplace_back(p.name);
+  for (const char* step : kLoweringSteps) names.emplace_back(step);
   return names;
 }
 
@@ -72,13 +85,12 @@ std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& op
   std::set<std::string> disabled = disabled_from_env();
   disabled.insert(options.disabled.begin(), options.disabled.end());
   std::string known_names;
-  for (const auto& p : kPipeline)
-    known_names += (known_names.empty() ? "" : ", ") + std::string(p.name);
+  for (const std::string& n : pipeline_pass_names()) {
+    known_names += (known_names.empty() ? "" : ", ") + n;
+  }
   for (const auto& name : disabled) {
-    bool known = false;
-    for (const auto& p : kPipeline) known |= (name == p.name);
     MAGI_CHECK(
-        known, "cannot disable unknown pass '", name,
+        known_name(name), "cannot disable unknown pass '", name,
         "' (from PipelineOptions::disabled or MAGI_DISABLE_PASSES); known passes: ", known_names);
   }
   std::vector<PassRecord> records;

@@ -449,11 +449,12 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
                     " values, expected ", instr.out.size());
         if (op != &*instr.op) {  // the arena's out= call: it must not have resized its block
           const int32_t v = p.arena->value_of[instr.out[0]];
-          MAGI_ASSERT(stack[0].isTensor() &&
-                          stack[0].toTensor().sizes() == c10::IntArrayRef(layout->sizes[v]),
-                      instr.where,
-                      " wrote a result of another size than its traced type into "
-                      "the memory arena; run with MAGI_MEMORY_ARENA=0 and report it");
+          MAGI_ASSERT(
+              stack[0].isTensor() &&
+                  stack[0].toTensor().sizes() == c10::IntArrayRef(layout->sizes[v]),
+              instr.where,
+              " wrote a result of another size than its traced type into "
+              "the memory arena; run with MAGI_DISABLE_PASSES=plan_memory_arena and report it");
         }
         for (size_t k = 0; k < instr.out.size(); ++k) {
           if (instr.out[k] != kUnused) regs[instr.out[k]] = std::move(stack[k]);

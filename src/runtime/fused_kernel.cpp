@@ -30,6 +30,8 @@ using namespace detail;  // MagiArgs and the choice of variant (kernel_variant.h
 
 namespace {
 
+constexpr int64_t kMaxGridBlocks = 0x7fffffff;  // blocks along a grid's x dim
+
 // A C++ kernel that could not allocate its buffer of kept values (the one allocation a
 // generated host kernel makes, before its parallel loop): still a std::bad_alloc, so Python
 // sees a MemoryError, with the kernel named.
@@ -275,7 +277,7 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   kv.unroll = pointwise_unroll_for(kv, numel, sm_count_of(std::max<int>(device_.index(), 0)));
   set_index_rank(kv, space, args);
   kv.strided_vectors = strided_vectors_for(kv, space, args, [](int) { return true; });
-  kv.packed_bf16 = codegen::packed_bf16_enabled() && codegen::packed_bf16_possible(kv);
+  kv.packed_bf16 = codegen::packed_bf16_possible(kv);
   return codegen::CudaSource{codegen::cuda_preamble(kv) + codegen::print_cuda(kv), kv.symbol()};
 }
 
@@ -288,11 +290,10 @@ const FusedKernel::Variant& FusedKernel::variant_for(const std::string& key,
   auto v = std::make_unique<Variant>();
   v->variant = kv;
   v->variant.spec = &spec_;
-  codegen::read_tuning_variables();  // a mistyped one is the user's error, not a fallback
+  (void)codegen::kernel_schedule();  // a malformed override is the user's error, not a fallback
   // Packed bf16 pairs follow from what the key holds (the access classes, the width, whole
-  // strided vectors) and the process's setting: decided once per variant, not per call.
-  v->variant.packed_bf16 = device.is_cuda() && codegen::packed_bf16_enabled() &&
-                           codegen::packed_bf16_possible(v->variant);
+  // strided vectors): decided once per variant, not per call.
+  v->variant.packed_bf16 = device.is_cuda() && codegen::packed_bf16_possible(v->variant);
   try {
     if (device.is_cuda()) {
       v->source = codegen::print_cuda(v->variant);
@@ -658,39 +659,33 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   in_place_outputs_.fetch_add(written_over, std::memory_order_relaxed);
 
   if (device.is_cuda()) {
+    const codegen::KernelSchedule& schedule = codegen::kernel_schedule();
     unsigned threads, blocks, rows_per_block = 1;
     if (spec_.schedule == codegen::Schedule::kColumn) {
       launch_columns(spec_, *v.cuda, args, width, device);
       return outputs;
     }
     if (spec_.schedule == codegen::Schedule::kPointwise) {
-      threads = std::min(256, codegen::max_threads_per_block());
-      int64_t vectors = (numel / width + kv.unroll - 1) / kv.unroll;
-      int64_t cap =
-          codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * 16 : int64_t{0x7fffffff};
-      blocks = static_cast<unsigned>(std::min<int64_t>((vectors + threads - 1) / threads, cap));
-      // In 'a' mode the printed pointwise kernel has no stride loop: the grid covers all.
-      MAGI_ASSERT(cap != 0x7fffffff || int64_t(blocks) * threads >= vectors, "pointwise launch of ",
-                  blocks, " blocks misses vectors of ", vectors);
+      threads = std::min(256, schedule.block_threads);
+      const int64_t vectors = (numel / width + kv.unroll - 1) / kv.unroll;
+      const int64_t needed = (vectors + threads - 1) / threads;
+      // A pointwise kernel of one vector per thread has no stride loop: the grid covers all.
+      MAGI_ASSERT(needed <= kMaxGridBlocks || kv.unroll > 1, "pointwise launch of ", needed,
+                  " blocks over ", vectors, " vectors exceeds a grid");
+      blocks = static_cast<unsigned>(std::min<int64_t>(needed, kMaxGridBlocks));
     } else {
       const int64_t row_threads =
-          kv.streamed_rows ? codegen::stream_threads_per_block() : threads_per_row(cols, width);
+          kv.streamed_rows ? schedule.stream_threads : threads_per_row(cols, width);
       if (kv.rows_in_warps) {
-        rows_per_block = static_cast<unsigned>(codegen::max_threads_per_block() / row_threads);
+        rows_per_block = static_cast<unsigned>(schedule.block_threads / row_threads);
       }
       threads = static_cast<unsigned>(row_threads);
-      const int64_t block_threads = row_threads * rows_per_block;
-      // 'w': one wave of persistent blocks (as many as fit on the device at once).
-      int64_t per_sm = v.cuda->resident_blocks(static_cast<int>(block_threads));
-      if (per_sm <= 0) per_sm = std::max<int64_t>(1, 2048 / block_threads);
-      int64_t cap = codegen::kernel_grid_mode() == 'w' ? int64_t(info.sm_count) * per_sm
-                                                       : int64_t{0x7fffffff};
       const int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
-      // Printed without a loop over rows (MAGI_ROW_GRID_LOOP), a kernel reaches only the rows
-      // of its grid.
-      MAGI_CHECK(needed <= cap || kv.row_loop, "a row kernel over ", rows, " rows needs ", needed,
-                 " blocks, more than a grid has; set MAGI_ROW_GRID_LOOP=1");
-      blocks = static_cast<unsigned>(std::min<int64_t>(needed, cap));
+      // Printed without a loop over rows (codegen::row_grid_loop), a kernel reaches only the
+      // rows of its grid.
+      MAGI_CHECK(needed <= kMaxGridBlocks || kv.row_loop, "a row kernel over ", rows,
+                 " rows needs ", needed, " blocks, more than a grid has");
+      blocks = static_cast<unsigned>(std::min<int64_t>(needed, kMaxGridBlocks));
     }
     blocks = std::max(blocks, 1u);
     void* stream =

@@ -129,8 +129,8 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
     gpu.strided_vectors = vectors;
     gpu.unroll = 1;
     // Row kernels in each layout: rows in registers one per block, rows in warps, wide rows in
-    // registers, streamed; streamed once more for the longest rows where MAGI_ROW_GRID_LOOP
-    // prints those otherwise.
+    // registers, streamed; streamed once more for the longest rows, which codegen::row_grid_loop
+    // prints otherwise.
     struct Layout {
       bool in_warps, streamed, wide;
       int64_t row_bytes;  // of the widest input read along the row
@@ -140,16 +140,17 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
                             Layout{false, false, true, 0}, Layout{false, true, false, 0},
                             Layout{false, true, false, kLongest}}) {
       if ((l.in_warps || l.streamed || l.wide) && spec.schedule != codegen::Schedule::kRow) break;
-      if (l.wide && codegen::held_row_threads() <= codegen::max_threads_per_block()) continue;
+      const codegen::KernelSchedule& schedule = codegen::kernel_schedule();
+      if (l.wide && schedule.held_row_threads <= schedule.block_threads) continue;
       gpu.rows_in_warps = l.in_warps;
       gpu.streamed_rows = l.streamed;
       gpu.wide_rows = l.wide;
       if (l.row_bytes == kLongest &&
-          rows_loop_by_grid(gpu, kLongest) == rows_loop_by_grid(gpu, 0)) {
+          codegen::row_grid_loop(gpu, kLongest) == codegen::row_grid_loop(gpu, 0)) {
         break;
       }
       gpu.row_loop =
-          spec.schedule != codegen::Schedule::kRow || rows_loop_by_grid(gpu, l.row_bytes);
+          spec.schedule != codegen::Schedule::kRow || codegen::row_grid_loop(gpu, l.row_bytes);
       for (int width : {1, widest}) {
         if (vectors && width == 1) continue;
         gpu.vector_width = width;
@@ -177,7 +178,7 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
 }
 
 // Vectors per thread of a GPU pointwise variant over `numel` elements on a device of
-// `sm_count` SMs: MAGI_POINTWISE_UNROLL when set; else 4 for a kernel that reads an input
+// `sm_count` SMs: 4 for a kernel that reads an input
 // shifted along the row or through general strides and whose one-vector grid is at least 16
 // waves of the device's threads, 1 for the rest. A shifted or strided kernel issues more
 // instructions per byte, and several vectors per thread keep enough loads in flight on a large
@@ -185,7 +186,6 @@ std::string cuda_forms(const codegen::KernelVariant& cpu) {
 // pointwise kernels reach copy bandwidth with one vector per thread.
 int pointwise_unroll_for(const codegen::KernelVariant& kv, int64_t numel, int sm_count) {
   if (kv.spec->schedule != codegen::Schedule::kPointwise) return 1;
-  if (const int forced = codegen::pointwise_unroll(); forced > 0) return forced;
   const bool strided = std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
   const bool shifted = std::any_of(kv.spec->ops.begin(), kv.spec->ops.end(), [](const auto& op) {
     return op.kind == codegen::KOpKind::kLoad && op.shift != 0;
@@ -202,46 +202,43 @@ int sm_count_of(int index) {
 }
 
 // Threads per row of a GPU row kernel: the fewest for the row to fit in registers, K chunks of
-// V elements each (a power of two up to a warp; beyond it whole warps, or a power of two with
-// MAGI_ROW_BLOCK_ROUNDING=pow2), at most a block, or at most a wide block
-// (codegen::held_row_threads) where that holds the row; for a row neither holds, the most a
-// block holds, max_threads_per_block, which marks it streamed (its launch then takes
-// codegen::stream_threads_per_block threads). Rows of at most 32 threads run several to a block
-// (KernelVariant::rows_in_warps): a norm over a head of 128 bf16 values takes 4 lanes with 4
-// loads in flight each (a block of 32 threads per such row would leave three quarters of its
-// threads idle).
+// V elements each (a power of two up to a warp; beyond it whole warps: a power of two would
+// leave chunks idle), at most a block, or at most a wide block (KernelSchedule's
+// held_row_threads) where that holds the row; for a row neither holds, the most a block holds,
+// block_threads, which marks it streamed (its launch then takes stream_threads threads). Rows of at
+// most 32 threads run several to a block (KernelVariant::rows_in_warps): a norm over a head of 128
+// bf16 values takes 4 lanes with 4 loads in flight each (a block of 32 threads per such row would
+// leave three quarters of its threads idle).
 int64_t threads_per_row(int64_t cols, int width) {
-  const int64_t per_thread = int64_t(width) * codegen::row_chunks_per_thread();
+  const codegen::KernelSchedule& schedule = codegen::kernel_schedule();
+  const int64_t per_thread = int64_t(width) * schedule.row_chunks;
   const int64_t need = (cols + per_thread - 1) / per_thread;
   int64_t fit = pow2_ceil(need);
-  if (fit > 32 && codegen::row_block_rounding() == 'w') fit = (need + 31) / 32 * 32;
-  if (fit <= std::max(codegen::max_threads_per_block(), codegen::held_row_threads())) return fit;
-  return codegen::max_threads_per_block();
+  if (fit > 32) fit = (need + 31) / 32 * 32;
+  if (fit <= std::max(schedule.block_threads, schedule.held_row_threads)) return fit;
+  return schedule.block_threads;
 }
 
 // The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules), and
-// whether it loops over rows (rows_loop_by_grid, from the bytes of a row of its widest input
-// read along the row; none such, as in a kernel of per-column inputs only, counts 0): rows
-// of at most 32 threads run several to a block; rows longer than a block holds in registers
-// are held by a wider one (wide rows, up to codegen::held_row_threads) or else streamed, once
-// per pass over them.
+// whether it loops over rows (codegen::row_grid_loop, from the bytes of a row of its widest
+// input read along the row; none such, as in a kernel of per-column inputs only, counts 0):
+// rows of at most 32 threads run several to a block; rows longer than a block holds in
+// registers are held by a wider one (wide rows, up to KernelSchedule's held_row_threads) or
+// else streamed, once per pass over them.
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols) {
   if (kv.spec->schedule != codegen::Schedule::kRow) return;
   const int64_t threads = threads_per_row(cols, kv.vector_width);
   kv.rows_in_warps = threads <= 32;
-  kv.streamed_rows = cols > threads * kv.vector_width * codegen::row_chunks_per_thread();
-  kv.wide_rows = !kv.streamed_rows && threads > codegen::max_threads_per_block();
+  const codegen::KernelSchedule& schedule = codegen::kernel_schedule();
+  kv.streamed_rows = cols > threads * kv.vector_width * schedule.row_chunks;
+  kv.wide_rows = !kv.streamed_rows && threads > schedule.block_threads;
   int64_t widest = 0;  // bytes of an element of the widest input read along the row
   for (size_t i = 0; i < kv.access.size(); ++i) {
     if (kv.access[i] == AccessClass::kContiguous || kv.access[i] == AccessClass::kStrided) {
       widest = std::max<int64_t>(widest, c10::elementSize(kv.spec->inputs[i].dtype));
     }
   }
-  kv.row_loop = rows_loop_by_grid(kv, cols * widest);
-}
-
-bool rows_loop_by_grid(const codegen::KernelVariant& kv, int64_t row_bytes) {
-  return codegen::kernel_grid_mode() != 'a' || codegen::row_grid_loop(kv, row_bytes);
+  kv.row_loop = codegen::row_grid_loop(kv, cols * widest);
 }
 
 }  // namespace magi::runtime::detail

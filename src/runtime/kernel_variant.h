@@ -59,20 +59,13 @@ int64_t threads_per_row(int64_t cols, int width);
 /// The layout of a GPU row kernel over rows of `cols` elements (no-op for other schedules) and
 /// whether it loops over rows (KernelVariant::row_loop).
 void choose_row_layout(codegen::KernelVariant& kv, int64_t cols);
-/// Whether GPU row kernels of `kv`'s layout loop over rows by the grid's stride
-/// (KernelVariant::row_loop): not when the grid covers every row (MAGI_KERNEL_GRID=all) and
-/// MAGI_ROW_GRID_LOOP leaves that layout and `row_bytes` (a row of the widest row-wide input)
-/// without the loop (codegen::row_grid_loop).
-bool rows_loop_by_grid(const codegen::KernelVariant& kv, int64_t row_bytes);
 /// KernelVariant::strided_vectors for a GPU row or pointwise variant whose vector width is
 /// set, with its strided inputs' strides over `space` in `args`; `aligned(i)`: input i's data
 /// pointer is aligned to a vector.
 template <typename Aligned>
 bool strided_vectors_for(const codegen::KernelVariant& kv, const std::vector<int64_t>& space,
                          const MagiArgs& args, Aligned aligned) {
-  if (kv.vector_width <= 1 || kv.spec->schedule == codegen::Schedule::kColumn ||
-      !codegen::strided_vectors_enabled())
-    return false;
+  if (kv.vector_width <= 1 || kv.spec->schedule == codegen::Schedule::kColumn) return false;
   const size_t rank = space.size();
   bool any = false;
   for (size_t i = 0; i < kv.access.size(); ++i) {

@@ -9,6 +9,7 @@
 #include "magi/ir/op_info.h"
 #include "magi/ir/structural_hash.h"
 #include "magi/ir/verifier.h"
+#include "magi/passes/pipeline.h"
 #include "program.h"
 
 namespace magi::runtime {
@@ -431,15 +432,13 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     }
   }
   analyse_input_uses(p, options);
-  static const bool fold_constants = [] {
-    const char* env = std::getenv("MAGI_FOLD_CONSTANTS");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  if (fold_constants) {
+  if (passes::pass_enabled("fold_constants", options.disabled)) {
     p.folding =
         mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
   }
-  if (options.memory_arena) plan_arena(p, instr_nodes, input_values);
+  if (options.memory_arena && passes::pass_enabled("plan_memory_arena", options.disabled)) {
+    plan_arena(p, instr_nodes, input_values);
+  }
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
                  " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
                  " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");

@@ -16,7 +16,6 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <set>
 
 #include "magi/common/log.h"
@@ -28,12 +27,6 @@ namespace {
 
 constexpr size_t kMaxLayouts = 8;
 constexpr size_t kMaxLaidOut = 64;
-
-// Read at each lowering (not once per process), so a compile can turn it off.
-bool arena_enabled() {
-  const char* env = std::getenv("MAGI_MEMORY_ARENA");
-  return env == nullptr || std::string(env) != "0";
-}
 
 // Operators whose out= overload writes the same result into a given tensor.
 bool has_planned_out_overload(const std::string& name) {
@@ -175,7 +168,6 @@ std::shared_ptr<const ArenaLayoutForSizes> Arena::layout_for(
 
 void Executable::plan_arena(Program& p, const std::vector<const ir::Node*>& nodes,
                             const std::vector<const ir::Value*>& inputs) {
-  if (!arena_enabled()) return;
   auto arena = std::make_unique<Arena>();
   arena->value_of.assign(p.num_registers, -1);
   std::optional<c10::Device> device;

@@ -167,7 +167,7 @@ struct Executable::Program {
   std::vector<std::vector<int32_t>> output_input_roots;
   std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
   PaddingPlan padding;                     // plan_padding() of the graph
-  std::unique_ptr<Arena> arena;            // null: no value is planned (or MAGI_MEMORY_ARENA=0)
+  std::unique_ptr<Arena> arena;  // null: no value is planned (or plan_memory_arena is off)
 };
 
 // Folded values kept per executable at most; past it every call recomputes them.

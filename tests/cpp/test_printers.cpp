@@ -8,7 +8,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -17,6 +16,7 @@
 #include "magi/codegen/compiler.h"
 #include "magi/codegen/lower_group.h"
 #include "magi/codegen/printers.h"
+#include "magi/common/error.h"
 #include "magi/ir/verifier.h"
 #include "magi/passes/passes.h"
 #include "magi/runtime/executor.h"
@@ -30,29 +30,6 @@ namespace magi::test {
 namespace {
 
 using passes::fuse_groups;
-
-// Sets an environment variable for its scope and restores the previous value (or its absence)
-// after, also when the scope is left by an exception.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (previous_) {
-      setenv(name_, previous_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
 
 std::string golden_path(const std::string& name) {
   return std::string(MAGI_GOLDEN_DIR) + "/" + name;
@@ -210,35 +187,36 @@ TEST_P(PrintedKernel, CppMatchesGoldenAndCompiles) {
       nullptr);
 }
 
-// MAGI_ROW_MIN_BLOCKS bounds the registers of row kernels that hold their rows (the second
-// bound of __launch_bounds__), not of streamed ones, and the bounded kernel still compiles.
-TEST(PrintedKernel, RowMinBlocksBoundsKernelsThatHoldTheirRows) {
-  std::unique_ptr<Graph> group = add_rmsnorm_group();
-  codegen::KernelSpec spec = codegen::lower_group(*group, "fused_bounded_rows");
-  const std::vector<AccessClass> access = {AccessClass::kContiguous, AccessClass::kContiguous,
-                                           AccessClass::kColumn};
-  codegen::KernelVariant held = variant(spec, access, 8, 0);
-  codegen::KernelVariant streamed = variant(spec, access, 8, 0);
-  streamed.streamed_rows = true;
-  std::string bounded, streamed_source;
-  {
-    ScopedEnv bound("MAGI_ROW_MIN_BLOCKS", "4");
-    bounded = codegen::print_cuda(held);
-    streamed_source = codegen::print_cuda(streamed);
+// The schedule's defaults, and MAGI_KERNEL_SCHEDULE's overrides: counts of threads that are
+// powers of two in [32, 1024], chunks in [1, 16], anything else a UserError naming the variable.
+TEST(PrintedKernel, KernelScheduleOverrides) {
+  const codegen::KernelSchedule defaults = codegen::parse_kernel_schedule("");
+  EXPECT_EQ(defaults.block_threads, 256);
+  EXPECT_EQ(defaults.row_chunks, 4);
+  EXPECT_EQ(defaults.held_row_threads, 512);
+  EXPECT_EQ(defaults.stream_threads, 512);
+  EXPECT_EQ(defaults.stream_chunks, 2);
+  const codegen::KernelSchedule s =
+      codegen::parse_kernel_schedule("row_chunks=8,block_threads=512,stream_chunks=1");
+  EXPECT_EQ(s.row_chunks, 8);
+  EXPECT_EQ(s.block_threads, 512);
+  EXPECT_EQ(s.stream_chunks, 1);
+  EXPECT_EQ(s.held_row_threads, 512);
+  for (const char* bad : {"row_chunks=0", "row_chunks=17", "block_threads=384",
+                          "block_threads=2048", "stream_threads=", "grid=wave", "row_chunks"}) {
+    SCOPED_TRACE(bad);
+    try {
+      codegen::parse_kernel_schedule(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("MAGI_KERNEL_SCHEDULE"), std::string::npos);
+    }
   }
-  EXPECT_NE(bounded.find("__launch_bounds__(256, 4) fused_bounded_rows"), std::string::npos);
-  EXPECT_NE(streamed_source.find("__launch_bounds__(512) fused_bounded_rows"), std::string::npos);
-  EXPECT_NE(codegen::print_cuda(held).find("__launch_bounds__(256) fused_bounded_rows"),
-            std::string::npos);
-  if (!codegen::nvrtc_available()) GTEST_SKIP() << "NVRTC is not installed on this machine";
-  EXPECT_FALSE(codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + bounded,
-                                              held.symbol(), 90)
-                   .empty());
 }
 
-// A row kernel whose launch grid covers every row (KernelVariant::row_loop false,
-// MAGI_ROW_GRID_LOOP=0) takes its block's row(s) with no loop over rows, in each of the three
-// GPU layouts, names itself with _g, and still compiles; by default the loop is printed.
+// A row kernel whose launch grid covers every row (KernelVariant::row_loop false) takes its
+// block's row(s) with no loop over rows, in each of the three GPU layouts, names itself with _g,
+// and still compiles; with row_loop the loop is printed.
 TEST(PrintedKernel, RowKernelsWithoutTheGridLoop) {
   std::unique_ptr<Graph> group = add_rmsnorm_group();
   codegen::KernelSpec spec = codegen::lower_group(*group, "fused_rows");
@@ -258,26 +236,6 @@ TEST(PrintedKernel, RowKernelsWithoutTheGridLoop) {
     EXPECT_EQ(v.symbol().substr(v.symbol().size() - 2), "_g");
     if (!codegen::nvrtc_available()) continue;
     EXPECT_FALSE(codegen::compile_cuda_to_cubin(std::string(codegen::kCudaPreamble) + "\n" + source,
-                                                v.symbol(), 90)
-                     .empty());
-  }
-}
-
-// The streamed layout's hinted loads with L1 eviction hints (MAGI_ROW_STREAM_L1=1 on the
-// read-only path, =2 on plain ld.global: the preamble's define) compile for sm_90.
-TEST(PrintedKernel, StreamedLoadsWithL1HintsCompile) {
-  if (!codegen::nvrtc_available()) GTEST_SKIP() << "NVRTC is not installed on this machine";
-  std::unique_ptr<Graph> group = add_rmsnorm_group();
-  codegen::KernelSpec spec = codegen::lower_group(*group, "fused_l1_hints");
-  codegen::KernelVariant v = variant(
-      spec, {AccessClass::kContiguous, AccessClass::kContiguous, AccessClass::kColumn}, 8, 0);
-  v.streamed_rows = true;
-  const std::string source = codegen::print_cuda(v);
-  ASSERT_NE(source.find("magi_load_raw_hint<true>("), std::string::npos);
-  for (const char* mode : {"1", "2"}) {
-    SCOPED_TRACE(mode);
-    EXPECT_FALSE(codegen::compile_cuda_to_cubin(std::string("#define MAGI_STREAM_L1 ") + mode +
-                                                    "\n" + codegen::kCudaPreamble + "\n" + source,
                                                 v.symbol(), 90)
                      .empty());
   }
@@ -377,22 +335,17 @@ TEST(FusedKernel, ExpectedCudaSourceFollowsTheTracedLayouts) {
   EXPECT_FALSE(runtime::FusedKernel(*on_cpu, "fused_cpu").expected_cuda_source().has_value());
 }
 
-// At the defaults (256 threads of 4 chunks of 16 bytes, MAGI_ROW_HELD_THREADS=512,
-// MAGI_ROW_GRID_LOOP=auto) rows of up to 8192 bf16 values are held in registers by a block of
-// 256 threads, with the loop over rows; rows of up to 16384 by a wide block of 512 (_h), without
-// it; longer rows are streamed (_s), without the loop up to 64 KiB of the widest input read
-// along the row. A row length not a multiple of 8 takes narrower vectors, hence a wider block
-// or streaming sooner. The variant the first call of each row length will launch says so in
-// its name.
-// The block of a row kernel holding rows in registers: a power of two up to a warp (rows share
-// a block and reduce by shuffles), whole warps beyond it (MAGI_ROW_BLOCK_ROUNDING=warp: no
-// chunk left idle but in the last warp), up to 256 threads, or 512 for a wide block; a row
-// that needs more is streamed (threads_per_row then answers the block the test for it uses).
+// At the default schedule (256 threads of 4 chunks of 16 bytes, wide blocks of 512) rows of up to
+// 8192 bf16 values are held in registers by a block of 256 threads, with the loop over rows; rows
+// of up to 16384 by a wide block of 512 (_h), without it; longer rows are streamed (_s), without
+// the loop up to 64 KiB of the widest input read along the row. A row length not a multiple of 8
+// takes narrower vectors, hence a wider block or streaming sooner. The variant the first call of
+// each row length will launch says so in its name. The block of a row kernel holding rows in
+// registers: a power of two up to a warp (rows share a block and reduce by shuffles), whole warps
+// beyond it (no chunk left idle but in the last warp), up to 256 threads, or 512 for a wide block;
+// a row that needs more is streamed (threads_per_row then answers the block the test for it uses).
 TEST(FusedKernel, HeldRowsTakeBlocksOfWholeWarps) {
-  for (const char* var : {"MAGI_ROW_CHUNKS", "MAGI_MAX_BLOCK_THREADS", "MAGI_ROW_HELD_THREADS",
-                          "MAGI_ROW_BLOCK_ROUNDING"}) {
-    if (std::getenv(var) != nullptr) GTEST_SKIP() << var << " is set";
-  }
+  if (std::getenv("MAGI_KERNEL_SCHEDULE") != nullptr) GTEST_SKIP() << "a schedule override";
   using runtime::detail::threads_per_row;
   // bf16 rows in 16-byte vectors: 32 values per thread (4 chunks of 8)
   const std::vector<std::pair<int64_t, int64_t>> cases = {
@@ -406,10 +359,7 @@ TEST(FusedKernel, HeldRowsTakeBlocksOfWholeWarps) {
 }
 
 TEST(FusedKernel, RowLengthsPickHeldWideAndStreamedLayouts) {
-  for (const char* var : {"MAGI_ROW_GRID_LOOP", "MAGI_KERNEL_GRID", "MAGI_ROW_CHUNKS",
-                          "MAGI_MAX_BLOCK_THREADS", "MAGI_ROW_HELD_THREADS"}) {
-    if (std::getenv(var) != nullptr) GTEST_SKIP() << var << " is set";
-  }
+  if (std::getenv("MAGI_KERNEL_SCHEDULE") != nullptr) GTEST_SKIP() << "a schedule override";
   codegen::KernelVariant held, wide, streamed;
   wide.wide_rows = true;
   streamed.streamed_rows = true;
@@ -556,28 +506,27 @@ TEST(PrintedKernel, CatSelectsTestEachVectorOnceWhenItsBoundIsAMultipleOfTheWidt
   }
 }
 
-// The default vector I/O (MAGI_VECTOR_IO=auto) reads rows under L2 evict_last with plain
+// The vector I/O reads rows under L2 evict_last with plain
 // stores only in row kernels that hold their rows in registers (wide blocks too), reduce them
 // once and write an output per element; a softmax and a LayerNorm (two reductions), a row sum
 // (one value per row out), rows in warps, streamed rows, pointwise and column kernels stream.
 TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
-  if (codegen::vector_io_mode() != "auto") GTEST_SKIP() << "MAGI_VECTOR_IO is set";
   auto norm = add_rmsnorm_group();
   const codegen::KernelSpec norm_spec = codegen::lower_group(*norm, "fused_add_rmsnorm");
   const std::vector<AccessClass> norm_access = {AccessClass::kContiguous, AccessClass::kContiguous,
                                                 AccessClass::kColumn};
   codegen::KernelVariant held = variant(norm_spec, norm_access, 8, 0);
-  EXPECT_EQ(codegen::vector_io_for(held), "l2last");
+  EXPECT_EQ(codegen::vector_io_for(held), codegen::VectorIo::kL2Last);
   EXPECT_EQ(codegen::cuda_preamble(held).rfind("#define MAGI_VECTOR_IO_L2LAST 1\n", 0), 0u);
   codegen::KernelVariant wide = held;
   wide.wide_rows = true;
-  EXPECT_EQ(codegen::vector_io_for(wide), "l2last");
+  EXPECT_EQ(codegen::vector_io_for(wide), codegen::VectorIo::kL2Last);
   codegen::KernelVariant warps = held;
   warps.rows_in_warps = true;
-  EXPECT_EQ(codegen::vector_io_for(warps), "cs");
+  EXPECT_EQ(codegen::vector_io_for(warps), codegen::VectorIo::kStreaming);
   codegen::KernelVariant streamed = held;
   streamed.streamed_rows = true;
-  EXPECT_EQ(codegen::vector_io_for(streamed), "cs");
+  EXPECT_EQ(codegen::vector_io_for(streamed), codegen::VectorIo::kStreaming);
   EXPECT_EQ(codegen::cuda_preamble(streamed).rfind("#define MAGI_VECTOR_IO_CS 1\n", 0), 0u);
 
   auto g = std::make_unique<Graph>();
@@ -589,7 +538,8 @@ TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
   Value* sum = b.row_reduce("aten::sum", "dim_IntList", e, true, "sum", 51);
   g->set_outputs({b.binary("aten::div", e, sum, *e->tensor_type(), "div", 51)});
   const codegen::KernelSpec softmax = codegen::lower_group(*g, "fused_softmax");
-  EXPECT_EQ(codegen::vector_io_for(variant(softmax, {AccessClass::kContiguous}, 4, 0)), "cs");
+  EXPECT_EQ(codegen::vector_io_for(variant(softmax, {AccessClass::kContiguous}, 4, 0)),
+            codegen::VectorIo::kStreaming);
 
   auto ln = std::make_unique<Graph>();
   Builder l(*ln);
@@ -600,7 +550,8 @@ TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
   Value* inv = l.unary("aten::rsqrt", l.add(var, l.number(1e-5), "add_eps", 62), "rsqrt", 62);
   ln->set_outputs({l.mul(d, inv, "normed", 62)});
   const codegen::KernelSpec layer_norm = codegen::lower_group(*ln, "fused_layer_norm");
-  EXPECT_EQ(codegen::vector_io_for(variant(layer_norm, {AccessClass::kContiguous}, 4, 0)), "cs");
+  EXPECT_EQ(codegen::vector_io_for(variant(layer_norm, {AccessClass::kContiguous}, 4, 0)),
+            codegen::VectorIo::kStreaming);
 
   auto rs = std::make_unique<Graph>();
   Builder q(*rs);
@@ -608,14 +559,15 @@ TEST(PrintedKernel, AutoVectorIoHintsOnlyHeldRowsReducedOnce) {
   rs->set_outputs(
       {q.row_reduce("aten::sum", "dim_IntList", q.mul(z, z, "square", 70), true, "sum", 70)});
   const codegen::KernelSpec row_sum = codegen::lower_group(*rs, "fused_row_sum");
-  EXPECT_EQ(codegen::vector_io_for(variant(row_sum, {AccessClass::kContiguous}, 4, 0)), "cs");
+  EXPECT_EQ(codegen::vector_io_for(variant(row_sum, {AccessClass::kContiguous}, 4, 0)),
+            codegen::VectorIo::kStreaming);
 
   auto pointwise = silu_mul_group();
   const codegen::KernelSpec pw = codegen::lower_group(*pointwise, "fused_silu_mul");
-  EXPECT_EQ(codegen::vector_io_for(variant(pw, norm_access, 8, 0)), "cs");
+  EXPECT_EQ(codegen::vector_io_for(variant(pw, norm_access, 8, 0)), codegen::VectorIo::kStreaming);
   auto column = column_weight_grad_group();
   const codegen::KernelSpec col = codegen::lower_group(*column, "fused_weight_grad");
-  EXPECT_EQ(codegen::vector_io_for(variant(col, norm_access, 8, 0)), "cs");
+  EXPECT_EQ(codegen::vector_io_for(variant(col, norm_access, 8, 0)), codegen::VectorIo::kStreaming);
 }
 
 // A bf16 rotary (products, a sum, a negation and a select of bf16 values, each rounded to bf16)

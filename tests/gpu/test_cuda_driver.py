@@ -78,51 +78,26 @@ def test_bad_tensors_are_user_errors():
         _C._test_launch_axpy(1.0, x, x, x)
 
 
-_DEPENDENT_PROBE = """
-import torch
-from magi_compiler import _C, magi_compile
-
-def f(x, w):
-    h = torch.nn.functional.silu(x) * x
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-
-x = torch.randn(64, 1024, device="cuda")
-w = torch.randn(1024, device="cuda")
-g = magi_compile(f, config_patch={"cudagraph_mode": "NONE"})
-g(x, w)
-_C.reset_compiler_stats()
-for _ in range(3):
-    out = g(x, w)
-torch.testing.assert_close(out, f(x, w), rtol=1e-4, atol=1e-4)
-s = _C.compiler_stats()
-print(int(_C.dependent_launch_available(0)), s["dependent_launches"], s["plain_launches"])
-"""
-
-
-@pytest.mark.parametrize("setting", ["1", "0"])
-def test_generated_kernels_launch_as_dependents_on_hopper(tmp_path, setting):
+def test_generated_kernels_launch_as_dependents_on_hopper():
     """On sm_90+ (this torch build needs a CUDA 13 driver, past 12.3) every launch of a
-    generated kernel is a programmatic dependent of the stream's previous kernel; with
-    MAGI_DEPENDENT_LAUNCH=0, every one is a plain launch. A fresh process per setting (the
-    variable is read once)."""
-    import os
-    import subprocess
-    import sys
+    generated kernel is a programmatic dependent of the stream's previous kernel."""
+    from magi_compiler import magi_compile
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("dependent launches need compute capability 9.0")
-    env = dict(os.environ, MAGI_DEPENDENT_LAUNCH=setting, MAGI_CACHE_DIR=str(tmp_path))
-    done = subprocess.run(
-        [sys.executable, "-c", _DEPENDENT_PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    available, dependent, plain = map(int, done.stdout.split()[-3:])
-    assert available == int(setting)
-    if setting == "1":
-        assert dependent > 0 and plain == 0, (dependent, plain)
-    else:
-        assert dependent == 0 and plain > 0, (dependent, plain)
+
+    def f(x, w):
+        h = torch.nn.functional.silu(x) * x
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x = torch.randn(64, 1024, device="cuda")
+    w = torch.randn(1024, device="cuda")
+    g = magi_compile(f, config_patch={"cudagraph_mode": "NONE"})
+    g(x, w)
+    _C.reset_compiler_stats()
+    for _ in range(3):
+        out = g(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-4, atol=1e-4)
+    s = _C.compiler_stats()
+    assert _C.dependent_launch_available(torch.cuda.current_device())
+    assert s["dependent_launches"] > 0 and s["plain_launches"] == 0, s

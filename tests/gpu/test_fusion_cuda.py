@@ -125,7 +125,7 @@ def test_long_rows(name, cols, dtype, assert_close_rel):
     (run,) = run_pattern(pattern, dtype, "cuda", assert_close_rel)
     kernels = assert_fused(run, pattern, dtype)
     two_bytes = dtype != torch.float32
-    suffix = {  # at the defaults: MAGI_ROW_HELD_THREADS=512, MAGI_ROW_GRID_LOOP=auto
+    suffix = {  # wide blocks of up to 512 threads; no loop over wide rows and short streamed ones
         65536: "_s",
         65535: "_s",
         16384: "_h_g" if two_bytes else "_s_g",
@@ -138,7 +138,7 @@ def test_long_rows(name, cols, dtype, assert_close_rel):
 
 @pytest.mark.usefixtures("no_fallback")
 def test_one_kernel_launches_wide_and_streamed_rows_with_and_without_the_row_loop(assert_close_rel):
-    """The row layout and MAGI_ROW_GRID_LOOP=auto's loop over rows are chosen at each launch from
+    """The row layout and the loop over rows are chosen at each launch from
     the row length: one compiled RMSNorm over a dynamic row length holds rows of 32 KiB in a
     wide block (_h_g), streams rows of 64 KiB without the loop (_s_g) and rows of 128 KiB with
     it (_s), three variants of one kernel, each matching eager."""
@@ -195,68 +195,62 @@ def test_unit_strided_inputs_load_whole_vectors(assert_close_rel):
         assert ("sv" in kernel["symbol"].split("_")) == whole, (offset, pitch, kernel["symbol"])
 
 
-_PACKED_RUN = """
-import sys, torch
-sys.path[:0] = [{tests!r}, {examples!r}]
-from _fusion_patterns import BY_NAME, _rotary_inputs
-from magi_compiler import magi_compile
-from magi_compiler.inspection import last_compiled
-
-def fma(x, y, z):
+def _fma(x, y, z):
     return x * y + z
 
-def diff(x, y, z):
+
+def _diff(x, y, z):
     return x - y * z
 
-def halves(x, y, z):
+
+def _halves(x, y, z):
     return (x + y) * 0.5 - z
-
-torch.manual_seed(0)
-rotary, rotary_grad = BY_NAME["rotary"].fn, BY_NAME["rotary_grad"].fn
-tables = lambda b: _rotary_inputs(b, torch.bfloat16, "cuda")
-three = lambda b: [torch.randn(b, 64, 256, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
-for fn, make in ((rotary, tables), (rotary_grad, tables), (fma, three), (diff, three),
-                 (halves, three)):
-    compiled = magi_compile(fn, dynamic_arg_dims={{}})
-    for b in (3, 5):
-        args = make(b)
-        got, want = compiled(*args), fn(*args)
-        assert torch.equal(got, want), (fn.__name__, (got.float() - want.float()).abs().max())
-    symbols = [k["symbol"] for k in last_compiled().executable.generated_kernels()]
-    assert symbols and all(s.endswith("_p2") for s in symbols), symbols
-
-# Every bf16 bit pattern (zeros, subnormals, infinities, NaNs) against random ones: the same
-# bits as eager, or NaN on both sides (NaN encodings may differ).
-bits = lambda t: t.to(torch.int16).view(torch.bfloat16).reshape(4, 64, 256)
-x = bits(torch.arange(65536, dtype=torch.int32, device="cuda"))
-y, z = (bits(torch.randint(-32768, 32768, (65536,), device="cuda")) for _ in range(2))
-for fn in (fma, diff, halves):
-    got, want = magi_compile(fn, dynamic_arg_dims={{}})(x, y, z), fn(x, y, z)
-    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
-    assert bool(same.all()), (fn.__name__, int((~same).sum()))
-print("packed ok")
-"""
 
 
 def test_packed_bf16_pairs_match_eager_bit_for_bit():
-    """MAGI_PACKED_BF16=1 (the default, set in a process of its own in case the caller's
-    environment turns it off: the variable is read once per process): a
-    bf16 rotary, its backward (zero pads), and products and sums of bf16 tensors (one with a
-    scale of 0.5) run on packed pairs (kernel names end in _p2) and give eager's bits exactly,
+    """A bf16 rotary, its backward (zero pads), and products and sums of bf16 tensors (one with
+    a scale of 0.5) run on packed pairs (kernel names end in _p2) and give eager's bits exactly,
     as the float body does; over every bf16 bit pattern too, NaN encodings aside."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from _fusion_patterns import _rotary_inputs
+    from magi_compiler.inspection import last_compiled
 
-    root = Path(__file__).resolve().parents[2]
-    code = _PACKED_RUN.format(tests=str(root / "tests"), examples=str(root / "examples"))
-    env = {**os.environ, "MAGI_PACKED_BF16": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "packed ok" in done.stdout
+    torch.manual_seed(0)
+
+    def three(b):
+        return [torch.randn(b, 64, 256, dtype=BF16, device="cuda") for _ in range(3)]
+
+    def tables(b):
+        return _rotary_inputs(b, BF16, "cuda")
+
+    rotary, rotary_grad = BY_NAME["rotary"].fn, BY_NAME["rotary_grad"].fn
+    for fn, make in (
+        (rotary, tables),
+        (rotary_grad, tables),
+        (_fma, three),
+        (_diff, three),
+        (_halves, three),
+    ):
+        torch._dynamo.reset()
+        compiled = magi_compile(fn, dynamic_arg_dims={})
+        for b in (3, 5):
+            args = make(b)
+            got, want = compiled(*args), fn(*args)
+            assert torch.equal(got, want), (fn.__name__, (got.float() - want.float()).abs().max())
+        symbols = [k["symbol"] for k in last_compiled().executable.generated_kernels()]
+        assert symbols and all(s.endswith("_p2") for s in symbols), symbols
+
+    # Every bf16 bit pattern (zeros, subnormals, infinities, NaNs) against random ones: the same
+    # bits as eager, or NaN on both sides (NaN encodings may differ).
+    def bits(t):
+        return t.to(torch.int16).view(torch.bfloat16).reshape(4, 64, 256)
+
+    x = bits(torch.arange(65536, dtype=torch.int32, device="cuda"))
+    y, z = (bits(torch.randint(-32768, 32768, (65536,), device="cuda")) for _ in range(2))
+    for fn in (_fma, _diff, _halves):
+        torch._dynamo.reset()
+        got, want = magi_compile(fn, dynamic_arg_dims={})(x, y, z), fn(x, y, z)
+        same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), (fn.__name__, int((~same).sum()))
 
 
 @pytest.mark.usefixtures("no_fallback")

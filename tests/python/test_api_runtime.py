@@ -478,6 +478,20 @@ def test_rotary_tables_of_a_static_length_are_computed_once(assert_close_rel):
     assert exe.num_folded_values >= 1
 
 
+def test_folding_is_a_step_disabled_by_name(assert_close_rel):
+    # fold_constants is a pipeline name: disabled, the tables are computed on every call.
+    from magi_compiler import inspection
+
+    eager = init_weights_(LlamaBlock(hidden=H, n_heads=4, n_kv_heads=2, intermediate=2 * H), seed=0)
+    config = {"pass_config": {"disabled_passes": ["fold_constants"]}}
+    model = magi_compile(copy.deepcopy(eager), config_patch=config)
+    with torch.no_grad():
+        x = inputs(2)
+        assert_close_rel(model(x), eager(x), RTOL)
+    exe = inspection.last_compiled("inference").executable
+    assert (exe.num_constant_instructions, exe.num_folded_values) == (0, 0)
+
+
 def test_outputs_computed_from_constants_are_fresh_tensors():
     # A folded value returned to the caller must not be shared with later calls.
     def with_table(x):

@@ -216,6 +216,93 @@ def test_cuda_form_of_every_variant_is_nvrtc_compiled(tmp_path, monkeypatch, ass
         _C._clear_kernel_memory_cache()
 
 
+def _rms_norm(x, w):  # a per-column weight every row reads again
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _layer_norm(x, w):
+    return F.layer_norm(x, x.shape[-1:], w, w * 0.5)
+
+
+def _softmax(x, w):
+    return torch.softmax(x * w, -1)
+
+
+def _gated(x, w):  # pointwise only
+    return F.silu(x) * (x + w)
+
+
+_ROW_FUNCTIONS = [_rms_norm, _layer_norm, _softmax, _gated]
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize("fn", _ROW_FUNCTIONS, ids=lambda f: f.__name__.strip("_"))
+def test_row_kernels_over_short_long_and_odd_rows_match_eager(fn, assert_close_rel):
+    """RMSNorm, LayerNorm, softmax and a pointwise kernel over rows of 64, 1001 and 8192 float32
+    values match eager, and every CUDA form of each (rows in warps, held by a block or a wide
+    block, streamed; whole and narrower vectors) NVRTC-compiles for sm_90."""
+    compiled = magi_compile(fn)
+    with torch.no_grad():
+        for cols in (64, 1001, 8192):
+            x, w = torch.randn(6, cols), torch.randn(cols)
+            assert_close_rel(compiled(x, w), fn(x, w), 1e-5)
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit, or the copy Triton's wheel (a dependency of torch) has."""
+    import shutil
+    from pathlib import Path
+
+    found = shutil.which("cuobjdump")
+    if found is not None:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(path) if path.exists() else None
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_row_kernel_stores_are_whole_16_byte_stores(tmp_path, assert_close_rel):
+    """In the sm_90 machine code of the bf16 kernels (RMSNorm, LayerNorm, softmax over rows of
+    8192 values, and a pointwise one), every store of a form that moves vectors of 8 values is
+    one 16-byte STG: assigned through a uint4*, ptxas had split half of an RMSNorm kernel's plain
+    stores into four 4-byte ones."""
+    tool = _cuobjdump()
+    if tool is None or not _C.nvrtc_available():
+        pytest.skip("needs NVRTC and cuobjdump (from the CUDA toolkit or Triton)")
+    saved = _C.cache_dir()
+    _C.set_cache_dir(str(tmp_path))
+    _C._clear_kernel_memory_cache()
+    try:
+        with torch.no_grad():
+            for fn in _ROW_FUNCTIONS:
+                torch._dynamo.reset()
+                x = torch.randn(6, 8192, dtype=torch.bfloat16)
+                w = torch.randn(8192, dtype=torch.bfloat16)
+                assert_close_rel(magi_compile(fn)(x, w), fn(x, w), 2e-2)
+    finally:
+        _C.set_cache_dir(saved)
+        _C._clear_kernel_memory_cache()
+    stores: dict[str, list[str]] = {}
+    for cubin in sorted(tmp_path.rglob("*.cubin")):
+        sass = subprocess.run(
+            [tool, "-sass", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+        function = ""
+        for line in sass.splitlines():
+            if "Function :" in line:
+                function = line.split("Function :", 1)[1].strip()
+            elif " STG." in line:
+                stores.setdefault(function, []).append(line.split(" STG.", 1)[1].split()[0])
+    vector_forms = {f: ops for f, ops in stores.items() if "_v8" in f}
+    assert {f.split("_")[1] for f in vector_forms} >= {"pow", "native", "mul", "silu"}, stores
+    for function, opcodes in vector_forms.items():
+        assert all(o.endswith("128") for o in opcodes), (function, opcodes)
+
+
 # ---- training: fused forward, column reductions in the backward --------------------------
 
 

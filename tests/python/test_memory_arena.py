@@ -1,7 +1,7 @@
 """The memory arena on the CPU: a run's intermediates (generated kernels' outputs, matmuls) sit
 in one block laid out by liveness, with eager's numbers; what the caller gets (outputs, views
 of intermediates, tensors a custom op keeps) is never arena memory a later call overwrites;
-``MAGI_MEMORY_ARENA=0`` turns it off.
+``MAGI_DISABLE_PASSES=plan_memory_arena`` turns it off.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_llama_intermediates_live_in_one_arena_sized_per_batch(assert_close_rel)
 
 
 def test_turned_off_nothing_is_planned(monkeypatch, assert_close_rel):
-    monkeypatch.setenv("MAGI_MEMORY_ARENA", "0")
+    monkeypatch.setenv("MAGI_DISABLE_PASSES", "plan_memory_arena")
     model, eager = _llama_pair(seed=2)
     with lowered_graphs() as runs, torch.no_grad():
         x = torch.randn(3, 16, LLAMA["hidden"])

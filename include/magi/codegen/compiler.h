@@ -51,7 +51,7 @@ bool nvrtc_available();
 /// True when a CUDA driver and at least one device are present.
 bool cuda_driver_available();
 /// True when kernels loaded on `device` launch as programmatic dependents where the launch
-/// allows it: MAGI_DEPENDENT_LAUNCH on, compute capability 9.0 or higher, a 12.3+ driver.
+/// allows it: compute capability 9.0 or higher, a 12.3+ driver.
 /// False without a driver or for a device that does not exist.
 bool dependent_launch_available(int device);
 
@@ -78,20 +78,8 @@ struct CudaKernel {
   void* function = nullptr;  ///< CUfunction
   int device = -1;
   std::string name;
-  /// Resident blocks per multiprocessor for 32, 64, ..., 1024 threads per block (0 where that
-  /// block size exceeds the kernel's launch bounds); see resident_blocks().
-  int blocks_per_sm[6] = {};
-  /// Launches that allow it run as programmatic dependents (sm_90+, MAGI_DEPENDENT_LAUNCH).
+  /// Launches that allow it run as programmatic dependents (sm_90+, a 12.3+ driver).
   bool dependent_launch = false;
-  /// Resident blocks per multiprocessor at `threads` (in [32, 1024]): exact for a power of two;
-  /// for another count of whole warps (a held row's block, MAGI_ROW_BLOCK_ROUNDING=warp) the
-  /// count of the next power of two up, a lower bound, so a one-wave grid
-  /// (MAGI_KERNEL_GRID=wave) of such blocks may leave room on each SM.
-  int resident_blocks(int threads) const {
-    int i = 0;
-    while (i < 5 && (32 << i) < threads) ++i;
-    return blocks_per_sm[i];
-  }
 };
 
 /// Compiles (or fetches from cache) `source` for `device`'s architecture (sm_<major><minor>),

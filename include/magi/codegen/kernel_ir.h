@@ -83,7 +83,7 @@ struct KOutput {
   c10::ScalarType dtype;
   bool per_row = false;
   /// Read by an operator that is not one of our kernels (a matmul, attention, a custom op):
-  /// stored without the streaming hint of MAGI_VECTOR_IO=cs, so that the reader finds it in L2.
+  /// stored without the streaming hint (VectorIo::kStreaming), so that the reader finds it in L2.
   bool keep = false;
 };
 
@@ -132,13 +132,12 @@ struct KernelVariant {
   /// them (each step of a pass loads K vectors ahead); else held in registers, read once.
   bool streamed_rows = false;
   /// GPU row kernels whose rows are held in registers: by a block of more threads than
-  /// MAGI_MAX_BLOCK_THREADS (at most MAGI_ROW_HELD_THREADS), printed with that bound instead
-  /// (rows of 8192 < cols <= 16384 bf16 values at the defaults; symbol suffix _h).
+  /// KernelSchedule::block_threads (at most held_row_threads), printed with that bound instead
+  /// (rows of 8192 < cols <= 16384 bf16 values; symbol suffix _h).
   bool wide_rows = false;
   /// GPU row kernels: loop over rows by the grid's stride (a block may take several rows);
-  /// false, the launch's grid covers every row and a block takes its own (MAGI_ROW_GRID_LOOP:
-  /// wide rows and streamed rows of at most 64 KiB by default, with MAGI_KERNEL_GRID=all;
-  /// symbol suffix _g).
+  /// false, the launch's grid covers every row and a block takes its own (row_grid_loop: wide
+  /// rows and streamed rows of at most 64 KiB; symbol suffix _g).
   bool row_loop = true;
   /// Row and pointwise kernels with strided inputs: the rank of the index space, which the
   /// printed kernel takes as a constant (its row-coordinate loops unroll to it); 0 otherwise.
@@ -156,8 +155,7 @@ struct KernelVariant {
   bool strided_vectors = false;
   /// GPU pointwise kernels over bf16 whose ops are products, sums, differences, negations and
   /// selects of bf16 values, each rounded to bf16: computed on packed pairs (bf16x2), bit for
-  /// bit as the float body but for NaN encodings (see printer_packed.cpp). Off with
-  /// MAGI_PACKED_BF16=0.
+  /// bit as the float body but for NaN encodings (see printer_packed.cpp).
   bool packed_bf16 = false;
   /// The C symbol / CUDA kernel name of this variant.
   std::string symbol() const;

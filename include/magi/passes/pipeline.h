@@ -1,5 +1,7 @@
-// The one ordered list of passes run on every captured graph. Passes can be switched off by
-// name with MAGI_DISABLE_PASSES=name1,name2 (or PipelineOptions), for bisecting a problem.
+// The one ordered list of passes run on every captured graph, followed by the steps of its
+// lowering to an Executable (fold_constants, plan_memory_arena). Both can be switched off by
+// name with MAGI_DISABLE_PASSES=name1,name2 (or PipelineOptions, ExecutorOptions), for
+// bisecting a problem.
 #pragma once
 
 #include <functional>
@@ -27,14 +29,14 @@ struct PipelineOptions {
   std::function<void(const std::string& pass, const ir::Graph&)> after_pass;
 };
 
-/// Names of all passes, in pipeline order.
+/// Names of all passes, in pipeline order, then the lowering steps.
 std::vector<std::string> pipeline_pass_names();
 
 /// Does the pass named `name` run, given `disabled` (PipelineOptions::disabled) and
 /// MAGI_DISABLE_PASSES?
 bool pass_enabled(const std::string& name, const std::set<std::string>& disabled = {});
 
-/// Runs the pipeline in order; returns one record per pass.
+/// Runs the passes in order; returns one record per pass (not for the lowering steps).
 std::vector<PassRecord> run_pipeline(ir::Graph& graph, const PipelineOptions& options = {});
 
 }  // namespace magi::passes

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,11 +45,14 @@ struct ExecutorOptions {
   /// Weight offload (top-level graphs only; pieces never get it): inputs that live in
   /// offloaded host memory are streamed or kept on the GPU by an OffloadEngine (offload.h).
   std::optional<OffloadOptions> offload;
-  /// Plan intermediates into the memory arena (memory_arena.cpp; MAGI_MEMORY_ARENA=0 turns it
-  /// off everywhere). Inference graphs only: a training graph's backward frees its saved
+  /// Plan intermediates into the memory arena (memory_arena.cpp; the plan_memory_arena step,
+  /// unless disabled). Inference graphs only: a training graph's backward frees its saved
   /// inputs as it reads them, which the arena's peak estimate does not see, and arena blocks
   /// then held memory the allocator would have reused, raising the activation peak.
   bool memory_arena = true;
+  /// Pipeline names switched off (passes::pass_enabled, with MAGI_DISABLE_PASSES): the lowering
+  /// steps fold_constants and plan_memory_arena are skipped when named here.
+  std::set<std::string> disabled;
   /// Pieces: which of the piece's outputs an operator other than our generated kernels reads
   /// where the piece is called (empty: none). A fused kernel that writes such an output stores
   /// it without the streaming hint (KOutput::keep).
