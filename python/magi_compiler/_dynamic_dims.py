@@ -20,20 +20,23 @@ from typing import Any
 
 import torch
 
+# Tensor, and the legacy typed names (FloatTensor, LongTensor, ...) Hugging Face annotates with.
+_TENSOR_NAME = r"(?:torch\.)?(?:Tensor|(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)Tensor)"
 _TENSOR_TEXT = re.compile(
-    r"^\s*(?:Optional\[\s*(?:torch\.)?Tensor\s*\]|(?:torch\.)?Tensor(?:\s*\|\s*None)?|None\s*\|\s*(?:torch\.)?Tensor)\s*$"
+    rf"^\s*(?:Optional\[\s*{_TENSOR_NAME}\s*\]|{_TENSOR_NAME}(?:\s*\|\s*None)?"
+    rf"|None\s*\|\s*{_TENSOR_NAME})\s*$"
 )
 
 
 def _is_tensor_annotation(annotation: Any) -> bool:
-    if annotation is torch.Tensor:
+    if annotation is torch.Tensor or isinstance(annotation, type(torch.FloatTensor)):
         return True
     if isinstance(annotation, str):
         return bool(_TENSOR_TEXT.match(annotation))
     origin = typing.get_origin(annotation)
     if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return len(args) == 1 and args[0] is torch.Tensor
+        return len(args) == 1 and _is_tensor_annotation(args[0])
     return False
 
 

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import typing
 
 import _future_annotations_model as future_models
 import pytest
@@ -471,6 +472,27 @@ def test_inferred_dims_leave_unannotated_tensors_static(assert_close_rel):
     x, mask = inputs(2), inputs(2, SEQ)
     assert_close_rel(model(x, mask, table), eager(x, mask, table), RTOL)
     assert captures() == 2
+
+
+class TypedAnnotations(torch.nn.Module):
+    """Annotated as Hugging Face annotates: typed tensor names, Optional of them."""
+
+    def forward(
+        self,
+        x: torch.FloatTensor,
+        mask: typing.Optional[torch.FloatTensor] = None,  # noqa: UP045 - HF's spelling
+    ) -> torch.Tensor:
+        return torch.tanh(x) + mask
+
+
+def test_typed_tensor_annotations_get_dim_0(assert_close_rel):
+    model = magi_compile(TypedAnnotations())
+    entry = vars(model)["_magi_compiled"]
+    assert entry.dims_inferred and entry.dynamic_arg_dims == {"x": [0], "mask": [0]}
+    for b in BATCHES:
+        x, mask = inputs(b), inputs(b)
+        assert_close_rel(model(x, mask), torch.tanh(x) + mask, RTOL)
+    assert captures() == 1  # the mask's batch moves with x's: both dynamic
 
 
 def test_no_tensor_annotation_makes_dim_0_of_every_tensor_dynamic(assert_close_rel):
