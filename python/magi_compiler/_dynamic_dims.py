@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 # Tensor, and the legacy typed names (FloatTensor, LongTensor, ...) Hugging Face annotates with.
-_TENSOR_NAME = r"(?:torch\.)?(?:Tensor|(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)Tensor)"
+_TENSOR_NAME = (
+    r"(?:torch\.)?(?:Tensor|(?:Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)Tensor)"
+)
 _TENSOR_TEXT = re.compile(
     rf"^\s*(?:Optional\[\s*{_TENSOR_NAME}\s*\]|{_TENSOR_NAME}(?:\s*\|\s*None)?"
     rf"|None\s*\|\s*{_TENSOR_NAME})\s*$"
