@@ -8,26 +8,13 @@
 #include <omp.h>
 #endif
 
+#include "magi_kernel_abi.h"  // MagiArgs, the one argument of every kernel
+
 struct magi_bf16 {
   uint16_t x;
 };
 struct magi_f16 {
   uint16_t x;
-};
-
-#define MAGI_MAX_IO 16
-#define MAGI_MAX_RANK 8
-
-struct MagiArgs {
-  void* ptr[MAGI_MAX_IO];
-  long long numel, rows, cols;
-  long long rank;
-  long long sizes[MAGI_MAX_RANK];
-  long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];
-  void* workspace;  // unused on the CPU (see the CUDA preamble)
-  long long splits, phase;
-  unsigned div_magic[MAGI_MAX_RANK], div_shift[MAGI_MAX_RANK];  // unused on the CPU
-  unsigned cols_magic, cols_shift;
 };
 
 static inline float magi_bf16_to_float(uint16_t h) {

@@ -3,29 +3,13 @@
 // cuda_bf16.h/cuda_fp16.h keep each compile small and fast.
 #pragma once
 
+#include "magi_kernel_abi.h"  // MagiArgs, the one argument of every kernel
+
 struct magi_bf16 {
   unsigned short x;
 };
 struct magi_f16 {
   unsigned short x;
-};
-
-#define MAGI_MAX_IO 16
-#define MAGI_MAX_RANK 8
-
-// The single by-value argument of every generated kernel (layout shared with the launcher).
-struct MagiArgs {
-  void* ptr[MAGI_MAX_IO];  // inputs, then outputs
-  long long numel, rows, cols;
-  long long rank;
-  long long sizes[MAGI_MAX_RANK];                 // index space
-  long long strides[MAGI_MAX_IO][MAGI_MAX_RANK];  // per input, in elements, 0 where broadcast
-  void* workspace;          // column kernels: partial results [reduction][split][cols]
-  long long splits, phase;  // column kernels: row splits; 0 = pass over the rows, 1 = combine
-  // n / sizes[d] = (umulhi(n, div_magic[d]) + n) >> div_shift[d] for n < 2^31 (index spaces
-  // under 2^31 elements); the same for cols (cols_magic, cols_shift).
-  unsigned div_magic[MAGI_MAX_RANK], div_shift[MAGI_MAX_RANK];
-  unsigned cols_magic, cols_shift;
 };
 
 __device__ __forceinline__ float magi_bf16_to_float(unsigned short h) {

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "magi/common/error.h"
-#include "magi/passes/passes.h"
+#include "magi_kernel_abi.h"
 #include "printer_parts.h"
 
 namespace magi::codegen::printer {
@@ -257,8 +257,8 @@ void check_variant(const KernelVariant& v) {
   MAGI_ASSERT(v.spec != nullptr, "variant without a spec");
   MAGI_ASSERT(v.access.size() == v.spec->inputs.size(), "variant has ", v.access.size(),
               " access classes for ", v.spec->inputs.size(), " inputs");
-  MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= passes::kMaxKernelArgs,
-              "kernel with more than ", passes::kMaxKernelArgs, " inputs and outputs");
+  MAGI_ASSERT(v.spec->inputs.size() + v.spec->outputs.size() <= MAGI_MAX_KERNEL_ARGS,
+              "kernel with more than ", MAGI_MAX_KERNEL_ARGS, " inputs and outputs");
   MAGI_ASSERT(!v.strided_vectors || (v.vector_width > 1 && v.spec->schedule != Schedule::kColumn),
               v.symbol(), ": whole strided vectors in a column kernel or at width 1");
   MAGI_ASSERT(

@@ -297,7 +297,7 @@ bool Fuser::can_join(const Group& g, const Node& node) {
 }
 
 bool Fuser::within_arity(std::initializer_list<const Group*> groups, const Node* extra) const {
-  return args_of(groups, extra).size() <= kMaxKernelArgs;
+  return args_of(groups, extra).size() <= MAGI_MAX_KERNEL_ARGS;
 }
 
 std::unordered_set<const Value*> Fuser::args_of(std::initializer_list<const Group*> groups,

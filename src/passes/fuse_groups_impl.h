@@ -17,6 +17,7 @@
 
 #include "magi/ir/graph.h"
 #include "magi/ir/op_info.h"
+#include "magi_kernel_abi.h"
 
 namespace magi::passes::detail {
 
@@ -141,9 +142,10 @@ class Fuser {
 
   bool can_join(const Group& g, const Node& node);
 
-  // A generated kernel takes at most kMaxKernelArgs tensors (inputs and outputs together;
-  // MagiArgs holds that many pointers). Counts the tensors the members of `groups` (and
-  // `extra`) would read from outside them and the values they make that are read outside.
+  // A generated kernel takes at most MAGI_MAX_KERNEL_ARGS tensors (inputs and outputs
+  // together; MagiArgs holds that many pointers, kernels/magi_kernel_abi.h). Counts the tensors the
+  // members of `groups` (and `extra`) would read from outside them and the values they make that
+  // are read outside.
   bool within_arity(std::initializer_list<const Group*> groups, const Node* extra) const;
 
   // The tensors a kernel of the members of `groups` (and `extra`) would take: the values they

@@ -127,14 +127,14 @@ bool Fuser::sink(size_t gi, Node* m) {
     // Before a view an operand is a kernel argument of its own (addressed through the view):
     // count each anchor twice there, at the most.
     const size_t twice = groups_[ci].region_of.empty() ? 0 : anchors.size();
-    if (args.size() + twice > kMaxKernelArgs) return false;
+    if (args.size() + twice > MAGI_MAX_KERNEL_ARGS) return false;
   }
   std::unordered_set<const Value*> args = args_of({&g}, nullptr);
   args.erase(v);
   for (const Value* a : anchors) {
     if (g.member_set.count(a->producer())) args.insert(a);
   }
-  if (args.size() > kMaxKernelArgs) return false;
+  if (args.size() > MAGI_MAX_KERNEL_ARGS) return false;
 
   for (size_t ci : readers) recompute_in(ci, v, recipe);
   erase_unused_members(gi);

@@ -257,15 +257,15 @@ std::optional<codegen::CudaSource> FusedKernel::expected_cuda_source() const {
   std::vector<int64_t> expanded;
   for (size_t i = 0; i < sizes.size(); ++i) {
     kv.access.push_back(classify(sizes[i], strides[i], space, expanded));
-    if (kv.access.back() == AccessClass::kStrided && space.size() > codegen::kMaxRank) {
+    if (kv.access.back() == AccessClass::kStrided && space.size() > MAGI_MAX_RANK) {
       return std::nullopt;  // runs through ATen
     }
-    for (size_t d = 0; d < space.size() && d < codegen::kMaxRank; ++d) {
+    for (size_t d = 0; d < space.size() && d < MAGI_MAX_RANK; ++d) {
       args.strides[i][d] = expanded[d];
     }
   }
   adapt_column_access(spec_, space.size(), kv.access);
-  if (space.size() > codegen::kMaxRank &&
+  if (space.size() > MAGI_MAX_RANK &&
       std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0) {
     return std::nullopt;
   }
@@ -449,8 +449,8 @@ int FusedKernel::reusable_input(const std::vector<at::Tensor>& inputs,
 std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& inputs,
                                                 c10::IntArrayRef first_output_strides,
                                                 std::vector<at::Tensor> presets) const {
-  // MagiArgs has room for kMaxIO pointers; a larger group runs through ATen.
-  if (inputs.size() + outputs_.size() > static_cast<size_t>(kMaxIO)) return run_fallback(inputs);
+  // MagiArgs has room for MAGI_MAX_KERNEL_ARGS pointers; a larger group runs through ATen.
+  if (inputs.size() + outputs_.size() > MAGI_MAX_KERNEL_ARGS) return run_fallback(inputs);
   // Each input's sizes and strides in the index space: its own, or through its views.
   std::vector<std::vector<int64_t>> mapped_sizes, mapped_strides;
   if (has_views_) {
@@ -564,13 +564,13 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   for (size_t i = 0; i < inputs.size(); ++i) {
     MAGI_ASSERT(inputs[i].device() == device, spec_.name, ": inputs on different devices");
     kv.access.push_back(classify(sizes_of(i), strides_of(i), space, expanded));
-    for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) args.strides[i][d] = expanded[d];
+    for (int64_t d = 0; d < rank && d < MAGI_MAX_RANK; ++d) args.strides[i][d] = expanded[d];
     args.ptr[i] = const_cast<void*>(inputs[i].data_ptr());
   }
   adapt_column_access(spec_, space.size(), kv.access);
   const bool any_strided =
       std::count(kv.access.begin(), kv.access.end(), AccessClass::kStrided) > 0;
-  if (any_strided && rank > codegen::kMaxRank) return run_fallback(inputs);
+  if (any_strided && rank > MAGI_MAX_RANK) return run_fallback(inputs);
   size_t written_over = 0;
   for (const at::Tensor& out : outputs) {  // presets the arena placed over a dying input
     if (!out.defined()) continue;
@@ -601,7 +601,7 @@ std::vector<at::Tensor> FusedKernel::run_kernel(const std::vector<at::Tensor>& i
   args.rows = rows;
   args.cols = cols;
   args.rank = rank;
-  for (int64_t d = 0; d < rank && d < codegen::kMaxRank; ++d) {
+  for (int64_t d = 0; d < rank && d < MAGI_MAX_RANK; ++d) {
     args.sizes[d] = space[d];
     division_constants(space[d], args.div_magic[d], args.div_shift[d]);
   }

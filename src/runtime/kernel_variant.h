@@ -1,7 +1,7 @@
 // How FusedKernel chooses the kernel variant of a call (each input's access class, the vector
-// width, the row layout, vectors per thread, the index rank) and MagiArgs, the one argument of
-// every generated kernel. Private to the runtime layer: FusedKernel is its only user (and
-// tests/cpp/test_printers.cpp checks threads_per_row).
+// width, the row layout, vectors per thread, the index rank) from MagiArgs, the one argument of
+// every generated kernel (kernels/magi_kernel_abi.h). Private to the runtime layer: FusedKernel is
+// its only user (and tests/cpp/test_printers.cpp checks threads_per_row).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -13,22 +13,11 @@
 
 #include "magi/codegen/kernel_ir.h"
 #include "magi/codegen/printers.h"
+#include "magi_kernel_abi.h"
 
 namespace magi::runtime::detail {
 
-// Must match MagiArgs in kernels/magi_cuda_preamble.cuh and kernels/magi_cpu_preamble.h.
-constexpr int kMaxIO = 16;
-struct MagiArgs {
-  void* ptr[kMaxIO];
-  long long numel, rows, cols;
-  long long rank;
-  long long sizes[codegen::kMaxRank];
-  long long strides[kMaxIO][codegen::kMaxRank];
-  void* workspace;
-  long long splits, phase;
-  unsigned div_magic[codegen::kMaxRank], div_shift[codegen::kMaxRank];
-  unsigned cols_magic, cols_shift;
-};
+using MagiArgs = ::MagiArgs;
 
 /// How an input of `sizes` and `strides` is addressed in the index space `space`; `expanded`
 /// receives its strides in the space (0 where broadcast).

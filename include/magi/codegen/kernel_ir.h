@@ -115,10 +115,8 @@ enum class AccessClass : char {
   kRow = 'r',         ///< one value per row (broadcast along the last dim), rows contiguous
   kColumn = 'l',      ///< one value per column (broadcast along all leading dims)
   kScalar = 's',      ///< one value
-  kStrided = 'g',     ///< general strides over up to kMaxRank dims
+  kStrided = 'g',     ///< general strides over up to MAGI_MAX_RANK dims (magi_kernel_abi.h)
 };
-
-constexpr int kMaxRank = 8;
 
 /// A printable variant: the spec plus how each input is addressed and the vector width.
 struct KernelVariant {

@@ -62,10 +62,6 @@ bool is_grouped_attention_copy(const ir::Node& node);
 /// once. Unknown names in `splitting_ops` are logged once and ignored.
 bool split_at_boundaries(ir::Graph& graph, const std::vector<std::string>& splitting_ops = {});
 
-/// Tensors one generated kernel takes, inputs and outputs together (the pointers MagiArgs
-/// holds): fuse_groups makes no larger group, and the printers check it.
-constexpr size_t kMaxKernelArgs = 16;
-
 /// Folds away ops that would cut a generated kernel in two without computing anything: an
 /// expand of a value with size-1 dims that only elementwise ops read (they broadcast it), and a
 /// detach that only ops read. Run by fuse_groups on each graph before grouping; does not
