@@ -15,6 +15,15 @@ MAGI_LOGGING_LEVEL=off "$cpp_tests" --gtest_brief=1
 echo "[test] pytest (tests/python, tests/gpu)"
 python -m pytest tests/python tests/gpu -q -ra --durations=5
 
+echo "[test] lint"
+# Errors of the C++ core are magi's classes (magi/common/error.h), which the bindings map to
+# Python exceptions; a bare std::runtime_error would reach Python as a plain RuntimeError.
+if grep -rn "throw std::runtime_error" src include; then
+  echo "[test] throw std::runtime_error in the C++ core: use MAGI_CHECK, MAGI_ASSERT,"
+  echo "       MAGI_UNSUPPORTED or an error class of include/magi/common/error.h"
+  exit 1
+fi
+
 echo "[test] ruff"
 ruff check python tests examples benchmarks scripts tools
 ruff format --check python tests examples benchmarks scripts tools

@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/clone.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
 
 #include "magi/codegen/compiler.h"
 #include "magi/common/error.h"
@@ -18,6 +19,27 @@
 
 namespace magi::runtime {
 namespace {
+
+// Rethrows the exception being handled with `context` (the step that failed) added and its
+// type kept: magi's errors as the same class with the context ahead of the message, c10's
+// (out of memory, index, value and type errors among them) with the context added as PyTorch
+// adds its own, anything else unchanged (a custom op's Python exception, a bad_alloc).
+[[noreturn]] void rethrow_with_context(const std::string& context) {
+  try {
+    throw;
+  } catch (c10::Error& e) {
+    e.add_context(context);
+    throw;
+  } catch (const UserError& e) {
+    throw UserError(context + ": " + e.what());
+  } catch (const UnsupportedError& e) {
+    throw UnsupportedError(context + ": " + e.what());
+  } catch (const InternalError& e) {
+    throw InternalError(context + ": " + e.what());
+  } catch (const DeviceError& e) {
+    throw DeviceError(context + ": " + e.what());
+  }
+}
 
 int64_t to_int(const c10::IValue& v) {
   if (v.isInt()) return v.toInt();
@@ -438,8 +460,8 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         }
         try {
           op->callBoxed(stack);
-        } catch (const std::exception& e) {
-          throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
+        } catch (...) {
+          rethrow_with_context("magi-compiler: " + instr.where + " failed");
         }
         if (estimate) {
           OffloadEngine::add_estimate(
@@ -515,8 +537,8 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
         at::Tensor out;
         try {
           out = p.attention[instr.attention]->run(args);
-        } catch (const std::exception& e) {
-          throw std::runtime_error("magi-compiler: " + instr.where + " failed: " + e.what());
+        } catch (...) {
+          rethrow_with_context("magi-compiler: " + instr.where + " failed");
         }
         if (estimate) {
           OffloadEngine::add_estimate(

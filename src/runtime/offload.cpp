@@ -43,8 +43,8 @@ namespace {
 void cuda_check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear it for the next caller
-    throw Error(std::string("magi-compiler: weight offload: ") + what +
-                " failed: " + cudaGetErrorString(status));
+    throw DeviceError(std::string("magi-compiler: weight offload: ") + what +
+                      " failed: " + cudaGetErrorString(status));
   }
 }
 

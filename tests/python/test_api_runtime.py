@@ -505,3 +505,21 @@ def test_outputs_computed_from_constants_are_fresh_tensors():
             table = compiled(inputs(2))[1]
             assert table is not first
             torch.testing.assert_close(table, torch.arange(4.0) * 2)
+
+
+def test_errors_of_aten_calls_keep_their_type():
+    # An index out of range is an IndexError in eager PyTorch, and through the executor too,
+    # with the step that failed added to the message.
+    def gather_rows(table, index):
+        return torch.nn.functional.embedding(index, table) * 2.0
+
+    compiled = magi_compile(gather_rows, dynamic_arg_dims={})
+    table = torch.randn(4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            compiled(table, torch.tensor([0, 3])), gather_rows(table, torch.tensor([0, 3]))
+        )
+        with pytest.raises(IndexError):
+            gather_rows(table, torch.tensor([0, 9]))
+        with pytest.raises(IndexError, match="magi-compiler: .*embedding.* failed"):
+            compiled(table, torch.tensor([0, 9]))
