@@ -242,12 +242,34 @@ def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
                 effects.is_modified(v)
                 and getattr(v, "source", None) is not None
                 and not isinstance(v.source, TempLocalSource)
+                and not _restored(effects, v)
                 for v in effects.id_to_variable.values()
             )
         )
     except Exception:  # noqa: BLE001 - an internal API: without it, assume side effects
         side_effect_free = False
     return {"sources": sources, "side_effect_free": side_effect_free}
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _restored(effects: Any, variable: Any) -> bool:
+    """Whether every attribute the trace wrote on this pre-existing object ends with the plain
+    value (None, a bool, a number, a string) it had before: a set-then-reset pair, such as
+    transformers' output collector (set on entry, reset in a ``finally``), changes nothing a
+    direct call would have to replay."""
+    obj = getattr(variable, "value", None)
+    writes = effects.store_attr_mutations.get(variable)
+    if obj is None or not writes or variable.is_underlying_vt_modified(effects):
+        return False
+    for name, value in writes.items():
+        if not value.is_python_constant():
+            return False
+        after, before = value.as_python_constant(), getattr(obj, name, _restored)
+        if not isinstance(after, _PLAIN) or type(after) is not type(before) or after != before:
+            return False
+    return True
 
 
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):

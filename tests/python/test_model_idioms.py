@@ -227,3 +227,54 @@ def test_a_keyword_call_with_a_mask_is_its_own_signature(assert_close_rel):
             )
             assert_close_rel(model(x).aux, eager(x).aux, RTOL)
     assert native_calls() >= 4
+
+
+class _Collector:
+    """Like transformers' output collector: set on entry to forward, reset in a finally."""
+
+    active = None
+
+
+COLLECTOR = _Collector()
+
+
+class SetsAndResets(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        COLLECTOR.active = "collecting"
+        try:
+            return torch.relu(self.fc(x))
+        finally:
+            COLLECTOR.active = None
+
+
+class LeavesAMark(SetsAndResets):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        COLLECTOR.active = "left"
+        return torch.relu(self.fc(x))
+
+
+def test_an_attribute_set_and_reset_in_forward_is_no_side_effect(assert_close_rel):
+    eager = SetsAndResets()
+    model = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+    assert native_calls() == 2 and COLLECTOR.active is None
+
+
+def test_an_attribute_left_changed_keeps_the_ordinary_path(assert_close_rel):
+    eager = LeavesAMark()
+    model = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            COLLECTOR.active = None
+            x = inputs(b)
+            assert_close_rel(model(x), eager(x), RTOL)
+            assert COLLECTOR.active == "left"  # Dynamo replays the write on every call
+    assert native_calls() == 0
+    COLLECTOR.active = None
