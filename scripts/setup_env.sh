@@ -43,8 +43,8 @@ if [[ "$have_torch" != "$want_torch" ]]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "$MAGI_TORCH"
 fi
-# pillow: the index page test reads its screenshot.
-python -m pip install -q numpy pytest "scikit-build-core>=0.10" ninja ruff pillow
+# pillow: the index page test reads its screenshot; transformers: the model zoo (tests/python/test_zoo.py).
+python -m pip install -q numpy pytest "scikit-build-core>=0.10" ninja ruff pillow "transformers==5.17.0"
 say "python $(python --version 2>&1 | cut -d' ' -f2), torch $(python -c 'import torch; print(torch.__version__)')"
 
 # 3. ccache: keep its cache across clones and let it cache precompiled-header builds.
