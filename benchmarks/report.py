@@ -2,13 +2,15 @@
 """Usage: python benchmarks/report.py [--results DIR] [--out PATH] [--plots DIR] [--headline]
 
 Writes ``benchmarks/RESULTS.md`` from the result JSON in ``benchmarks/results/``. Each file is
-the output of one benchmark script (``run.py``'s suite, ``bandwidth.py``, ``host_overhead.py``,
-``recompute.py`` or ``offload.py``) on one device; for every benchmark and device kind (the CPU,
-each GPU model) the latest complete run is reported, so adding a newer run there and rerunning
-this script is the whole update. Runs restricted with ``--only``, ``--variants`` or ``--smoke``
-are not complete and are skipped. ``--headline`` prints only the headline table (the one the
-README shows); ``--plots DIR`` also writes PNG plots of the suite runs (needs matplotlib; the
-default folder ``benchmarks/plots`` is git-ignored).
+the output of one benchmark script (``run.py``'s suite, ``zoo.py``, ``bandwidth.py``,
+``host_overhead.py``, ``recompute.py`` or ``offload.py``) on one device; for every benchmark and
+device kind (the CPU, each GPU model) the latest complete run is reported, so adding a newer run
+there and rerunning this script is the whole update. Runs restricted with ``--only``,
+``--variants`` or ``--smoke`` are not complete and are skipped; a ``zoo.py`` file is complete once
+it has a result for each of its six models (its runs are split with ``--models`` and
+``--append``). ``--headline`` prints only the headline table (the one the README shows);
+``--plots DIR`` also writes PNG plots of the suite runs (needs matplotlib; the default folder
+``benchmarks/plots`` is git-ignored).
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: the repository root for the package
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.report_extra import other_section, table  # noqa: E402
+from benchmarks.report_extra import (  # noqa: E402
+    ZOO_FAMILIES,
+    other_section,
+    table,
+    zoo_models_covered,
+)
 
 LABELS = {
     "eager": "eager",
@@ -43,7 +50,7 @@ COLORS = {
 # Each magi variant against its torch.compile counterpart: plain, and with CUDA graphs.
 PAIRS = (("magi", "inductor"), ("magi_cg", "inductor_ro"))
 # Section order within a device kind.
-BENCHMARKS = ("suite", "bandwidth", "host_overhead", "recompute", "offload")
+BENCHMARKS = ("suite", "zoo", "bandwidth", "host_overhead", "recompute", "offload")
 PARTIAL_FLAGS = ("--only", "--variants", "--smoke", "--no-bandwidth")
 
 
@@ -85,6 +92,8 @@ def stamp(doc: dict) -> dict[str, str]:
 
 
 def is_complete(doc: dict) -> bool:
+    if benchmark_of(doc) == "zoo":  # a --models subset written with --append is normal
+        return set(ZOO_FAMILIES) <= zoo_models_covered(doc)
     command = str((doc.get("meta") or {}).get("command", ""))
     return not any(flag in command.split() for flag in PARTIAL_FLAGS)
 

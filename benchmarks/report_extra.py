@@ -1,7 +1,8 @@
 """The sections of ``benchmarks/RESULTS.md`` for the benchmarks other than ``run.py``'s suite:
 generated kernels' bandwidth and compile latency (``bandwidth.py``), host time per call
-(``host_overhead.py``), recomputation in training (``recompute.py``) and weight offload
-(``offload.py``). ``report.py`` picks the runs and calls ``other_section`` for each.
+(``host_overhead.py``), recomputation in training (``recompute.py``), weight offload
+(``offload.py``) and the model zoo (``zoo.py``). ``report.py`` picks the runs and calls
+``other_section`` for each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def other_section(bench: str, doc: dict, kind: str, stamp: str) -> str:
         "host_overhead": _host_section,
         "recompute": _recompute_section,
         "offload": _offload_section,
+        "zoo": _zoo_section,
     }
     return sections[bench](doc, kind, stamp)
 
@@ -277,4 +279,179 @@ def _recompute_section(doc: dict, kind: str, stamp: str) -> str:
                 table(["magi variant", "budget MiB", "predicted fits", "measured fits",
                         "measured / predicted", "tc at ≤ the same peak", "time magi / it"], rows),
             ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# benchmarks/zoo.py
+# --------------------------------------------------------------------------------------------
+
+ZOO_FAMILIES = ("llama", "qwen3", "gpt2", "bert", "vit", "t5")  # zoo_models.FAMILIES
+ZOO_SCENARIOS = ("whole", "layers", "cache")
+ZOO_LABELS = {
+    "eager": "eager",
+    "inductor": "torch.compile",
+    "inductor_ro": "reduce-overhead",
+    "magi": "magi",
+    "magi_cg": "magi CUDA graphs",
+}
+# (magi variant, its torch.compile counterpart): ratio = counterpart ms / magi ms.
+ZOO_PAIRS = (("magi", "inductor"), ("magi_cg", "inductor_ro"))
+
+
+def zoo_models_covered(doc: dict) -> set[str]:
+    """The zoo families a ``zoo.py`` file has a result for: rows, or a recorded failure of the
+    whole model (which is a result too)."""
+    return {r.get("model") for r in doc.get("rows", [])} | {
+        f.get("model") for f in doc.get("failures", [])
+    }
+
+
+def _line(text: object, limit: int = 200) -> str:
+    """One line of ``text`` for a table cell or a list item, at most ``limit`` characters."""
+    flat = " ".join(str(text).split()).replace("|", "/").replace("`", "'")
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _first_line(text: object) -> str:
+    """The first line of an error, or where Dynamo wraps a backend's error ("... raised:"), the
+    wrapped one's first line (after zoo.py's "build: " or "timing: ")."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()] or [""]
+    if lines[0].endswith(" raised:") and len(lines) > 1:
+        stage = lines[0].split(": ", 1)[0]
+        return (f"{stage}: " if stage in ("build", "timing") else "") + lines[1]
+    return lines[0]
+
+
+def _zoo_ms(rec: dict | None) -> float | None:
+    return rec.get("ms") if rec and "error" not in rec else None
+
+
+def _zoo_ms_cell(rec: dict | None) -> str:
+    if rec is None:
+        return "–"
+    if "error" in rec:
+        return "failed"
+    return f"{rec['ms']:.3f}" if rec.get("ms") is not None else "–"
+
+
+def _zoo_ratio(base: float | None, magi: float | None) -> str:
+    if not base or not magi:
+        return "–"
+    text = f"{base / magi:.2f}"
+    return f"{text}×" + (" **slower**" if float(text) < 1.0 else "")
+
+
+def _zoo_fallbacks(rec: dict | None) -> str:
+    if not rec or "fallbacks" not in rec:
+        return "–"
+    if not rec["fallbacks"]:
+        return "0"
+    reasons = "; ".join(rec.get("fallback_reasons") or [])
+    return _line(f"{rec['fallbacks']}: {reasons}" if reasons else rec["fallbacks"], 160)
+
+
+def _zoo_order(row: dict) -> tuple:
+    model, scenario = row.get("model"), row.get("scenario")
+    return (
+        ZOO_FAMILIES.index(model) if model in ZOO_FAMILIES else len(ZOO_FAMILIES),
+        str(model),
+        str(row.get("size")),
+        ZOO_SCENARIOS.index(scenario) if scenario in ZOO_SCENARIOS else len(ZOO_SCENARIOS),
+        str(scenario),
+        row.get("batch") or 0,
+    )
+
+
+def _zoo_failures(doc: dict, rows: list[dict]) -> list[str]:
+    """Each failure once: a variant's error with the scenarios and batches it hit (the
+    baselines are shared by the whole and layers rows), then the models that could not run."""
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        for v, rec in r.get("variants", {}).items():
+            if rec.get("error"):
+                key = (r.get("model"), ZOO_LABELS.get(v, v), _line(_first_line(rec["error"])))
+                where = f"{r.get('scenario')} b{r.get('batch')}"
+                if where not in seen.setdefault(key, []):
+                    seen[key].append(where)
+    out = [f"**{m}** {v} ({', '.join(w)}): `{e}`" for (m, v, e), w in seen.items()]
+    for f in doc.get("failures", []):
+        out.append(f"**{f.get('model')}** could not be run: `{_line(_first_line(f.get('error')))}`")
+    return out
+
+
+def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/zoo.py: Hugging Face models as users bring them, magi_compile beside eager and
+    torch.compile, one row per model, scenario and batch."""
+    meta = doc.get("meta", {})
+    rows = sorted(doc.get("rows", []), key=_zoo_order)
+    present = {v for r in rows for v in r.get("variants", {})}
+    vs = [v for v in ZOO_LABELS if v in present]
+    pairs = [(m, t) for m, t in ZOO_PAIRS if m in vs and t in vs]
+    sizes = sorted({str(r.get("size")) for r in rows})
+    lines = [
+        f"## {kind}: model zoo",
+        "",
+        stamp,
+        "",
+        f"`{meta.get('command')}` (the latest write: a run split with `--models` and `--append` "
+        f"gathers its rows in one file) · {meta.get('dtype')} · transformers "
+        f"{meta.get('transformers')}. Hugging Face models built from their configs with random "
+        "weights (`benchmarks/zoo_models.py`: Llama-3.2-1B, Qwen3-0.6B, GPT-2, BERT-base, "
+        f"ViT-base and T5-small shapes; size {', '.join(sizes) or '?'}), one forward per call "
+        "with keyword arguments. *whole*: `magi_compile(model)`; *layers*: the layer class "
+        "decorated; *cache*: a prefill with `use_cache=True`. torch.compile and reduce-overhead "
+        "compile the whole model with the scenario's call. Each variant's first call at each "
+        "batch (capture and compile included, host clock; batch 1 first) is checked against "
+        "eager, then the variants are timed in interleaved rounds: median ms per call. "
+        "*Captures*, *fallbacks* (entries running eagerly, with the reason) and *first call*: "
+        "magi's at that batch; *magi error*: max |magi − eager| over max |eager|, worst output "
+        "tensor."
+        + (
+            " Ratios: "
+            + " and ".join(f"{ZOO_LABELS[t]} ms / {ZOO_LABELS[m]} ms" for m, t in pairs)
+            + ", above 1.00× magi is faster; **slower** marks where it is not."
+            if pairs
+            else ""
+        ),
+        "",
+    ]
+    header = ["model", "scenario", "batch", "captures", "fallbacks", "magi error",
+              "magi first call s"] + [f"{ZOO_LABELS[v]} ms" for v in vs]  # fmt: skip
+    header += [f"{ZOO_LABELS[m]} vs {ZOO_LABELS[t]}" for m, t in pairs]
+    body = []
+    slower = {m: [0, 0] for m, _ in pairs}  # magi variant: [rows slower, rows compared]
+    for r in rows:
+        rec = r.get("variants", {})
+        magi = rec.get("magi") or {}
+        fallbacks = _zoo_fallbacks(rec.get("magi"))
+        cg = _zoo_fallbacks(rec.get("magi_cg"))
+        if cg not in ("–", "0", fallbacks):
+            fallbacks = _line(f"{fallbacks} · CUDA graphs: {cg}", 200)
+        err, first = magi.get("rel_err"), magi.get("first_call_s")
+        model = r.get("model", "?") + (f" ({r.get('size')})" if len(sizes) > 1 else "")
+        row = [
+            model, str(r.get("scenario", "?")), str(r.get("batch", "?")),
+            str(magi.get("captures", "–")), fallbacks,
+            "–" if err is None else f"{err:.1e}", "–" if first is None else f"{first:.2f}",
+        ]  # fmt: skip
+        row += [_zoo_ms_cell(rec.get(v)) for v in vs]
+        for m, t in pairs:
+            cell = _zoo_ratio(_zoo_ms(rec.get(t)), _zoo_ms(rec.get(m)))
+            row.append(cell)
+            if cell != "–":
+                slower[m][1] += 1
+                slower[m][0] += "slower" in cell
+        body.append(row)
+    lines.append(table(header, body))
+    summary = [
+        f"{ZOO_LABELS[m]} is slower than {ZOO_LABELS[t]} in {slower[m][0]} of {slower[m][1]} "
+        "rows compared"
+        for m, t in pairs
+    ]
+    if summary:
+        lines += ["; ".join(summary) + ".", ""]
+    fails = _zoo_failures(doc, rows)
+    lines += ["### Failures", ""]
+    lines += [f"- {x}" for x in fails] if fails else ["- none in this run"]
     return "\n".join(lines) + "\n"

@@ -30,6 +30,8 @@ On the CPU, ATen runs one thread unless ``OMP_NUM_THREADS`` says otherwise (as i
 and magi_compile both trace HF's shared ``forward`` wrappers, so Dynamo's recompile limit is
 raised to 64 for the run. The full CUDA run takes more than 10 minutes: split it with
 ``--models`` and ``--append`` (rows of the same model, scenario, size and batch are replaced).
+``benchmarks/report.py`` shows a file in ``benchmarks/results/`` once its rows cover all six
+models (the ``meta`` is the latest write's).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import datetime
 import gc
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -450,14 +453,25 @@ def main(argv: list[str] | None = None) -> dict:
             log(f"{name}: FAILED: {error_text(e)}")
             failures.append({"model": name, "error": error_text(e)})
             reset_compilers(device)
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = platform.processor() or platform.machine()
+    # report.py reads "benchmark" and "meta"; with --append, the meta is this write's.
     doc = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "argv": sys.argv[1:] if argv is None else argv,
+        "benchmark": "zoo",
+        "meta": {
+            "device_type": device.type,
+            "device_name": device_name,
+            "dtype": str(dtype).removeprefix("torch."),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "command": " ".join(
+                ["python", "benchmarks/zoo.py", *(sys.argv[1:] if argv is None else argv)]
+            ),
+        },
         "rows": rows,
         "failures": failures,
     }

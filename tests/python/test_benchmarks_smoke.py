@@ -10,6 +10,7 @@ in benchmarks/results/.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -183,3 +184,92 @@ def test_report_shows_device_memory_held_beside_the_allocated_peak():
     for r in doc["workloads"][0]["variants"].values():
         del r["peak_reserved_bytes"]
     assert "Device memory held" not in report._memory(doc)
+
+
+def _zoo_doc(date: str, rows: list[dict], failures: list[dict]) -> dict:
+    command = "python benchmarks/zoo.py --models gpt2,bert,vit,t5 --out z.json --append"
+    meta = {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16",
+            "torch": "2.9.0", "transformers": "5.17.0", "date": date, "git_commit": "abc1234",
+            "command": command}  # fmt: skip
+    return {"benchmark": "zoo", "meta": meta, "rows": rows, "failures": failures}
+
+
+def _zoo_row(model: str, scenario: str, batch: int, **variants: dict) -> dict:
+    return {"model": model, "size": "real", "scenario": scenario, "batch": batch,
+            "inputs": {"input_ids": [batch, 128]}, "variants": variants}  # fmt: skip
+
+
+def test_report_renders_the_model_zoo(tmp_path):
+    """A zoo.py file is reported once its rows (or failures) cover the six families, whatever
+    --models/--append wrote it; the table has magi's captures, fallbacks, error and first call,
+    every variant's ms and the ratios to torch.compile, marking where magi is slower."""
+    from benchmarks import report
+
+    def magi(ms: float | None, **extra) -> dict:
+        rec = {"captures": 1, "fallbacks": 0, "fallback_reasons": [], "rel_err": 1e-3,
+               "first_call_s": 3.0, "ms": ms}  # fmt: skip
+        return {**rec, **extra}
+
+    rows = [
+        _zoo_row(
+            "llama",
+            "whole",
+            1,
+            eager={"ms": 20.0},
+            inductor={"ms": 10.0},
+            inductor_ro={"ms": 6.0},
+            magi=magi(8.0, captures=2, rel_err=1.234e-3, first_call_s=12.345),
+            magi_cg=magi(7.5),
+        ),
+        _zoo_row(
+            "gpt2",
+            "layers",
+            8,
+            eager={"ms": 4.0},
+            inductor={"ms": 3.0},
+            inductor_ro={
+                "error": "timing: torch._dynamo.exc.BackendCompilerFailed: backend="
+                "'inductor' raised:\nRuntimeError: cudagraph boom\n\nSet ..."
+            },
+            magi=magi(3.3, fallbacks=1, fallback_reasons=["GPT2Block: data-dependent | x"]),
+            magi_cg={"error": "build: ValueError: no graphs\ntraceback"},
+        ),
+    ]
+    rows += [
+        _zoo_row(m, "whole", 1, eager={"ms": 1.0}, magi=magi(1.0)) for m in ("qwen3", "bert", "vit")
+    ]
+    t5_failed = [{"model": "t5", "error": "RuntimeError: t5 out of memory\ndetails"}]
+    full = _zoo_doc("2026-03-01T00:00:00", rows, t5_failed)
+    (tmp_path / "zoo_full.json").write_text(json.dumps(full))
+    # Newer, but t5 is neither in the rows nor in the failures: an unfinished split run.
+    (tmp_path / "zoo_five.json").write_text(json.dumps(_zoo_doc("2026-04-01T00:00:00", rows, [])))
+    runs = report.latest_runs(sorted(tmp_path.glob("*.json")))
+    assert {key: path.name for key, (_, path) in runs.items()} == {("H100", "zoo"): "zoo_full.json"}
+    t5_row = _zoo_row("t5", "cache", 1, eager={"ms": 1.0})
+    assert report.is_complete(_zoo_doc("2026-04-01T00:00:00", rows + [t5_row], []))
+
+    text = report.render(runs)
+    assert "## H100: model zoo" in text
+    assert "NVIDIA H100 80GB HBM3 · torch 2.9.0 · 2026-03-01 · commit abc1234" in text
+    assert "transformers 5.17.0" in text
+    lines = text.splitlines()
+    assert ("| model | scenario | batch | captures | fallbacks | magi error | magi first call s "
+            "| eager ms | torch.compile ms | reduce-overhead ms | magi ms | magi CUDA graphs ms "
+            "| magi vs torch.compile | magi CUDA graphs vs reduce-overhead |") in lines  # fmt: skip
+    # torch.compile 10 / magi 8 = 1.25x faster; reduce-overhead 6 / CUDA graphs 7.5 = 0.80x.
+    assert ("| llama | whole | 1 | 2 | 0 | 1.2e-03 | 12.35 | 20.000 | 10.000 | 6.000 | 8.000 "
+            "| 7.500 | 1.25× | 0.80× **slower** |") in lines  # fmt: skip
+    # One-line fallback reason (no pipe to split the cell); 3.0 / 3.3 = 0.91x slower.
+    assert ("| gpt2 | layers | 8 | 1 | 1: GPT2Block: data-dependent / x | 1.0e-03 | 3.00 "
+            "| 4.000 | 3.000 | failed | 3.300 | failed | 0.91× **slower** | – |") in lines  # fmt: skip
+    qwen3 = "| qwen3 | whole | 1 | 1 | 0 | 1.0e-03 | 3.00 | 1.000 | – | – | 1.000 | – | – | – |"
+    assert qwen3 in lines
+    # Rows in the families' order, whatever order the appends wrote them in.
+    models = [m.group(1) for ln in lines if (m := re.match(r"\| (\w+) \| (whole|layers) \|", ln))]
+    assert models == ["llama", "qwen3", "gpt2", "bert", "vit"]
+    assert "magi is slower than torch.compile in 1 of 2 rows compared" in text
+    assert "magi CUDA graphs is slower than reduce-overhead in 1 of 1 rows compared" in text
+    # Dynamo's wrapper line gives way to the error it wraps.
+    assert "- **gpt2** reduce-overhead (layers b8): `timing: RuntimeError: cudagraph boom`" in lines
+    assert "- **gpt2** magi CUDA graphs (layers b8): `build: ValueError: no graphs`" in lines
+    assert "- **t5** could not be run: `RuntimeError: t5 out of memory`" in lines
