@@ -260,6 +260,21 @@ void bind_runtime(py::module_& m) {
           "The memory arena: values chosen at lowering (pieces included), runs whose layout "
           "placed some value, the last run's largest block and the most bytes live in it at "
           "once, and results copied off it because an operator aliased it undeclared.")
+      .def_property_readonly(
+          "lowering_steps",
+          [](const runtime::Executable& exe) {
+            py::list out;
+            for (const runtime::LoweringStep& s : exe.lowering_steps()) {
+              py::dict d;
+              d["name"] = s.name;
+              d["ran"] = s.ran;
+              d["ms"] = s.milliseconds;
+              out.append(d);
+            }
+            return out;
+          },
+          "The lowering steps after the passes (plan_padding, fold_constants, "
+          "plan_memory_arena), in order: name, ran, ms (this graph and its pieces).")
       .def_property_readonly("num_in_place_outputs", &runtime::Executable::num_in_place_outputs,
                              "Generated-kernel calls so far, pieces included, that wrote an "
                              "output over an input at its last use instead of a new buffer.")

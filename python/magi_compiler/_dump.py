@@ -355,9 +355,17 @@ class Lowering:
         self._mark = time.perf_counter()
 
     def built(self, executable: Any) -> None:
-        self._stage(
-            "executor build", "lowering to instructions, kernel specs, CUDA kernels compiled"
-        )
+        # The named lowering steps get stages of their own; the rest of the build is one.
+        steps = [s for s in executable.lowering_steps if s["ran"]]
+        now = time.perf_counter()
+        build_ms = (now - self._mark) * 1e3 - sum(s["ms"] for s in steps)
+        note = "lowering to instructions, kernel specs, CUDA kernels compiled"
+        self.stages.append(Stage(f"{self.kind}: executor build", build_ms, note))
+        for s in steps:
+            self.stages.append(
+                Stage(f"{self.kind}: step {s['name']}", s["ms"], _step_note(s, executable))
+            )
+        self._mark = now
         self.wall_ms = (time.perf_counter() - self.start) * 1e3
         self.stats = _graph_stats(self.graph, self.config)
         self.stats["operator_calls"] = executable.num_operator_calls
@@ -473,6 +481,17 @@ class Lowering:
             logger.debug(
                 "%s %s graph: %s x%d stays an ATen call: %s", tag, self.kind, op, n, reason
             )
+
+
+def _step_note(step: dict[str, Any], executable: Any) -> str:
+    """What a lowering step decided, for the timeline."""
+    if step["name"] == "plan_padding":
+        return executable.padding
+    if step["name"] == "fold_constants":
+        return f"{executable.num_constant_instructions} instructions run on the first call only"
+    if step["name"] == "plan_memory_arena":
+        return f"{executable.arena_stats['planned_values']} values planned"
+    return ""
 
 
 def _graph_stats(graph: Any, config: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ constexpr PassEntry kPipeline[] = {
 
 // Steps of lowering a graph to an Executable (src/runtime/lower_program.cpp), after the passes,
 // switched off by name like them.
-constexpr const char* kLoweringSteps[] = {"fold_constants", "plan_memory_arena"};
+constexpr const char* kLoweringSteps[] = {"plan_padding", "fold_constants", "plan_memory_arena"};
 
 bool known_name(const std::string& name) {
   for (const auto& p : kPipeline) {

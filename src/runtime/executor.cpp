@@ -225,6 +225,19 @@ void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t
 
 const PaddingPlan& Executable::padding() const { return program_->padding; }
 
+std::vector<LoweringStep> Executable::lowering_steps() const {
+  std::vector<LoweringStep> steps = program_->steps;
+  for (const auto& piece : program_->pieces) {
+    if (!piece) continue;
+    const std::vector<LoweringStep> own = piece->lowering_steps();
+    for (size_t i = 0; i < steps.size() && i < own.size(); ++i) {
+      steps[i].milliseconds += own[i].milliseconds;
+      steps[i].ran = steps[i].ran || own[i].ran;
+    }
+  }
+  return steps;
+}
+
 Executable::ArenaStats Executable::arena_stats() const {
   ArenaStats stats;
   if (const Arena* a = program_->arena.get()) {

@@ -1,6 +1,7 @@
 // Lowering a graph to an Executable's program: one instruction per node, registers freed
 // after their last use, attention calls routed through AttentionCall, the facts a call needs
 // decided once (constant instructions, input aliasing, random numbers, padding).
+#include <chrono>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -110,45 +111,6 @@ std::string kernel_name(const ir::Graph& group) {
   char buf[9];
   std::snprintf(buf, sizeof(buf), "%08x", h);
   return name + "_" + buf;
-}
-
-// Marks the pure instructions that read only constants and results of such instructions, and
-// the registers among their results that the rest of the program reads.
-bool mark_constant_instructions(std::vector<Instr>& instrs, size_t num_registers,
-                                const std::vector<Ref>& output_refs, std::vector<bool>* keep) {
-  std::vector<bool> constant(num_registers, false);
-  for (Instr& instr : instrs) {
-    bool all_constant = instr.pure;
-    for (Ref r : instr.in) all_constant &= r < 0 || constant[r];
-    if (!all_constant) continue;
-    instr.once = true;
-    for (Ref r : instr.out) {
-      if (r != kUnused) constant[r] = true;
-    }
-  }
-  keep->assign(num_registers, false);
-  for (const Instr& instr : instrs) {
-    if (instr.once) continue;
-    const auto* args = instr.kind == InstrKind::kCall ? &instr.op->schema().arguments() : nullptr;
-    for (size_t j = 0; j < instr.in.size(); ++j) {
-      const Ref r = instr.in[j];
-      if (r < 0 || !constant[r]) continue;
-      // A value some operator writes in place must be fresh on every call: fold nothing. (A
-      // constant it only reads, such as an index, is kept like any other.)
-      const auto* alias = args != nullptr && j < args->size() ? (*args)[j].alias_info() : nullptr;
-      if (alias != nullptr && alias->isWrite()) {
-        for (Instr& i : instrs) i.once = false;
-        return false;
-      }
-      (*keep)[r] = true;
-    }
-  }
-  for (Ref r : output_refs) {
-    if (r >= 0 && constant[r]) (*keep)[r] = true;
-  }
-  bool any = false;
-  for (const Instr& instr : instrs) any |= instr.once;
-  return any;
 }
 
 }  // namespace
@@ -273,7 +235,21 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
   ir::verify(graph);
   Program& p = *program_;
   p.private_outputs_from = options.private_outputs_from;
-  p.padding = plan_padding(graph);
+  // The lowering steps (passes::pipeline_pass_names after the passes), timed for the dumps.
+  auto step = [&p, &options](const char* name, bool applies, const auto& run) {
+    LoweringStep record{name};
+    if (applies && passes::pass_enabled(name, options.disabled)) {
+      const auto start = std::chrono::steady_clock::now();
+      run();
+      record.ran = true;
+      record.milliseconds =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+    }
+    p.steps.push_back(std::move(record));
+  };
+  step("plan_padding", true, [&] { p.padding = plan_padding(graph); });
+  if (!p.steps.back().ran) p.padding.reason = "plan_padding is disabled";
   std::unordered_map<const ir::Value*, Ref> ref_of;
   std::unordered_set<const ir::Graph*> fusion_groups;
   for (const ir::Node* node : graph.nodes()) {
@@ -432,13 +408,12 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
     }
   }
   analyse_input_uses(p, options);
-  if (passes::pass_enabled("fold_constants", options.disabled)) {
+  step("fold_constants", true, [&] {
     p.folding =
         mark_constant_instructions(p.instrs, p.num_registers, p.output_refs, &p.keep_folded);
-  }
-  if (options.memory_arena && passes::pass_enabled("plan_memory_arena", options.disabled)) {
-    plan_arena(p, instr_nodes, input_values);
-  }
+  });
+  step("plan_memory_arena", options.memory_arena,
+       [&] { plan_arena(p, instr_nodes, input_values); });
   MAGI_LOG_DEBUG("executor: ", p.instrs.size(), " instructions, ", p.num_calls,
                  " dispatcher calls, ", p.num_piece_calls, " piece calls of ", p.pieces.size(),
                  " pieces, ", p.num_registers, " registers, ", p.constants.size(), " constants");

@@ -167,10 +167,18 @@ struct Executable::Program {
   std::vector<std::vector<int32_t>> output_input_roots;
   std::unique_ptr<OffloadEngine> offload;  // ExecutorOptions::offload, top level only
   PaddingPlan padding;                     // plan_padding() of the graph
+  std::vector<LoweringStep> steps;         // the lowering steps, this graph's own
   std::unique_ptr<Arena> arena;  // null: no value is planned (or plan_memory_arena is off)
 };
 
 // Folded values kept per executable at most; past it every call recomputes them.
 constexpr int64_t kMaxFoldedBytes = 64ll << 20;
+
+/// The lowering step fold_constants (fold_constants.cpp): marks the pure instructions that read
+/// only constants and results of such instructions `once`, and sets `keep` (per register) for
+/// their results that the rest of the program or `output_refs` read. Returns whether any
+/// instruction was marked.
+bool mark_constant_instructions(std::vector<Instr>& instrs, size_t num_registers,
+                                const std::vector<Ref>& output_refs, std::vector<bool>* keep);
 
 }  // namespace magi::runtime

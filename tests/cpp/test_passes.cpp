@@ -100,7 +100,7 @@ TEST_F(DeadCodeTest, PipelineRecordsOnePerPassInOrder) {
   auto names = pipeline_pass_names();
   // The names end with the lowering steps, which the Executable runs.
   ASSERT_EQ(names.back(), "plan_memory_arena");
-  ASSERT_EQ(records.size() + 2, names.size());
+  ASSERT_EQ(records.size() + 3, names.size());
   for (size_t i = 0; i < records.size(); ++i) {
     EXPECT_EQ(records[i].name, names[i]);
     EXPECT_TRUE(records[i].ran) << records[i].name;

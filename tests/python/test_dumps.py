@@ -180,6 +180,9 @@ def test_timeline_stages_add_up_to_the_compile_time(dumped):
         "inference: import FX graph to IR",
         "inference: pass fuse_groups",
         "inference: executor build",
+        "inference: step plan_padding",
+        "inference: step fold_constants",
+        "inference: step plan_memory_arena",
         "dump writing",
         "other",
     ):

@@ -55,6 +55,17 @@ def test_transformer_blocks_are_paddable(make):
     assert re.fullmatch(r"s\d+: inputs( \d+ \(x1\),?)+; outputs 0 \(dim 0, x1\)", padding), padding
 
 
+def test_planning_is_a_step_disabled_by_name(monkeypatch):
+    # plan_padding is a pipeline name: disabled, no graph is padded and the plan says why.
+    import blocks
+
+    module = blocks.init_weights_(
+        blocks.LlamaStack(1, hidden=64, n_heads=4, intermediate=128), seed=0
+    )
+    monkeypatch.setenv("MAGI_DISABLE_PASSES", "plan_padding")
+    assert _padding_of(module, torch.randn(3, 8, 64)) == "not padded: plan_padding is disabled"
+
+
 class Lambda(nn.Module):
     def __init__(self, f) -> None:
         super().__init__()

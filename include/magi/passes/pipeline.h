@@ -1,6 +1,6 @@
 // The one ordered list of passes run on every captured graph, followed by the steps of its
-// lowering to an Executable (fold_constants, plan_memory_arena). Both can be switched off by
-// name with MAGI_DISABLE_PASSES=name1,name2 (or PipelineOptions, ExecutorOptions), for
+// lowering to an Executable (plan_padding, fold_constants, plan_memory_arena). Both can be switched
+// off by name with MAGI_DISABLE_PASSES=name1,name2 (or PipelineOptions, ExecutorOptions), for
 // bisecting a problem.
 #pragma once
 

@@ -51,12 +51,20 @@ struct ExecutorOptions {
   /// then held memory the allocator would have reused, raising the activation peak.
   bool memory_arena = true;
   /// Pipeline names switched off (passes::pass_enabled, with MAGI_DISABLE_PASSES): the lowering
-  /// steps fold_constants and plan_memory_arena are skipped when named here.
+  /// steps plan_padding, fold_constants and plan_memory_arena are skipped when named here.
   std::set<std::string> disabled;
   /// Pieces: which of the piece's outputs an operator other than our generated kernels reads
   /// where the piece is called (empty: none). A fused kernel that writes such an output stores
   /// it without the streaming hint (KOutput::keep).
   std::vector<bool> outputs_read_by_library;
+};
+
+/// A named step of lowering a graph (passes::pipeline_pass_names lists them after the passes),
+/// as the dumps show it.
+struct LoweringStep {
+  std::string name;
+  bool ran = false;           ///< false when disabled by name, or not for this graph kind
+  double milliseconds = 0.0;  ///< its time, over the graph and its pieces
 };
 
 /// While one lives, runs on this thread use no memory arena (CUDA graph captures: a replay
@@ -156,6 +164,9 @@ class Executable {
     size_t unplanned_copies = 0;
   };
   ArenaStats arena_stats() const;
+  /// The lowering steps in the order they ran (plan_padding, fold_constants, plan_memory_arena),
+  /// with the time each took in this graph and its pieces.
+  std::vector<LoweringStep> lowering_steps() const;
 
  private:
   struct Program;
