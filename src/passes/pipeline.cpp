@@ -8,6 +8,7 @@
 #include "magi/common/log.h"
 #include "magi/ir/verifier.h"
 #include "magi/passes/passes.h"
+#include "magi/passes/recognize_attention.h"
 
 namespace magi::passes {
 namespace {
@@ -28,6 +29,8 @@ constexpr PassEntry kPipeline[] = {
      }},
     {"constants_to_device",
      [](ir::Graph& g, const PipelineOptions&) { return constants_to_device(g); }},
+    {"recognize_attention",
+     [](ir::Graph& g, const PipelineOptions&) { return recognize_attention(g); }},
     {"group_query_attention",
      [](ir::Graph& g, const PipelineOptions&) { return group_query_attention(g); }},
     {"write_inputs_in_place",

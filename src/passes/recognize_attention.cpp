@@ -1,0 +1,658 @@
+// recognize_attention: attention written out as matmuls and a softmax becomes one SDPA call.
+//
+// Research code often writes attention by hand:
+//
+//   scores = q @ k.transpose(-2, -1) * scale
+//   scores = scores.masked_fill(torch.tril(torch.ones(L, L)) == 0, float("-inf"))
+//   out = torch.softmax(scores.float(), dim=-1).type_as(q) @ v
+//
+// which materialises the [b, h, L, L] scores (several times over: masked, upcast, softmax),
+// quadratic in the sequence. After AOTAutograd each matmul is a bmm between views of its 4-D
+// operands (view/_unsafe_view of an identity expand, with a contiguous clone where the view
+// needs one). The pass starts from each softmax, walks back to the first bmm and forward to
+// the second, and replaces the chain by the fused SDPA operator that F.scaled_dot_product_attention
+// itself captures as on that device, which never holds the scores:
+//
+//   CPU   aten::_scaled_dot_product_flash_attention_for_cpu (float32, float64, bf16, f16)
+//   CUDA  aten::_scaled_dot_product_flash_attention (bf16 and f16, head dim a multiple of 8 up
+//         to 256), which the runtime's AttentionCall re-routes per shape and
+//         group_query_attention hands grouped key/value heads.
+//
+// Recognised between the two matmuls, in any order: scale factors (mul or div by a positive
+// constant, on the scores or on q), at most one causal mask, one upcast to float32 before the
+// softmax with its downcast after. A mask is causal when the graph builds it from a constant
+// fill (ones, full) with tril (diagonal 0, the kept entries) or triu (diagonal 1, the masked
+// entries), through comparisons with 0, logical negation, casts and views that keep its last
+// two dims, and applies it as masked_fill with -inf (or the lowest finite value, as Hugging
+// Face writes it) or adds a -inf bias built so; it is then SDPA's is_causal, for L == S. Keys
+// and values repeated for grouped-query attention (repeat_kv: expand then reshape) are read as
+// the repeated tensors; group_query_attention removes the copies where the backend allows.
+//
+// Left alone, with the reason logged: a scores value, mask step or softmax with another reader
+// (the rewrite would have to keep it anyway); a mask the graph does not build from constants
+// (an input tensor: padding, a per-head bias) or that is not causal; a softmax over another dim;
+// a scale that is not a positive constant; shapes or dtypes the fused kernel does not take.
+// Nothing is approximated: a rewritten chain computes eager's result within rounding.
+//
+// Meant for inference graphs. Training is out of scope for now: the rewrite never changes what
+// a graph returns, so a training forward whose softmax output or scores are saved for the
+// backward keeps its chain (they have another reader), and the backward's own use of the
+// weights is never rewritten; recognising forward and backward together is future work.
+//
+// Requires: a verified graph, before group_query_attention. Guarantees: a verified graph
+// computing the same outputs within rounding; no [.., L, S] intermediate left for a rewritten
+// chain.
+#include "magi/passes/recognize_attention.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "magi/common/log.h"
+#include "magi/ir/node.h"
+#include "magi/ir/op_info.h"
+#include "magi/passes/passes.h"
+
+namespace magi::passes {
+namespace {
+
+bool is_op(const ir::Node* node, const char* name) {
+  return node != nullptr && node->is_operator() && node->op_name() == name;
+}
+
+bool is_reshape(const ir::Node* node) {
+  return is_op(node, "aten::view") || is_op(node, "aten::_unsafe_view") ||
+         is_op(node, "aten::reshape");
+}
+
+ir::Node* only_user(const ir::Value* v) {
+  return v->users().size() == 1 ? v->users().front() : nullptr;
+}
+
+std::optional<int64_t> constant_int(const ir::Node& node, size_t i) {
+  const c10::IValue* v = ir::constant_input(node, i);
+  if (v == nullptr || !v->isInt()) return std::nullopt;
+  return v->toInt();
+}
+
+// A constant number: an int, a float, or a one-element tensor constant (the capture turns the
+// Python float of `x * scale` into a 0-d float64 tensor).
+std::optional<double> constant_number(const ir::Node& node, size_t i) {
+  if (i >= node.inputs().size()) return std::nullopt;
+  const c10::IValue* v = ir::constant_input(node, i);
+  if (v == nullptr) return std::nullopt;
+  if (v->isDouble()) return v->toDouble();
+  if (v->isInt()) return static_cast<double>(v->toInt());
+  if (v->isTensor()) {
+    const at::Tensor& t = v->toTensor();
+    // Read in place: the pass may run under a fake-tensor mode that intercepts dispatched ops.
+    if (!t.defined() || t.numel() != 1 || !t.device().is_cpu() || !t.has_storage()) {
+      return std::nullopt;
+    }
+    switch (t.scalar_type()) {
+      case c10::kDouble:
+        return *t.const_data_ptr<double>();
+      case c10::kFloat:
+        return *t.const_data_ptr<float>();
+      case c10::kLong:
+        return static_cast<double>(*t.const_data_ptr<int64_t>());
+      case c10::kInt:
+        return static_cast<double>(*t.const_data_ptr<int32_t>());
+      default:
+        return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+const ir::TensorType* type_of(const ir::Value* v) {
+  return v->tensor_type() ? &*v->tensor_type() : nullptr;
+}
+
+// Does `dim` of a tensor of rank `rank` name one of its last two dims?
+bool in_last_two(int64_t dim, int64_t rank) {
+  const int64_t d = dim < 0 ? dim + rank : dim;
+  return d == rank - 1 || d == rank - 2;
+}
+
+std::vector<ir::SymExpr> last_two(const ir::TensorType& t) {
+  return {t.sizes[t.rank() - 2], t.sizes[t.rank() - 1]};
+}
+
+// Masked entries get a value whose exp is 0 next to any score: -inf, or a finite value at least
+// as low as the lowest bf16/f16/f32 one (torch.finfo(dtype).min).
+bool is_masking_value(double v) {
+  return v == -std::numeric_limits<double>::infinity() || v <= -65504.0;
+}
+
+// What a mask value holds at (row i, column j) of its last two dims, the same for every index
+// of its leading dims.
+enum class Mask {
+  kUnknown,
+  kKeepLower,    // nonzero where j <= i: tril(ones)
+  kMaskUpper,    // nonzero where j > i: triu(ones, 1), tril(ones) == 0
+  kNegInfUpper,  // a masking value where j > i, 0 elsewhere: triu(full(-inf), 1)
+};
+
+// A tensor filled with one constant by a factory op: its value.
+std::optional<double> fill_value(const ir::Node* node) {
+  if (is_op(node, "aten::ones") || is_op(node, "aten::ones_like")) return 1.0;
+  if (is_op(node, "aten::zeros") || is_op(node, "aten::zeros_like")) return 0.0;
+  if (is_op(node, "aten::full") || is_op(node, "aten::full_like")) {
+    return constant_number(*node, 1);
+  }
+  if (is_op(node, "aten::_to_copy") || is_op(node, "aten::clone") ||
+      is_op(node, "aten::lift_fresh_copy")) {
+    const auto& out = node->output()->tensor_type();
+    if (out && c10::isFloatingType(out->dtype)) return fill_value(node->input(0)->producer());
+  }
+  return std::nullopt;
+}
+
+// Classifies a mask value built in the graph; `why` says what stopped the walk.
+Mask classify_mask(const ir::Value* v, std::string* why) {
+  const ir::Node* node = v->producer();
+  const ir::TensorType* out = type_of(v);
+  if (node == nullptr || out == nullptr || out->rank() < 2) {
+    *why = "the mask is not a tensor of rank 2 or more";
+    return Mask::kUnknown;
+  }
+  if (node->kind() == ir::NodeKind::kInput) {
+    *why = "the mask is a graph input (its contents are unknown at compile time)";
+    return Mask::kUnknown;
+  }
+  if (!node->is_operator()) {
+    *why = "the mask comes from a " + std::string(ir::node_kind_name(node->kind())) + " node";
+    return Mask::kUnknown;
+  }
+  const std::string name = node->op_name();
+  const ir::Value* in = node->inputs().empty() ? nullptr : node->input(0);
+  if (name == "aten::tril" || name == "aten::triu") {
+    const auto fill = fill_value(in->producer());
+    const auto diagonal = constant_int(*node, 1);
+    if (!fill || !diagonal || *fill == 0.0) {
+      *why = name + " of something other than a constant nonzero fill";
+      return Mask::kUnknown;
+    }
+    if (name == "aten::tril" && *diagonal == 0 && !is_masking_value(*fill)) return Mask::kKeepLower;
+    if (name == "aten::triu" && *diagonal == 1) {
+      return is_masking_value(*fill) ? Mask::kNegInfUpper : Mask::kMaskUpper;
+    }
+    *why = name + " with diagonal " + std::to_string(*diagonal) + " is not a causal mask";
+    return Mask::kUnknown;
+  }
+  const auto flip = [](Mask m) {
+    return m == Mask::kKeepLower   ? Mask::kMaskUpper
+           : m == Mask::kMaskUpper ? Mask::kKeepLower
+                                   : Mask::kUnknown;
+  };
+  if (name == "aten::eq.Scalar" || name == "aten::ne.Scalar") {
+    const auto other = constant_number(*node, 1);
+    if (!other || *other != 0.0) {
+      *why = name + " with something other than 0";
+      return Mask::kUnknown;
+    }
+    const Mask m = classify_mask(in, why);
+    return name == "aten::eq.Scalar" ? flip(m) : (m == Mask::kNegInfUpper ? Mask::kMaskUpper : m);
+  }
+  if (name == "aten::logical_not" ||
+      (name == "aten::bitwise_not" && type_of(in) && type_of(in)->dtype == c10::kBool)) {
+    return flip(classify_mask(in, why));
+  }
+  // Casts keep which entries are nonzero; -inf survives only a floating-point one.
+  if (name == "aten::_to_copy" || name == "aten::clone" || name == "aten::alias" ||
+      name == "aten::detach" || name == "aten::lift_fresh_copy") {
+    const Mask m = classify_mask(in, why);
+    if (m == Mask::kNegInfUpper && !c10::isFloatingType(out->dtype)) {
+      return out->dtype == c10::kBool ? Mask::kMaskUpper : Mask::kUnknown;
+    }
+    return m;
+  }
+  // A base of zeros with the upper triangle filled with a masking value: an additive mask.
+  if (name == "aten::masked_fill.Scalar" || name == "aten::masked_fill.Tensor") {
+    const auto base = fill_value(in->producer());
+    const auto value = constant_number(*node, 2);
+    if (base && *base == 0.0 && value && is_masking_value(*value) &&
+        classify_mask(node->input(1), why) == Mask::kMaskUpper) {
+      return Mask::kNegInfUpper;
+    }
+    if (why->empty()) *why = "a masked_fill that is not zeros with a masked upper triangle";
+    return Mask::kUnknown;
+  }
+  // Views that keep the last two dims as they are: leading dims added or broadcast. A slice
+  // from 0 keeps the pattern on the entries it keeps (mask[:L, :L] of a larger tril).
+  const ir::TensorType* in_type = in ? type_of(in) : nullptr;
+  if (in_type == nullptr || in_type->rank() < 2) {
+    *why = "the mask is built by " + name;
+    return Mask::kUnknown;
+  }
+  if (name == "aten::slice.Tensor") {
+    const auto start = constant_int(*node, 2), step = constant_int(*node, 4);
+    if (start && step && *start == 0 && *step == 1) return classify_mask(in, why);
+  } else if (name == "aten::unsqueeze") {
+    const auto dim = constant_int(*node, 1);
+    if (dim && !in_last_two(*dim, out->rank())) return classify_mask(in, why);
+  } else if (name == "aten::expand" || is_reshape(node)) {
+    if (last_two(*out) == last_two(*in_type)) return classify_mask(in, why);
+  }
+  *why = "the mask is built by " + name + ", which the pass does not follow";
+  return Mask::kUnknown;
+}
+
+// The 4-D tensor `v` (a 3-D bmm operand) views: matmul's decomposition reshapes [b, h, m, n]
+// to [b * h, m, n], through an identity expand and a contiguous clone where needed.
+ir::Value* bmm_operand_source(ir::Value* v) {
+  const ir::Node* view = v->producer();
+  if (!is_reshape(view)) return nullptr;
+  ir::Value* x = view->input(0);
+  if (is_op(x->producer(), "aten::clone")) x = x->producer()->input(0);
+  if (is_op(x->producer(), "aten::expand")) {
+    const ir::TensorType* e = type_of(x);
+    const ir::TensorType* s = type_of(x->producer()->input(0));
+    if (e == nullptr || s == nullptr || e->sizes != s->sizes) return nullptr;  // broadcasting
+    x = x->producer()->input(0);
+  }
+  const ir::TensorType* four = type_of(x);
+  const ir::TensorType* three = type_of(v);
+  if (four == nullptr || three == nullptr || four->rank() != 4 || three->rank() != 3) {
+    return nullptr;
+  }
+  const auto& f = four->sizes;
+  const auto& t = three->sizes;
+  if (!(t[0] == f[0] * f[1] && t[1] == f[2] && t[2] == f[3])) return nullptr;
+  return x;
+}
+
+// A multiplication or division by a positive constant: the factor it applies and the input it
+// applies it to.
+struct Scale {
+  double factor;
+  size_t operand;
+};
+
+std::optional<Scale> scale_of(const ir::Node* node) {
+  const bool mul = is_op(node, "aten::mul.Tensor") || is_op(node, "aten::mul.Scalar");
+  const bool div = is_op(node, "aten::div.Tensor") || is_op(node, "aten::div.Scalar");
+  if (!mul && !div) return std::nullopt;
+  std::optional<double> c = constant_number(*node, 1);
+  size_t operand = 0;
+  if (mul && !c) {
+    c = constant_number(*node, 0);
+    operand = 1;
+  }
+  if (!c || !std::isfinite(*c) || *c <= 0.0) return std::nullopt;
+  const ir::TensorType* in = type_of(node->input(operand));
+  const ir::TensorType* out = type_of(node->output());
+  if (in == nullptr || out == nullptr || in->dtype != out->dtype || in->sizes != out->sizes) {
+    return std::nullopt;
+  }
+  return Scale{div ? 1.0 / *c : *c, operand};
+}
+
+// One written-out attention, found from its softmax.
+struct Chain {
+  ir::Node* softmax = nullptr;
+  ir::Value* query = nullptr;   ///< [b, h, L, d]
+  ir::Value* key = nullptr;     ///< [b, h, S, d]
+  ir::Value* value = nullptr;   ///< [b, h, S, d]
+  ir::Value* result = nullptr;  ///< the [b, h, L, d] output of the second matmul's view
+  double scale = 1.0;
+  bool causal = false;
+};
+
+// Walks back from the softmax's input to the first bmm. Returns the reason it is not an
+// attention chain, or "" with `chain` filled; `candidate` says whether a bmm feeds the softmax.
+std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upcast,
+                         c10::ScalarType& scores_dtype) {
+  std::string why;
+  const ir::Value* mask = nullptr;
+  const ir::Node* mask_node = nullptr;
+  for (int steps = 0; steps < 16; ++steps) {
+    ir::Node* node = x->producer();
+    if (node == nullptr || !node->is_operator()) break;
+    if (is_reshape(node) && is_op(node->input(0)->producer(), "aten::bmm")) {
+      candidate = true;
+      if (!why.empty()) return why;
+      ir::Node* bmm = node->input(0)->producer();
+      if (bmm->output()->users().size() != 1) return "the matmul's result has another reader";
+      if (x->users().size() != 1) return "the scores have another reader";
+      const ir::TensorType* scores = type_of(x);
+      ir::Value* q = bmm_operand_source(bmm->input(0));
+      ir::Value* kt = bmm_operand_source(bmm->input(1));
+      if (scores == nullptr || scores->rank() != 4 || q == nullptr || kt == nullptr) {
+        return "the matmul is not one of 4-D operands";
+      }
+      const ir::Node* t = kt->producer();
+      const bool transposed =
+          (is_op(t, "aten::transpose.int") && constant_int(*t, 1) && constant_int(*t, 2) &&
+           in_last_two(*constant_int(*t, 1), 4) && in_last_two(*constant_int(*t, 2), 4) &&
+           *constant_int(*t, 1) % 4 != *constant_int(*t, 2) % 4);
+      bool permuted = false;
+      if (is_op(t, "aten::permute")) {
+        const c10::IValue* p = ir::constant_input(*t, 1);
+        permuted =
+            p != nullptr && p->isIntList() && p->toIntVector() == std::vector<int64_t>{0, 1, 3, 2};
+      }
+      if (!transposed && !permuted) return "the key side of the matmul is not a transposed key";
+      chain.key = t->input(0);
+      // A constant scale on q (q * d**-0.5 before the matmul) moves into the call.
+      if (q->users().size() == 1) {
+        const ir::Node* qs = q->producer();
+        if (const auto f = scale_of(qs)) {
+          chain.scale *= f->factor;
+          q = qs->input(f->operand);
+        }
+      }
+      chain.query = q;
+      scores_dtype = scores->dtype;
+      if (mask != nullptr) {
+        std::string mask_why;
+        const Mask m = classify_mask(mask, &mask_why);
+        const bool fill = is_op(mask_node, "aten::masked_fill.Scalar") ||
+                          is_op(mask_node, "aten::masked_fill.Tensor");
+        if (!(fill ? m == Mask::kMaskUpper : m == Mask::kNegInfUpper)) {
+          return mask_why.empty() ? "the mask is not causal" : mask_why;
+        }
+        const ir::TensorType* mt = type_of(mask);
+        const auto& s = scores->sizes;
+        if (mt == nullptr || mt->rank() > 4 || last_two(*mt) != last_two(*scores)) {
+          return "the mask's last two dims are not the scores'";
+        }
+        if (!(s[2] == s[3])) return "a causal mask with query length != key length";
+        chain.causal = true;
+      }
+      return "";
+    }
+    if (node->inputs().empty()) break;
+    if (x->users().size() != 1 && why.empty()) {
+      why = "a value between the matmul and the softmax has another reader";
+    }
+    const ir::TensorType* out = type_of(node->output());
+    const ir::TensorType* in = type_of(node->input(0));
+    if (out == nullptr || in == nullptr) break;
+    ir::Value* next = node->input(0);
+    if (const auto f = scale_of(node)) {
+      chain.scale *= f->factor;
+      next = node->input(f->operand);
+    } else if (is_op(node, "aten::masked_fill.Scalar") || is_op(node, "aten::masked_fill.Tensor")) {
+      const auto value = constant_number(*node, 2);
+      if (why.empty() &&
+          (mask != nullptr || !value || !is_masking_value(*value) || out->sizes != in->sizes)) {
+        why = mask != nullptr ? "two masks"
+                              : "masked_fill with a value other than -inf, or "
+                                "a mask that broadcasts the scores";
+      }
+      mask = node->input(1);
+      mask_node = node;
+    } else if (is_op(node, "aten::add.Tensor")) {
+      // The bias is the operand built as a mask; the scores are the other.
+      std::string ignored;
+      const bool bias_first = classify_mask(node->input(1), &ignored) == Mask::kUnknown &&
+                              classify_mask(node->input(0), &ignored) != Mask::kUnknown;
+      next = node->input(bias_first ? 1 : 0);
+      const auto alpha = constant_number(*node, 2);
+      const ir::TensorType* scores = type_of(next);
+      if (why.empty() && (mask != nullptr || !alpha || *alpha != 1.0 || scores == nullptr ||
+                          out->dtype != scores->dtype || out->sizes != scores->sizes)) {
+        why = mask != nullptr ? "two masks" : "an addition that is not a mask bias";
+      }
+      mask = node->input(bias_first ? 0 : 1);
+      mask_node = node;
+    } else if (is_op(node, "aten::_to_copy")) {
+      if (why.empty() && (upcast || out->dtype != c10::kFloat || out->sizes != in->sizes ||
+                          out->device != in->device ||
+                          !(in->dtype == c10::kBFloat16 || in->dtype == c10::kHalf))) {
+        why = "a cast other than one upcast to float32";
+      }
+      upcast = true;
+    } else {
+      if (why.empty()) why = "the softmax reads " + node->op_name() + " of the scores";
+    }
+    x = next;
+  }
+  return why.empty() ? "no matmul feeds the softmax" : why;
+}
+
+// Walks forward from the softmax to the second bmm and the view of its result.
+std::string match_output(Chain& chain, bool upcast, c10::ScalarType scores_dtype) {
+  ir::Value* p = chain.softmax->output();
+  if (upcast) {
+    ir::Node* cast = only_user(p);
+    if (!is_op(cast, "aten::_to_copy") || type_of(cast->output()) == nullptr ||
+        type_of(cast->output())->dtype != scores_dtype) {
+      return "the float32 softmax is not cast back to the scores' dtype";
+    }
+    p = cast->output();
+  } else if (type_of(p) == nullptr || type_of(p)->dtype != scores_dtype) {
+    return "the softmax changes the dtype";
+  }
+  if (p->users().size() != 1) return "the attention weights have another reader";
+  ir::Node* wrap = only_user(p);
+  if (is_op(wrap, "aten::expand")) {
+    if (type_of(wrap->output()) == nullptr || type_of(wrap->output())->sizes != type_of(p)->sizes ||
+        wrap->output()->users().size() != 1) {
+      return "the attention weights are broadcast or read twice";
+    }
+    wrap = only_user(wrap->output());
+  }
+  if (!is_reshape(wrap) || wrap->output()->users().size() != 1) {
+    return "the attention weights are not read by a matmul alone";
+  }
+  ir::Node* bmm = only_user(wrap->output());
+  if (!is_op(bmm, "aten::bmm") || bmm->input(0) != wrap->output() ||
+      bmm_operand_source(wrap->output()) != p) {
+    return "the attention weights are not the left operand of a matmul";
+  }
+  chain.value = bmm_operand_source(bmm->input(1));
+  ir::Node* view = only_user(bmm->output());
+  if (chain.value == nullptr || !is_reshape(view) || type_of(view->output()) == nullptr ||
+      type_of(view->output())->rank() != 4) {
+    return "the matmul with the value is not one of 4-D operands";
+  }
+  chain.result = view->output();
+  return "";
+}
+
+// Shapes, dtypes and layouts the fused kernel takes; the operator's name or "" with `why`.
+std::string choose_operator(const Chain& c, std::string* why) {
+  const ir::TensorType* q = type_of(c.query);
+  const ir::TensorType* k = type_of(c.key);
+  const ir::TensorType* v = type_of(c.value);
+  const ir::TensorType* r = type_of(c.result);
+  if (!q || !k || !v || !r || q->rank() != 4 || k->rank() != 4 || v->rank() != 4) {
+    *why = "query, key and value are not 4-D tensors";
+    return "";
+  }
+  const auto& qs = q->sizes;
+  const auto& ks = k->sizes;
+  const auto& vs = v->sizes;
+  if (!(ks[0] == qs[0] && ks[1] == qs[1] && ks[3] == qs[3] && vs[0] == qs[0] && vs[1] == qs[1] &&
+        vs[2] == ks[2] && vs[3] == qs[3] &&
+        r->sizes == std::vector<ir::SymExpr>{qs[0], qs[1], qs[2], vs[3]})) {
+    *why = "query, key and value shapes do not line up ([b, h, L, d], [b, h, S, d], [b, h, S, d])";
+    return "";
+  }
+  if (k->dtype != q->dtype || v->dtype != q->dtype || r->dtype != q->dtype ||
+      k->device != q->device || v->device != q->device) {
+    *why = "query, key and value differ in dtype or device";
+    return "";
+  }
+  // The fused kernels assume a dense last dim and would read a strided one wrongly.
+  for (const ir::TensorType* t : {q, k, v}) {
+    if (t->strides.size() != 4 || !(t->strides.back() == ir::SymExpr(1))) {
+      *why = "an operand's last dim is not known to be contiguous";
+      return "";
+    }
+  }
+  const c10::ScalarType dtype = q->dtype;
+  if (q->device.is_cpu()) {
+    if (dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 ||
+        dtype == c10::kHalf) {
+      return "aten::_scaled_dot_product_flash_attention_for_cpu";
+    }
+    *why = std::string("no fused CPU attention for ") + c10::toString(dtype);
+    return "";
+  }
+  if (q->device.is_cuda()) {
+    const bool half = dtype == c10::kBFloat16 || dtype == c10::kHalf;
+    const bool head_dim_ok =
+        qs[3].is_constant() && qs[3].constant_value() % 8 == 0 && qs[3].constant_value() <= 256;
+    if (half && head_dim_ok) return "aten::_scaled_dot_product_flash_attention";
+    *why = std::string("no flash attention for ") + c10::toString(dtype) + " with head dim " +
+           qs[3].str() + " (bf16 or f16, a multiple of 8 up to 256)";
+    return "";
+  }
+  *why = "no fused attention on " + q->device.str();
+  return "";
+}
+
+// Does every reader of `v` take it in any layout? The fused call's output is laid out as the
+// backend lays it out, not as the matmul's contiguous result was; views that need a layout
+// (view, _unsafe_view, as_strided), custom ops and the graph's outputs could tell them apart.
+bool read_in_any_layout(const ir::Value* v) {
+  for (const ir::Node* user : v->users()) {
+    if (!user->is_operator() || user->kind() == ir::NodeKind::kCustomOp) return false;
+    const std::string name = user->op_name();
+    if (is_reshape(user) || name == "aten::as_strided") return false;
+    if (ir::op_info(*user).op_class == ir::OpClass::kView && !read_in_any_layout(user->output())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<ir::SymExpr> strides_in_order(const std::vector<ir::SymExpr>& sizes,
+                                          const std::vector<int>& order) {
+  // order: dims from outermost to innermost.
+  std::vector<ir::SymExpr> strides(sizes.size());
+  ir::SymExpr s(1);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = s;
+    s = s * sizes[*it];
+  }
+  return strides;
+}
+
+void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
+  const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(op_name.c_str(), "");
+  ir::Node* anchor = c.result->producer();
+  graph.set_insert_point(anchor);
+  const auto constant = [&](c10::IValue v, ir::ValueKind kind) {
+    return graph.add_constant(std::move(v), kind);
+  };
+  ir::Value* dropout = constant(0.0, ir::ValueKind::kFloat);
+  ir::Value* causal = constant(c.causal, ir::ValueKind::kBool);
+  ir::Value* scale = constant(c.scale, ir::ValueKind::kFloat);
+  std::vector<ir::Value*> inputs = {c.query, c.key, c.value, dropout, causal};
+  const bool cpu = op_name == "aten::_scaled_dot_product_flash_attention_for_cpu";
+  if (cpu) {
+    inputs.push_back(constant(c10::IValue(), ir::ValueKind::kNone));  // attn_mask
+  } else {
+    inputs.push_back(constant(false, ir::ValueKind::kBool));  // return_debug_mask
+  }
+  inputs.push_back(scale);
+  ir::Node* call = graph.add_op(op, std::move(inputs));
+  call->provenance() = c.softmax->provenance();
+  call->output(0)->set_name(graph.unique_name("attention"));
+  // The output's layout: the CPU kernel allocates it like the query; flash on CUDA as
+  // [b, L, h, d] seen through a transpose. Kernels read it with its actual strides either way.
+  ir::TensorType out = *type_of(c.result);
+  const ir::TensorType* q = type_of(c.query);
+  out.strides = cpu ? q->strides : strides_in_order(out.sizes, {0, 2, 1, 3});
+  call->output(0)->set_tensor_type(out);
+  ir::TensorType lse = out;
+  lse.dtype = c10::kFloat;
+  lse.sizes = {q->sizes[0], q->sizes[1], q->sizes[2]};
+  lse.strides = ir::TensorType::contiguous_strides(lse.sizes);
+  call->output(1)->set_tensor_type(lse);
+  ir::Value* result = call->output(0);
+  if (!read_in_any_layout(c.result)) {
+    ir::Node* copy = graph.add_op(c10::Dispatcher::singleton().findSchemaOrThrow("aten::clone", ""),
+                                  {result, constant(c10::IValue(c10::MemoryFormat::Contiguous),
+                                                    ir::ValueKind::kMemoryFormat)});
+    copy->provenance() = c.softmax->provenance();
+    ir::TensorType contiguous = *type_of(c.result);
+    contiguous.strides = ir::TensorType::contiguous_strides(contiguous.sizes);
+    copy->output()->set_tensor_type(contiguous);
+    copy->output()->set_name(graph.unique_name("attention_contiguous"));
+    result = copy->output();
+  }
+  graph.set_insert_point(nullptr);
+  const std::vector<ir::Node*> readers = c.result->users();
+  for (ir::Node* reader : readers) {
+    reader->replace_input(c.result, result);
+    // A transpose or permute of the result now sees the call's strides.
+    if (result == call->output(0) && ir::op_info(*reader).op_class == ir::OpClass::kView &&
+        ir::op_info(*reader).fn == "permute" && reader->output()->tensor_type()) {
+      ir::TensorType t = *reader->output()->tensor_type();
+      const std::vector<int64_t> dims = ir::view_permutation(*reader);
+      if (dims.size() != out.strides.size()) continue;
+      t.strides.clear();
+      for (int64_t d : dims) t.strides.push_back(out.strides[d]);
+      reader->output()->set_tensor_type(std::move(t));
+    }
+  }
+}
+
+std::string where(const ir::Node& node) {
+  const auto& p = node.provenance();
+  std::string s = p.fx_name.empty() ? node.op_name() : p.fx_name;
+  if (!p.source.empty()) s += " (" + p.source + ")";
+  return s;
+}
+
+}  // namespace
+
+bool recognize_attention(ir::Graph& graph) {
+  std::vector<std::pair<Chain, std::string>> found;
+  for (ir::Node* node : graph.nodes()) {
+    const bool softmax = is_op(node, "aten::_softmax") || is_op(node, "aten::softmax.int");
+    if (!softmax) continue;
+    Chain chain;
+    chain.softmax = node;
+    bool candidate = false, upcast = false;
+    c10::ScalarType scores_dtype = c10::kFloat;
+    std::string why;
+    const ir::TensorType* in = type_of(node->input(0));
+    const auto dim = constant_int(*node, 1);
+    if (in == nullptr || !dim || (*dim != -1 && *dim != in->rank() - 1)) {
+      why = "the softmax is not over the last dim";
+    } else if (is_op(node, "aten::_softmax") &&
+               !(ir::constant_input(*node, 2) && ir::constant_input(*node, 2)->isBool() &&
+                 !ir::constant_input(*node, 2)->toBool())) {
+      why = "the softmax computes half-precision input in float32 itself";
+    } else if (is_op(node, "aten::softmax.int") &&
+               !(ir::constant_input(*node, 2) && ir::constant_input(*node, 2)->isNone())) {
+      why = "the softmax casts its input itself";
+    }
+    std::string scores_why = match_scores(node->input(0), chain, candidate, upcast, scores_dtype);
+    if (!candidate) {
+      MAGI_LOG_DEBUG("recognize_attention: ", where(*node), ": not attention (", scores_why, ")");
+      continue;
+    }
+    if (why.empty()) why = scores_why;
+    if (why.empty()) why = match_output(chain, upcast, scores_dtype);
+    std::string op_name;
+    if (why.empty()) op_name = choose_operator(chain, &why);
+    if (!why.empty()) {
+      MAGI_LOG_INFO("recognize_attention: ", where(*node), ": left as written: ", why);
+      continue;
+    }
+    found.emplace_back(chain, op_name);
+  }
+  for (const auto& [chain, op_name] : found) {
+    rewrite(graph, chain, op_name);
+    MAGI_LOG_INFO("recognize_attention: ", where(*chain.softmax), ": rewritten as ", op_name, " (",
+                  chain.causal ? "causal, " : "", "scale ", chain.scale, ")");
+  }
+  if (found.empty()) return false;
+  eliminate_dead_code(graph);  // the scores chains and the masks no one reads now
+  return true;
+}
+
+}  // namespace magi::passes

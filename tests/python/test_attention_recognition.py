@@ -1,0 +1,103 @@
+"""The recognize_attention pass end to end on CPU in float32: attention written out as research
+code writes it (``q @ k.transpose(-2, -1) * scale``, a ``torch.tril(torch.ones(...))`` causal
+mask applied with ``masked_fill``, the softmax in float32 then cast back, ``@ v``; a
+grouped-query variant with ``repeat_kv``) compiles to one fused attention call without the
+sequence x sequence scores, and matches eager; a variant the pass must not touch (a padding
+mask passed in) is left as written and still matches."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from magi_compiler import magi_compile
+from magi_compiler.inspection import last_compiled
+
+SEQ = 12  # distinct from the head dim, so a [.., 12, 12] type can only be the scores
+HEAD_DIM = 16
+ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+class WrittenOutAttention(nn.Module):
+    def __init__(self, dim=64, heads=4, kv_heads=4, causal=True, padding_mask=False):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.causal, self.padding_mask = causal, padding_mask
+        self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(heads * self.head_dim, dim, bias=False)
+
+    def repeat_kv(self, x):
+        b, h, t, d = x.shape
+        r = self.heads // self.kv_heads
+        if r == 1:
+            return x
+        return x[:, :, None, :, :].expand(b, h, r, t, d).reshape(b, h * r, t, d)
+
+    def forward(self, x, keep=None):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        k, v = self.repeat_kv(k), self.repeat_kv(v)
+        att = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.head_dim))
+        if self.causal:
+            mask = torch.tril(torch.ones(t, t, device=x.device))
+            att = att.masked_fill(mask == 0, float("-inf"))
+        if keep is not None:
+            att = att.masked_fill(~keep[:, None, None, :], float("-inf"))
+        att = F.softmax(att.float(), dim=-1).type_as(q)
+        y = att @ v
+        return self.o(y.transpose(1, 2).contiguous().view(b, t, -1))
+
+
+def _graph_text() -> str:
+    return str(last_compiled().graph)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_written_out_attention_becomes_one_call(kv_heads, causal, assert_close_rel):
+    torch.manual_seed(0)
+    eager = WrittenOutAttention(kv_heads=kv_heads, causal=causal).eval()
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, SEQ, 64)
+            assert_close_rel(compiled(x), eager(x), 1e-5)
+    text = _graph_text()
+    assert text.count(ATTENTION + "(") == 1, text
+    assert f"{SEQ}, {SEQ}]" not in text, text  # no scores, masks or weights
+    assert "aten::bmm" not in text and "aten::_softmax" not in text, text
+    assert f", {causal}, None, 0.25)" in text, text  # is_causal, no mask, 1/sqrt(16)
+
+
+def test_disabled_by_name_keeps_the_written_out_chain(assert_close_rel):
+    torch.manual_seed(1)
+    eager = WrittenOutAttention().eval()
+    off = {"pass_config": {"disabled_passes": ["recognize_attention"]}}
+    compiled = magi_compile(copy.deepcopy(eager), config_patch=off)
+    with torch.no_grad():
+        x = torch.randn(2, SEQ, 64)
+        assert_close_rel(compiled(x), eager(x), 1e-5)
+    text = _graph_text()
+    assert ATTENTION not in text and "aten::bmm" in text, text
+
+
+def test_a_padding_mask_passed_in_is_left_alone(assert_close_rel):
+    """The mask is an input: its contents are unknown at compile time, so the chain stays."""
+    torch.manual_seed(2)
+    eager = WrittenOutAttention(causal=False).eval()
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        x = torch.randn(2, SEQ, 64)
+        keep = torch.ones(2, SEQ, dtype=torch.bool)
+        keep[0, -3:] = False
+        assert_close_rel(compiled(x, keep), eager(x, keep), 1e-5)
+    text = _graph_text()
+    assert ATTENTION not in text and "aten::bmm" in text, text
