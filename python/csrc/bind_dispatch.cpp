@@ -40,7 +40,7 @@ void bind_dispatch(py::module_& m) {
                      "The submodules a direct call reads parameters through, checked on each "
                      "call (_fast_dispatch.py).")
       .def(py::init<const py::list&>(), py::arg("steps"),
-           "steps: (a module's _modules dict, a name in it, the submodule it holds) each.")
+           "steps: (a module, a name in its _modules, the submodule there) each.")
       .def("hold", &Routes::hold, "True while every step leads to the same submodule.")
       .def("__len__", &Routes::size);
 

@@ -2,6 +2,8 @@
 // from C++ (see the header for what they check and in what order).
 #include "direct_call.h"
 
+#include <algorithm>
+
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -135,6 +137,64 @@ void bump_registration_epoch() { ++g_registration_epoch; }
 uint64_t registration_epoch() { return g_registration_epoch; }
 uint64_t direct_entry_calls() { return g_direct_calls; }
 void reset_direct_entry_calls() { g_direct_calls = 0; }
+
+namespace {
+
+PyObject* modules_name() {
+  static PyObject* name = PyUnicode_InternFromString("_modules");
+  return name;
+}
+
+}  // namespace
+
+Routes::Routes(const py::list& steps) {
+  for (py::handle item : steps) {
+    const py::tuple step = py::reinterpret_borrow<py::tuple>(item);
+    MAGI_ASSERT(step.size() == 3, "Routes: a step is (module, name, submodule)");
+    PyObject* module = step[0].ptr();
+    auto found = std::find_if(parents_.begin(), parents_.end(),
+                              [&](const Parent& p) { return p.module.get() == module; });
+    if (found == parents_.end()) {
+      Parent parent;
+      parent.module = Held::of(step[0]);
+      parents_.push_back(std::move(parent));
+      found = parents_.end() - 1;
+    }
+    found->children.emplace_back(py::reinterpret_borrow<py::object>(step[1]), Held::of(step[2]));
+    ++size_;
+  }
+  // Nothing seen yet: the first hold() reads every dict and records the versions.
+}
+
+bool Routes::hold() {
+  for (Parent& parent : parents_) {
+    PyObject* module = parent.module.get();
+    if (module == nullptr) return false;
+    PyObject* instance = instance_dict(module);
+    if (instance == nullptr) return false;
+    const uint64_t instance_version = dict_version(instance);
+    if (instance != parent.instance_dict || instance_version == 0 ||
+        instance_version != parent.instance_version) {
+      PyObject* modules = PyDict_GetItemWithError(instance, modules_name());
+      if (modules == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (modules == nullptr || !PyDict_Check(modules)) return false;
+      if (parent.modules != nullptr && modules != parent.modules) return false;  // replaced
+      parent.instance_dict = instance;
+      parent.instance_version = instance_version;
+      if (parent.modules == nullptr) parent.modules_version = 0;  // read the names below
+      parent.modules = modules;
+    }
+    const uint64_t modules_version = dict_version(parent.modules);
+    if (modules_version != 0 && modules_version == parent.modules_version) continue;
+    for (const auto& [name, child] : parent.children) {
+      PyObject* now = PyDict_GetItemWithError(parent.modules, name.ptr());
+      if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (now == nullptr || now != child.get()) return false;
+    }
+    parent.modules_version = modules_version;
+  }
+  return true;
+}
 
 DirectCall::DirectCall(py::object signature, py::object guard_check,
                        std::vector<std::string> frame_names,

@@ -57,43 +57,33 @@ uint64_t direct_entry_calls();
 void reset_direct_entry_calls();
 
 /// The steps from a module to the submodules whose parameter and buffer dicts direct calls
-/// read: each a `_modules` dict, a name in it and the submodule it held when the call was
-/// learned. A submodule replaced (`model.layers[0] = other`) makes the held dicts stale; the
-/// check reads a dict again only when its version tag moved.
+/// read: each a module, a name in its `_modules` dict and the submodule found there when the
+/// call was learned. A submodule replaced (`model.layers[0] = other`) makes the held dicts
+/// stale. Modules and submodules are held weakly, and the `_modules` dicts not at all (a child
+/// may refer back to its parent, as a hook's bound method does: holding the dict would keep
+/// the model alive through the direct call). Each module's `_modules` is reached through its
+/// instance dict, which is read again only when that dict's version tag moved; the names in
+/// `_modules` are looked up again only when its version tag moved.
 class Routes {
  public:
-  explicit Routes(const py::list& steps) {
-    for (py::handle item : steps) {
-      const py::tuple step = py::reinterpret_borrow<py::tuple>(item);
-      MAGI_ASSERT(step.size() == 3 && PyDict_Check(step[0].ptr()),
-                  "Routes: a step is (dict, key, submodule)");
-      steps_.push_back(Step{step[0], step[1], step[2], dict_version(step[0].ptr())});
-    }
-  }
+  explicit Routes(const py::list& steps);
 
   /// True while every step still leads to the submodule it led to when learned.
-  bool hold() {
-    for (Step& step : steps_) {
-      const uint64_t version = dict_version(step.dict.ptr());
-      if (version != 0 && version == step.version) continue;
-      PyObject* now = PyDict_GetItemWithError(step.dict.ptr(), step.key.ptr());
-      if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
-      if (now != step.child.ptr()) return false;
-      step.version = version;
-    }
-    return true;
-  }
+  bool hold();
 
-  size_t size() const { return steps_.size(); }
+  size_t size() const { return size_; }
 
  private:
-  struct Step {
-    py::object dict;
-    py::object key;
-    py::object child;  // held: compared by identity, so it must not be freed and reused
-    uint64_t version = 0;
+  struct Parent {
+    Held module;
+    PyObject* instance_dict = nullptr;  // as last seen, not held: the module holds it
+    uint64_t instance_version = 0;
+    PyObject* modules = nullptr;  // its `_modules`, not held: the instance dict holds it
+    uint64_t modules_version = 0;
+    std::vector<std::pair<py::object, Held>> children;  // name, the submodule there
   };
-  std::vector<Step> steps_;
+  std::vector<Parent> parents_;
+  size_t size_ = 0;
 };
 
 /// A learned direct call of one captured inference signature.

@@ -140,16 +140,17 @@ _SUBMODULE = re.compile(r"\._modules\['([^']*)'\]")
 
 def module_routes(containers: list[str], namespace: dict[str, Any]) -> Any:
     """The ``_C.Routes`` of the parameter and buffer dicts named by ``containers`` (expressions
-    such as ``self._modules['layers']._modules['0']._parameters``): each ``_modules`` dict on
-    the way, the name read in it and the submodule found there now."""
+    such as ``self._modules['layers']._modules['0']._parameters``): each module on the way,
+    the name read in its ``_modules`` and the submodule found there now."""
     from magi_compiler import _C
 
-    steps: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+    steps: dict[tuple[int, str], tuple[Any, str, Any]] = {}
     for container in containers:
         for m in _SUBMODULE.finditer(container):
-            table = eval(container[: m.start()] + "._modules", namespace)  # noqa: S307 - our text
-            if isinstance(table, dict) and (id(table), m[1]) not in steps:
-                steps[id(table), m[1]] = (table, m[1], table.get(m[1]))
+            parent = eval(container[: m.start()], namespace)  # noqa: S307 - our text
+            table = getattr(parent, "__dict__", {}).get("_modules")
+            if isinstance(table, dict) and (id(parent), m[1]) not in steps:
+                steps[id(parent), m[1]] = (parent, m[1], table.get(m[1]))
     return _C.Routes(list(steps.values()))
 
 
