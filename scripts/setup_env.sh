@@ -43,11 +43,16 @@ if [[ "$have_torch" != "$want_torch" ]]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "$MAGI_TORCH"
 fi
-# pillow: the index page test reads its screenshot; transformers: the model zoo (tests/python/test_zoo.py).
-python -m pip install -q numpy pytest "scikit-build-core>=0.10" ninja ruff pillow "transformers==5.17.0"
+# pillow: the index page test reads its screenshot; transformers: the model zoo (tests/python/test_zoo.py);
+# pytest-xdist: scripts/test.sh runs the tests on every core.
+python -m pip install -q numpy pytest pytest-xdist "scikit-build-core>=0.10" ninja ruff pillow \
+  "transformers==5.17.0"
 say "python $(python --version 2>&1 | cut -d' ' -f2), torch $(python -c 'import torch; print(torch.__version__)')"
 
 # 3. ccache: keep its cache across clones and let it cache precompiled-header builds.
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# Paths under the checkout are hashed relative to it, so a fresh clone elsewhere hits the cache.
+CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+export CCACHE_BASEDIR

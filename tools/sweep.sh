@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bash tools/sweep.sh "SETTING" ...   e.g. bash tools/sweep.sh "" "MAGI_X=1 MAGI_Y=2"
+# Usage: bash tools/sweep.sh "SETTING" ...   e.g. bash tools/sweep.sh "" "MAGI_KERNEL_SCHEDULE=row_chunks=8"
 # On the GPU machine, after `tools/run_gpu.sh build`: for each setting (a string of environment
 # assignments; "" for the defaults), one process of benchmarks/bandwidth.py timing torch.compile
 # and magi_compile side by side, into $OUT/sweep_N.json; then one table of every setting, each

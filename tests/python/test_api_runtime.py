@@ -328,6 +328,7 @@ def test_uncapturable_code_falls_back_to_eager_with_one_warning(cls, assert_clos
     capsys.readouterr()
 
 
+@pytest.mark.serial
 def test_fallback_costs_at_most_one_percent_over_eager():
     # A model that falls back runs the original forward; what is left of our wrapper is a
     # C++ entry that returns at once and two attribute checks (a few microseconds), under 1%
@@ -353,13 +354,19 @@ def test_fallback_costs_at_most_one_percent_over_eager():
         warnings.simplefilter("ignore")
         compiled(x)
         assert compiled._magi_compiled.fallback_reason is not None
-        times = {"eager": [], "fallback": []}
-        for _ in range(200):
-            for name, fn in (("eager", eager), ("fallback", compiled)):
-                start = time.perf_counter()
-                fn(x)
-                times[name].append(time.perf_counter() - start)
-    eager_s, fallback_s = (statistics.median(times[k]) for k in ("eager", "fallback"))
+        # Interleaved calls in blocks; each side's best block median, so that a burst of
+        # other work on the machine falls on one block rather than on the comparison.
+        best = {"eager": float("inf"), "fallback": float("inf")}
+        for _ in range(6):
+            times = {"eager": [], "fallback": []}
+            for _ in range(40):
+                for name, fn in (("eager", eager), ("fallback", compiled)):
+                    start = time.perf_counter()
+                    fn(x)
+                    times[name].append(time.perf_counter() - start)
+            for name, values in times.items():
+                best[name] = min(best[name], statistics.median(values))
+    eager_s, fallback_s = best["eager"], best["fallback"]
     # 1% plus 2 µs: on a 2-core machine shared with other work a median moves by about that.
     assert fallback_s <= eager_s * 1.01 + 2e-6, (fallback_s, eager_s)
 

@@ -9,11 +9,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+@pytest.mark.slow
 def test_bandwidth_smoke(tmp_path):
     from benchmarks import bandwidth
 

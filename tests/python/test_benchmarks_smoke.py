@@ -134,6 +134,7 @@ def test_unknown_workload_is_a_clear_error():
         workloads.select("no_such_workload")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rounds", [1, 2])
 def test_recompute_benchmark_times_every_variant(rounds, tmp_path):
     """benchmarks/recompute.py at tiny shapes: eager and HEURISTIC checked against eager and
