@@ -9,7 +9,6 @@ Numerics compare against eager PyTorch on fresh random float32 inputs.
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from unittest import mock
 
@@ -20,18 +19,13 @@ from _api_helpers import RTOL, H, inputs
 from magi_compiler import CompileConfig, get_counters, magi_compile
 from magi_compiler import config as config_module
 from magi_compiler.config import CudaGraphMode
+
+# test_config.py's autouse fixture: no MAGI_COMPILE_* variable from outside, a default re-read
+# on next use, a fresh once-only warning set; and fresh Dynamo caches and counters.
+from test_config import clean_config  # noqa: F401
 from torch import nn
 
-
-@pytest.fixture(autouse=True)
-def clean_config(monkeypatch, counters):
-    for var in list(os.environ):
-        if var.startswith("MAGI_COMPILE_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setattr(config_module, "_warned", set())
-    config_module.set_compile_config(None)
-    yield
-    config_module.set_compile_config(None)
+pytestmark = pytest.mark.usefixtures("counters")
 
 
 class Model(nn.Module):
