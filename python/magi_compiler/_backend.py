@@ -252,6 +252,7 @@ def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
 
 
 _PLAIN = (bool, int, float, str, type(None))
+_MISSING = object()
 
 
 def _restored(effects: Any, variable: Any) -> bool:
@@ -266,7 +267,7 @@ def _restored(effects: Any, variable: Any) -> bool:
     for name, value in writes.items():
         if not value.is_python_constant():
             return False
-        after, before = value.as_python_constant(), getattr(obj, name, _restored)
+        after, before = value.as_python_constant(), getattr(obj, name, _MISSING)
         if not isinstance(after, _PLAIN) or type(after) is not type(before) or after != before:
             return False
     return True

@@ -123,8 +123,8 @@ class DirectPath:
         gather: Callable,
         run: Callable,
         rebuild: Callable,
-        native: Any = None,
-        routes: Any = None,
+        native: Any,
+        routes: Any,
     ):
         self.signature = signature
         self.guards = guards  # the Dynamo cache entry's guard manager
