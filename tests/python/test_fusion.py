@@ -1,4 +1,4 @@
-"""Fusion and code generation on the CPU (issue 5), end to end through ``magi_compile``.
+"""Fusion and code generation on the CPU, end to end through ``magi_compile``.
 
 Every pattern of ``tests/_fusion_patterns.py`` (norms, softmax, rotary, SiLU·mul, GELU, casts,
 broadcasts, strided inputs, odd sizes, size-1 dims, where, row reductions, float64) runs in
@@ -9,7 +9,8 @@ fails to compile falls back to ATen with a warning on stderr, which fails the te
 
 Kernels go to the configured disk cache (``MAGI_CACHE_DIR`` or the default), shared by all
 tests: a warm cache makes a re-run much faster. The test that proves NVRTC really runs uses a
-fresh cache directory of its own.
+fresh cache directory of its own. Kernel outputs written over dying inputs are in
+test_fusion_writes.py.
 """
 
 from __future__ import annotations
@@ -522,113 +523,13 @@ def test_lone_copy_of_a_strided_operand_is_a_kernel(dtype, assert_close_rel):
         assert run.magi_executable.num_fusions == (1 if fused else 0), (fn, run.magi_graph)
 
 
-def _swiglu(x, wg, wu):
-    return F.silu(x @ wg) * (x @ wu)
-
-
-def _swiglu_keeping_gate(x, wg, wu):
-    gate, up = x @ wg, x @ wu
-    return F.silu(gate) * up, gate, up
-
-
-def _rotary_of_a_product(x, w, cos, sin):
-    return apply_rotary((x @ w).unflatten(-1, (4, 16)), cos, sin)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pointwise_output_is_written_over_a_dying_input(dtype, assert_close_rel):
-    """silu(gate) * up: gate and up die at the kernel, so its output takes one of their buffers
-    (two wide buffers at once instead of three), with eager's values."""
-    wg, wu = torch.randn(24, 40, dtype=dtype), torch.randn(24, 40, dtype=dtype)
-    compiled = magi_compile(_swiglu, dynamic_arg_dims={"x": 0})
-    with lowered_graphs() as runs, torch.no_grad():
-        counts = []
-        for rows in (6, 9, 7):
-            x = torch.randn(rows, 24, dtype=dtype)
-            assert_close_rel(compiled(x, wg, wu), _swiglu(x, wg, wu), RTOL[dtype])
-            counts.append(runs[0].magi_executable.num_in_place_outputs)
-    # Every call writes over one of them, the first included (it runs without AOTAutograd's
-    # custom-op check, which the graph has no custom op for).
-    assert counts == [1, 2, 3], counts
-
-
-def _scaled_product(x, w):
-    return (x @ w) * 2.0 + 1.0
-
-
-def test_an_output_written_over_an_input_takes_in_place_writes_in_training(assert_close_rel):
-    """In a training forward the product dies at (x @ w) * 2 + 1 (the backward needs only x), so
-    the result takes its buffer; it is a tensor of its own, not a view, so a caller's in-place
-    write to it under autograd works and the gradient matches eager's."""
-
-    def loss(fn, x, w):
-        out = fn(x, w)
-        out.add_(1.0)  # refused on a view created inside a custom autograd Function
-        return (out * out).sum()
-
-    w = torch.randn(24, 40, requires_grad=True)
-    w_eager = w.detach().clone().requires_grad_()
-    compiled = magi_compile(_scaled_product, dynamic_arg_dims={})
-    with lowered_graphs() as runs:
-        for _ in range(3):
-            x = torch.randn(6, 24)
-            w.grad = w_eager.grad = None
-            loss(compiled, x, w).backward()
-            loss(_scaled_product, x, w_eager).backward()
-            assert_close_rel(w.grad, w_eager.grad, RTOL[torch.float32])
-    assert sum(r.magi_executable.num_in_place_outputs for r in runs) >= 1
-
-
-def test_inputs_still_read_elsewhere_are_not_written_over(assert_close_rel):
-    """Gate and up are also returned: the kernel allocates, and both come back intact."""
-    wg, wu = torch.randn(24, 40), torch.randn(24, 40)
-    compiled = magi_compile(_swiglu_keeping_gate, dynamic_arg_dims={"x": 0})
-    with lowered_graphs() as runs, torch.no_grad():
-        for rows in (6, 9, 7):
-            x = torch.randn(rows, 24)
-            got, want = compiled(x, wg, wu), _swiglu_keeping_gate(x, wg, wu)
-            for a, e in zip(got, want, strict=True):
-                assert_close_rel(a, e, RTOL[torch.float32])
-    (run,) = runs
-    assert run.magi_executable.num_in_place_outputs == 0
-
-
-def _scaled_view(x, w):
-    return (x @ w).view(x.shape[0], 4, 10) * 2.0 + 1.0
-
-
-def test_a_view_whose_base_dies_with_it_is_written_over(assert_close_rel):
-    """The kernel reads a view of the product; the view's autograd record holds the product
-    too, and nothing else does, so the result takes the product's buffer."""
-    w = torch.randn(24, 40)
-    compiled = magi_compile(_scaled_view, dynamic_arg_dims={})
-    with lowered_graphs() as runs, torch.no_grad():
-        counts = []
-        for _ in range(3):
-            x = torch.randn(6, 24)
-            assert_close_rel(compiled(x, w), _scaled_view(x, w), RTOL[torch.float32])
-            counts.append(runs[0].magi_executable.num_in_place_outputs)
-    assert counts == [1, 2, 3], counts
-
-
-def test_inputs_read_at_a_column_shift_are_not_written_over(assert_close_rel):
-    """Rotary reads each row at two column offsets (rotate_half), so one lane's store could
-    land where another lane still has to read: the dying product keeps its own buffer."""
-    w, cos, sin = torch.randn(32, 64), torch.randn(5, 16), torch.randn(5, 16)
-    compiled = magi_compile(_rotary_of_a_product, dynamic_arg_dims={})
-    with lowered_graphs() as runs, torch.no_grad():
-        for _ in range(3):
-            x = torch.randn(5, 32)
-            assert_close_rel(compiled(x, w, cos, sin), _rotary_of_a_product(x, w, cos, sin),
-                             RTOL[torch.float32])  # fmt: skip
-    (run,) = runs
-    assert run.magi_executable.num_fusions >= 1
-    assert run.magi_executable.num_in_place_outputs == 0
-
-
 @magi_register_custom_op(name="magi_t_fusion::double", infer_output_meta_fn=["x"])
 def _double(x: torch.Tensor) -> torch.Tensor:
     return x * 2
+
+
+def _swiglu(x, wg, wu):
+    return F.silu(x @ wg) * (x @ wu)
 
 
 def _swiglu_doubled(x, wg, wu):
