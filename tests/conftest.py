@@ -3,6 +3,8 @@
 - ``examples/`` goes on ``sys.path`` so tests can ``import blocks``.
 - :func:`assert_close_rel` (also a fixture of the same name): relative error of whole tensors.
 - ``counters``: resets Dynamo and magi's counters, so a test can count its own captures.
+- The compiled-module cache on disk is off (``MAGI_COMPILE_DISABLE_CACHE=1``) unless a test
+  turns it on.
 - Inputs are fresh random values on every run: the global RNG is reseeded from entropy
   before each test and the seed is printed, so a failure can be replayed with
   ``MAGI_TEST_SEED=<seed>``. Weights come from ``init_weights_(seed=...)`` where a test needs
@@ -17,6 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# The compiled-module cache stays off unless a test turns it on (tests/python/test_compile_cache.py):
+# a warm entry from an earlier run would turn the captures other tests count into loads.
+os.environ.setdefault("MAGI_COMPILE_DISABLE_CACHE", "1")
 
 _EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 if _EXAMPLES not in sys.path:

@@ -15,15 +15,29 @@ from typing import Any
 
 import torch
 
-from magi_compiler import _C, _counters, _dump, _fast_dispatch, _offload, _recompute, inspection
+from magi_compiler import (
+    _C,
+    _compile_cache,
+    _counters,
+    _dump,
+    _fast_dispatch,
+    _offload,
+    _recompute,
+    inspection,
+)
 from magi_compiler._decompositions import decomposition_table
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig
 
 
-def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> Callable:
-    """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable."""
+def lower_graph(
+    gm: torch.fx.GraphModule, kind: str, config: CompileConfig, from_cache: bool = False
+) -> Callable:
+    """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable.
+    ``from_cache``: the graph comes from the compiled-module cache, not from AOTAutograd."""
     start = time.perf_counter()
+    if not from_cache:
+        _record_for_cache(gm, kind)
     lowering = _dump.lowering(kind, gm, config)  # timeline, summary and (if enabled) dumps
     graph = _C.import_fx_graph(gm)
     lowering.imported(graph)
@@ -48,7 +62,7 @@ def lower_graph(gm: torch.fx.GraphModule, kind: str, config: CompileConfig) -> C
     # All CUDA kernels at once on a thread pool, rather than one by one in the first call.
     executable.precompile_kernels()
     lowering.built(executable)
-    _counters.bump("compiles")
+    _counters.bump("cache_loaded_graphs" if from_cache else "compiles")
     logger.debug(
         "compiled %s graph: %d nodes, %d operator calls, %d piece calls of %d pieces, %.1f ms",
         kind,
@@ -251,6 +265,73 @@ def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
     return {"sources": sources, "side_effect_free": side_effect_free}
 
 
+# --- the compiled-module cache (_compile_cache.py) ----------------------------------------------
+_cache_record = threading.local()  # .graphs: [(kind, artifact or None, why not)] of one capture
+
+
+def _record_for_cache(gm: torch.fx.GraphModule, kind: str) -> None:
+    """While a capture is recorded for the disk cache: keeps what a warm process needs to
+    rebuild this graph, or why it cannot."""
+    graphs = getattr(_cache_record, "graphs", None)
+    if graphs is None:
+        return
+    if kind != "inference":
+        graphs.append((kind, None, "training graphs (forward and backward) are not cached yet"))
+        return
+    context = torch._guards.TracingContext.try_get()
+    why = _compile_cache.trivial_wrapper_reason(
+        getattr(context, "fw_metadata", None), gm, _cache_record.num_inputs
+    )
+    capture = getattr(_capturing, "info", None)
+    if not why and capture is None:
+        why = "Dynamo did not say where the graph's inputs come from"
+    if why:
+        graphs.append((kind, None, why))
+        return
+    try:
+        graph = _compile_cache.pickle_graph(gm)
+    except Exception as e:  # noqa: BLE001 - a graph GraphPickler cannot write
+        graphs.append((kind, None, f"the graph cannot be pickled ({e})"))
+        return
+    artifact = _compile_cache.GraphArtifact(
+        graph, capture["sources"], capture["side_effect_free"], _cache_record.num_inputs
+    )
+    graphs.append((kind, artifact, ""))
+
+
+def captured_since_last_asked() -> bool:
+    """Whether this thread captured a graph since the last time it asked."""
+    captured = getattr(_cache_record, "captured", False)
+    _cache_record.captured = False
+    return captured
+
+
+def _attach_cache_record(compiled: Callable, graphs: list[tuple[str, Any, str]]) -> Callable:
+    """The backend's result, carrying its cache artifact (or why it has none) for
+    ``EntryCache.after_capture``."""
+    if not hasattr(compiled, "__dict__"):
+        inner = compiled
+
+        def compiled(*args: Any) -> Any:
+            return inner(*args)
+
+    if len(graphs) == 1 and graphs[0][1] is not None:
+        compiled.magi_cache_artifact = graphs[0][1]  # type: ignore[attr-defined]
+    else:
+        why = "; ".join(sorted({w for _, _, w in graphs if w})) or "no graph was lowered"
+        compiled.magi_cache_refusal = why  # type: ignore[attr-defined]
+    return compiled
+
+
+def lower_cached_graph(gm: torch.fx.GraphModule, artifact: Any, config: CompileConfig) -> Callable:
+    """The runner of a graph loaded from the compiled-module cache."""
+    _capturing.info = {"sources": artifact.sources, "side_effect_free": artifact.side_effect_free}
+    try:
+        return lower_graph(gm, "inference", config, from_cache=True)
+    finally:
+        _capturing.info = None
+
+
 _PLAIN = (bool, int, float, str, type(None))
 _MISSING = object()
 
@@ -304,14 +385,22 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         _counters.bump("captures")
+        _cache_record.captured = True
         logger.debug("captured a Dynamo graph with %d nodes", len(gm.graph.nodes))
         _capturing.info = _capture_info(gm)
         _record_static_dims(gm)
+        caching = config.backend != "eager" and not config.disable_cache
+        if caching:
+            _cache_record.graphs, _cache_record.num_inputs = [], len(example_inputs)
         try:
             with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
-                return aot(gm, example_inputs)
+                compiled = aot(gm, example_inputs)
+            if caching:
+                compiled = _attach_cache_record(compiled, _cache_record.graphs)
+            return compiled
         finally:
             _capturing.info = None
+            _cache_record.graphs = None
 
     return backend
 

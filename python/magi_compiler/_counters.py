@@ -14,6 +14,10 @@ class Counters:
     guard_misses: int = 0  # calls whose inputs no longer matched a compiled entry
     cache_hits: int = 0  # compiled artifacts reused instead of rebuilt
     direct_calls: int = 0  # calls that went straight to a compiled graph (_fast_dispatch.py)
+    disk_cache_hits: int = 0  # compiled-module cache entries loaded from disk (_compile_cache.py)
+    disk_cache_misses: int = 0  # entries looked for and not found or not usable
+    disk_cache_writes: int = 0  # entries written
+    cache_loaded_graphs: int = 0  # graphs rebuilt from a disk entry instead of captured
 
     def __getitem__(self, key: str) -> int:
         return getattr(self, key)

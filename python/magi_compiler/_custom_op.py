@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections.abc
 import functools
+import hashlib
 import inspect
 import re
 import typing
@@ -180,9 +181,39 @@ def magi_register_custom_op(
             compute_sensitive=bool(is_compute_sensitive),
             subgraph_boundary=bool(is_subgraph_boundary),
         )
+        _registered[qualname] = "|".join(
+            [
+                str(schema),
+                f"boundary={bool(is_subgraph_boundary)}",
+                f"compute_sensitive={bool(is_compute_sensitive)}",
+                *(_source_hash(f) for f in (fn, fake, backward_fn, setup_context_fn)),
+            ]
+        )
         return op
 
     return decorator
+
+
+# What each operator registered in this process is (schema, flags, a hash of the source of its
+# functions): part of the compiled-module cache's key (_compile_cache.py), so that changing an
+# operator's code or flags is a miss.
+_registered: dict[str, str] = {}
+
+
+def _source_hash(fn: Callable | None) -> str:
+    if fn is None:
+        return "-"
+    try:
+        text = inspect.getsource(fn)
+    except (OSError, TypeError):
+        text = repr(getattr(fn, "__code__", fn))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def registry_fingerprint() -> str:
+    """One hash over every operator registered so far."""
+    text = "\n".join(f"{name}={what}" for name, what in sorted(_registered.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # --- names and annotations --------------------------------------------------------------------

@@ -81,11 +81,17 @@ def observe_outputs(slot: tuple[Observation, int], outputs: list[Any]) -> None:
 
 def dynamo_guards(fn: Callable, frame_locals: dict[str, Any]) -> Any | None:
     """The guard manager of the Dynamo cache entry of ``fn`` a call with these locals runs
-    (the first whose guards pass, Dynamo's own order), or None."""
+    (the first whose guards pass, Dynamo's own order: entries installed from the
+    compiled-module cache, then captured ones), or None."""
     try:
+        from torch._C._dynamo.eval_frame import _debug_get_precompile_entries
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-        for entry in _debug_get_cache_entry_list(fn.__code__):
+        entries = [
+            *_debug_get_precompile_entries(fn.__code__),
+            *_debug_get_cache_entry_list(fn.__code__),
+        ]
+        for entry in entries:
             manager = getattr(entry, "guard_manager", None)
             if manager is not None and manager.check(frame_locals):
                 return manager
@@ -515,7 +521,7 @@ def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
         def plain(*args: Any, **kwargs: Any) -> Any:
             return entry(owner, *args, **kwargs)
 
-        return plain
+        return _unpicklable(plain)
     if owner is None:
 
         def function(*args: Any, **kwargs: Any) -> Any:
@@ -526,7 +532,7 @@ def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
                 return entry.call(args, kwargs, natives_tried=True)
             return entry(*args, **kwargs)
 
-        return function
+        return _unpicklable(function)
 
     def method(*args: Any, **kwargs: Any) -> Any:
         if not is_compiling():
@@ -536,4 +542,13 @@ def wrapper(entry: Any, owner: Any, table: PathTable) -> Callable:
             return entry.call((owner, *args), kwargs, natives_tried=True)
         return entry(owner, *args, **kwargs)
 
-    return method
+    return _unpicklable(method)
+
+
+def _unpicklable(fn: Callable) -> Callable:
+    """Marks a wrapper that sits in a module's ``__dict__`` as nothing to serialise: Dynamo's
+    guard serialiser (compiled-module cache) writes a module's callable attributes, following a
+    nested function's closure into our runtime objects; a function whose qualified name does
+    not resolve is skipped instead."""
+    fn.__qualname__ = f"magi_compiled_{fn.__name__}"
+    return fn

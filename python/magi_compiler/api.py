@@ -23,7 +23,17 @@ import torch
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
-from magi_compiler import _C, _backend, _counters, _dump, _dynamic_dims, _fast_dispatch, _offload
+from magi_compiler import (
+    _C,
+    _backend,
+    _call_frame,
+    _compile_cache,
+    _counters,
+    _dump,
+    _dynamic_dims,
+    _fast_dispatch,
+    _offload,
+)
 from magi_compiler import config as _config
 from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
@@ -47,6 +57,10 @@ def _opaque_call(entry: _CompiledCallable, args: tuple, kwargs: dict) -> Any:
     # Reached when an outer torch.compile traces into a magi-compiled module: the module runs
     # as a black box (with its own compiled graph) and the outer graph breaks around it.
     return entry(*args, **kwargs)
+
+
+def _no_entry() -> None:
+    return None
 
 
 class _CompiledCallable:
@@ -102,16 +116,43 @@ class _CompiledCallable:
         self._compiled: Callable | None = None
         self._seen_owners: set[int] = set()
 
+    def __reduce__(self) -> tuple[Callable, tuple]:
+        # Dynamo's guard serialiser (compiled-module cache) writes a module's attributes,
+        # ours among them; what a compiled entry holds is process state, written as nothing.
+        return _no_entry, ()
+
     # --- capture -----------------------------------------------------------------------
     def _compiled_fn(self) -> Callable:
         if self._compiled is None:
             if self.config.compile_mode == CompileMode.TORCH_COMPILE:
                 self._compiled = torch.compile(self.fn)
+            elif self._disk is not None:
+                # Dynamo records the guards and bytecode of each capture into the package
+                # (and, from a warm cache, starts with the cached ones installed).
+                self._compiled = torch._dynamo.optimize(
+                    _backend_for(self.config),
+                    nopython=True,
+                    dynamic=False,
+                    package=self._disk.package_for_compile(),
+                    guard_filter_fn=_compile_cache.serializable_guards,
+                )(self.fn)
             else:
                 self._compiled = torch.compile(
                     self.fn, fullgraph=True, dynamic=False, backend=_backend_for(self.config)
                 )
         return self._compiled
+
+    @functools.cached_property
+    def _disk(self) -> _compile_cache.EntryCache | None:
+        """The compiled-module cache of this entry (None when off), set up at the first call,
+        when the custom operators it may call are registered."""
+        if (
+            self.config.disable_cache
+            or self.config.backend == "eager"
+            or self.config.compile_mode == CompileMode.TORCH_COMPILE
+        ):
+            return None
+        return _compile_cache.entry_cache(self.fn, self.config, self.model_tag)
 
     # --- inputs ------------------------------------------------------------------------
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[list[int]]]:
@@ -280,11 +321,14 @@ class _CompiledCallable:
         rebuild = _fast_dispatch.rebuild_for(result, outputs or [])
         if rebuild is None:
             return None, "the result is not the graph's outputs as they are"
+        frame, why = _call_frame.CallFrame.of(self.fn, self.is_method)
+        if frame is None:
+            return None, why
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         owner_name = next(iter(self.signature.parameters)) if self.is_method else None
         gather, why = _fast_dispatch.build_gatherer(
-            self.fn, self.param_names, run.magi_sources, owner_name, dict(bound.arguments)
+            self.fn, self.param_names, run.magi_sources, owner_name, dict(bound.arguments), frame
         )
         if gather is None:
             return None, why
@@ -307,6 +351,7 @@ class _CompiledCallable:
             guards,
             run,
             rebuild,
+            frame,
             memoize=self.config.fast_dispatch_guards == "arguments",
         )
         if native is None:
@@ -321,6 +366,8 @@ class _CompiledCallable:
             return self._compiled_fn()(*args, **kwargs)
         finally:
             _tls.depth -= 1
+            if self._disk is not None and _backend.captured_since_last_asked():
+                self._disk.after_capture()
 
     def _miss(self, args, kwargs, values, dims, training, owner) -> Any:
         first = not self.signatures
