@@ -46,7 +46,7 @@ def check_against_reference(assert_close_rel, q, k, v, q_ranges, k_ranges, mask_
     assert out.dtype == q.dtype and out.shape == (q.shape[0], q.shape[1], v.shape[2])
     assert lse.dtype == portable.compute_dtype(q.dtype) and lse.shape == q.shape[:2]
     assert_close_rel(out, ref_out.to(q.dtype), RTOL[q.dtype])
-    # lse is float32 (float64 for float64 inputs) whatever q's dtype; -inf where nothing is seen.
+    # lse is float32 (float64 for float64 inputs); -inf where a query sees nothing.
     assert_close_rel(lse, ref_lse.to(lse.dtype), 1e-5)
     return out, lse
 
@@ -375,14 +375,23 @@ def test_operators_are_registered_boundaries_and_compute_sensitive():
         assert flags == {"compute_sensitive": True, "subgraph_boundary": True}, (name, flags)
 
 
-def test_opcheck_fake_implementation_and_autograd_registration():
-    q, k, v = qkv(tq=10, tk=12, grad=True)
-    args = (q, k, v, i32([[0, 6], [4, 10]]), i32([[0, 12], [3, 9]]))
+def test_opcheck_fake_implementations_and_autograd_registration():
+    """torch.library.opcheck of both operators (schema, fake implementation against the real
+    outputs, autograd registration, AOT dispatch), with q a transposed view: outputs are
+    contiguous whatever the inputs' strides."""
+    q = torch.randn(4, 10, 16).transpose(0, 1).requires_grad_()
+    _, k, v = qkv(tq=10, tk=12, grad=True)
+    sink = torch.randn(4, requires_grad=True)
+    ranges = (i32([[0, 6], [4, 10]]), i32([[0, 12], [3, 9]]))
     types = torch.tensor([CAUSAL, BI], dtype=torch.int32)
-    torch.library.opcheck(
-        torch.ops.magi.range_attention.default,
-        (*args, types, torch.randn(4, requires_grad=True), 0.25, 0.0, False),
-    )
+    forward = (q, k, v, *ranges, types, sink, 0.25, 2.0, False)
+    torch.library.opcheck(torch.ops.magi.range_attention.default, forward)
+    # The backward operator has no backward of its own (no double backward).
+    q, k, v, sink = (x.detach() for x in (q, k, v, sink))
+    out, lse = torch.ops.magi.range_attention(q, k, v, *ranges, types, sink, 0.25, 2.0, False)
+    dout, dlse = torch.randn(4, 10, 16).transpose(0, 1), torch.randn(10, 4)
+    backward = (dout, dlse, q, k, v, out, lse, *ranges, types, sink, 0.25, 2.0, False)
+    torch.library.opcheck(torch.ops.magi.range_attention_backward.default, backward)
 
 
 class PackedAttention(nn.Module):

@@ -89,15 +89,36 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return portable.compute_dtype(dtype)
 
 
-def _forward_meta(q, k, v, q_ranges, k_ranges, mask_types, sink, softmax_scale, softcap, det):
+# The outputs are contiguous whatever the inputs' strides: the metadata says so, and both the
+# portable path and a kernel write fresh contiguous tensors.
+
+
+def _forward_meta(
+    q, k, v, q_ranges, k_ranges, mask_types, sink, softmax_scale, softcap, deterministic
+):
     tokens, heads = q.shape[0], q.shape[1]
     out = q.new_empty((tokens, heads, v.shape[2]))
     return out, q.new_empty((tokens, heads), dtype=_lse_dtype(q.dtype))
 
 
-def _backward_meta(dout, dlse, q, k, v, out, lse, q_ranges, k_ranges, mask_types, sink, *rest):
-    dsink = torch.empty_like(sink) if sink is not None else q.new_empty((0,), dtype=torch.float32)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
+def _backward_meta(
+    dout,
+    dlse,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    q_ranges,
+    k_ranges,
+    mask_types,
+    sink,
+    softmax_scale,
+    softcap,
+    deterministic,
+):
+    dsink = q.new_empty((0,), dtype=torch.float32) if sink is None else sink.new_empty(sink.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
 
 
 @magi_register_custom_op(
