@@ -315,7 +315,11 @@ class EntryCache:
                     self.model_tag, len(artifacts), self.path, (time.perf_counter() - start) * 1e3,
                 )  # fmt: skip
                 return package
-        self.package = CompilePackage(self.fn)
+        try:
+            self.package = CompilePackage(self.fn)
+        except Exception as e:  # noqa: BLE001 - a function Dynamo cannot package: no cache
+            logger.info("%s: no compiled-module cache for this function: %s", self.model_tag, e)
+            return None
         return self.package
 
     def _read(self) -> tuple[Any, dict[str, GraphArtifact]] | None:
@@ -373,9 +377,19 @@ class EntryCache:
 
     # -- write -----------------------------------------------------------------------------
     def after_capture(self) -> None:
-        """Writes the entry when this process captured graphs it does not hold yet."""
+        """Writes the entry when this process captured graphs it does not hold yet. A cache
+        that cannot be written never fails the call: it warns and compiles on."""
         if self.package is None:
             return
+        try:
+            self._write()
+        except Exception as e:  # noqa: BLE001 - the model's call must not fail on the cache
+            logger.warning(
+                "%s: the compiled-module cache entry could not be written: %s: %s",
+                self.model_tag, type(e).__name__, e,
+            )  # fmt: skip
+
+    def _write(self) -> None:
         for bid, fn in self.package.cached_backends.items():
             artifact = getattr(fn, "magi_cache_artifact", None)
             if artifact is not None:
@@ -413,17 +427,12 @@ class EntryCache:
             "created": time.time(),
             "hits": 0,
         }
-        try:
-            with _locked(self.directory):
-                _write_atomically(self.path, _seal(payload))
-                meta_path = self.path[: -len(_ENTRY_SUFFIX)] + _META_SUFFIX
-                old = _read_meta(meta_path)
-                meta["hits"] = int(old.get("hits", 0))
-                meta["bytes"] = len(payload)
-                _write_atomically(meta_path, json.dumps(meta, indent=1).encode())
-        except OSError as e:
-            logger.warning("%s: cannot write the compiled-module cache (%s)", self.model_tag, e)
-            return
+        with _locked(self.directory):
+            _write_atomically(self.path, _seal(payload))
+            meta_path = self.path[: -len(_ENTRY_SUFFIX)] + _META_SUFFIX
+            meta["hits"] = int(_read_meta(meta_path).get("hits", 0))
+            meta["bytes"] = len(payload)
+            _write_atomically(meta_path, json.dumps(meta, indent=1).encode())
         self._written_ids = frozenset(ids)
         _counters.bump("disk_cache_writes")
         logger.info(
