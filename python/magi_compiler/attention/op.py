@@ -85,10 +85,6 @@ def range_attention(
 # --- the operators ------------------------------------------------------------------------------
 
 
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return portable.compute_dtype(dtype)
-
-
 # The outputs are contiguous whatever the inputs' strides: the metadata says so, and both the
 # portable path and a kernel write fresh contiguous tensors.
 
@@ -98,7 +94,7 @@ def _forward_meta(
 ):
     tokens, heads = q.shape[0], q.shape[1]
     out = q.new_empty((tokens, heads, v.shape[2]))
-    return out, q.new_empty((tokens, heads), dtype=_lse_dtype(q.dtype))
+    return out, q.new_empty((tokens, heads), dtype=portable.compute_dtype(q.dtype))
 
 
 def _backward_meta(
