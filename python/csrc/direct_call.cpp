@@ -99,8 +99,8 @@ bool append_global_state(std::vector<int64_t>* key) {
 }
 
 /// Appends what Dynamo's guards can see of the arguments `argv[first, n)`; false when an
-/// argument is neither a tensor nor a scalar the signature compares by value (Dynamo alone
-/// guards its contents).
+/// argument is neither a tensor, a scalar the signature compares by value nor an empty dict
+/// (Dynamo alone guards its contents).
 bool append_arguments(PyObject* const* argv, size_t first, size_t n, std::vector<int64_t>* key) {
   for (size_t i = first; i < n; ++i) {
     PyObject* obj = argv[i];
@@ -109,6 +109,11 @@ bool append_arguments(PyObject* const* argv, size_t first, size_t n, std::vector
         int overflow = 0;
         PyLong_AsLongLongAndOverflow(obj, &overflow);
         if (overflow != 0) return false;  // the signature does not compare it
+      } else if (PyDict_CheckExact(obj)) {
+        // A **kwargs parameter: Dynamo's guards see an empty one's type and length only.
+        if (PyDict_GET_SIZE(obj) != 0) return false;
+        key->push_back(-2);
+        continue;
       } else if (obj != Py_None && !PyBool_Check(obj) && !PyFloat_CheckExact(obj) &&
                  !PyUnicode_CheckExact(obj)) {
         return false;
@@ -200,7 +205,8 @@ DirectCall::DirectCall(py::object signature, py::object guard_check,
                        std::vector<std::string> frame_names,
                        std::vector<std::pair<std::string, py::object>> cells, py::object target,
                        const py::list& slots, const std::string& result, bool method, bool memoize,
-                       py::object planner, py::object routes, py::object builder)
+                       py::object planner, py::object routes, py::object builder,
+                       py::object varargs)
     : signature_obj_(std::move(signature)),
       guard_check_(std::move(guard_check)),
       cells_(std::move(cells)),
@@ -212,7 +218,19 @@ DirectCall::DirectCall(py::object signature, py::object guard_check,
       memoize_(memoize) {
   if (!routes_obj_.is_none()) routes_ = routes_obj_.cast<Routes*>();
   signature_ = signature_obj_.cast<const runtime::GuardSignature*>();
-  for (const std::string& name : frame_names) frame_names_.push_back(py::str(name));
+  for (const std::string& name : frame_names) {
+    frame_names_.push_back(
+        py::reinterpret_steal<py::str>(PyUnicode_InternFromString(name.c_str())));
+  }
+  if (!varargs.is_none()) {
+    const py::tuple names = varargs.cast<py::tuple>();
+    MAGI_ASSERT(names.size() == 3, "DirectCall: varargs is (owner, args, kwargs) names");
+    varargs_ = true;
+    owner_local_ = names[0];
+    args_local_ = names[1];
+    kwargs_local_ = names[2];
+    MAGI_ASSERT(method_ || owner_local_.is_none(), "DirectCall: a function has no owner");
+  }
   if (py::isinstance<runtime::CudaGraphRunner>(target_)) {
     runner_ = target_.cast<runtime::CudaGraphRunner*>();
   } else {
@@ -249,9 +267,32 @@ DirectCall::DirectCall(py::object signature, py::object guard_check,
               "DirectCall: a builder goes with the result kind 'call' and only with it");
 }
 
-py::object DirectCall::call_argv(PyObject* const* argv, size_t n) {
+py::object DirectCall::call(const py::tuple& args) {
+  const size_t n = args.size();
+  PyObject* const* argv = n > 0 ? &PyTuple_GET_ITEM(args.ptr(), 0) : nullptr;
+  if (!varargs_) return call_argv(argv, n, CallForm{});
+  const size_t first = method_ && n > 0 ? 1 : 0;
+  const py::object given =
+      py::reinterpret_steal<py::object>(PyTuple_GetSlice(args.ptr(), first, n));
+  if (!given) throw py::error_already_set();
+  return call_argv(argv, n, CallForm{given.ptr(), nullptr});
+}
+
+py::object DirectCall::call_argv(PyObject* const* argv, size_t n, const CallForm& form) {
   if (n != frame_names_.size()) return py::none();
   const size_t first = method_ ? 1 : 0;
+  if (varargs_) {
+    MAGI_ASSERT(form.args != nullptr && PyTuple_Check(form.args),
+                "DirectCall: a varargs frame needs the call's positional arguments");
+    const bool keywords = form.kwargs != nullptr && PyDict_GET_SIZE(form.kwargs) > 0;
+    if (keywords && kwargs_local_.is_none()) return py::none();  // Python raises TypeError
+    if (keywords && !owner_local_.is_none()) {
+      // The owner given again by keyword: Python raises TypeError.
+      const int given_twice = PyDict_Contains(form.kwargs, owner_local_.ptr());
+      if (given_twice < 0) throw py::error_already_set();
+      if (given_twice == 1) return py::none();
+    }
+  }
 
   // The buffers kept across calls, unless another call holds them (another thread, entered
   // while this one's guards ran Python or its run had the GIL released): then buffers of
@@ -344,7 +385,8 @@ py::object DirectCall::call_argv(PyObject* const* argv, size_t n) {
   const bool watch = !memoize_ && !planner_.is_none() && !unwatchable_;
   if (memoize_ || watch) {
     // The fixed inputs enter as their generation: it changes whenever one of them does.
-    have_key = append_arguments(argv, first, n, &key) && append_global_state(&key);
+    have_key = append_arguments(argv, first, n, &key) && append_global_state(&key) &&
+               (!varargs_ || append_form(form, &key));
     key.push_back(static_cast<int64_t>(generation));
   }
   // Held for the comparison: another thread may list a new watch while this one's
@@ -358,7 +400,7 @@ py::object DirectCall::call_argv(PyObject* const* argv, size_t n) {
   const bool reusable = have_key && (memoize_ || watching_) && !hooks_set;
   if (!reusable || (key != last_verified_ && verified_.count(key) == 0)) {
     py::dict frame;
-    if (!guards_pass(argv, n, &frame)) return py::none();
+    if (!guards_pass(argv, n, form, &frame)) return py::none();
     if (have_key && watch && !watching_ && !start_watching(frame)) return py::none();
     if (have_key && (memoize_ || watching_) && verified_.size() < kMaxVerified) {
       verified_.insert(key);
@@ -472,12 +514,60 @@ bool DirectCall::start_watching(const py::dict& frame) {
   return true;
 }
 
-bool DirectCall::guards_pass(PyObject* const* argv, size_t n, py::dict* frame_out) {
+bool DirectCall::append_form(const CallForm& form, std::vector<int64_t>* key) const {
+  key->push_back(PyTuple_GET_SIZE(form.args));
+  if (form.kwargs == nullptr) return true;
+  const size_t first = method_ ? 1 : 0;
+  PyObject* name = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(form.kwargs, &pos, &name, &value)) {
+    int64_t named = -1;
+    for (size_t i = first; i < frame_names_.size() && named < 0; ++i) {
+      PyObject* parameter = frame_names_[i].ptr();
+      if (name == parameter || (PyUnicode_Check(name) && PyUnicode_Compare(name, parameter) == 0)) {
+        named = static_cast<int64_t>(i);
+      }
+    }
+    if (PyErr_Occurred()) throw py::error_already_set();
+    if (named < 0) return false;
+    key->push_back(named);
+  }
+  return true;
+}
+
+bool DirectCall::guards_pass(PyObject* const* argv, size_t n, const CallForm& form,
+                             py::dict* frame_out) {
   ++guard_checks_;
   py::dict& frame = *frame_out;
-  for (size_t i = 0; i < n; ++i) {
-    if (PyDict_SetItem(frame.ptr(), frame_names_[i].ptr(), argv[i]) < 0) {
-      throw py::error_already_set();
+  if (varargs_) {
+    // The frame as Python binds the call to (self, *args, **kwargs).
+    if (!owner_local_.is_none()) frame[owner_local_] = py::handle(argv[0]);
+    py::object args = py::reinterpret_borrow<py::object>(form.args);
+    if (method_ && owner_local_.is_none()) {
+      const Py_ssize_t given = PyTuple_GET_SIZE(form.args);
+      args = py::reinterpret_steal<py::object>(PyTuple_New(given + 1));
+      if (!args) throw py::error_already_set();
+      Py_INCREF(argv[0]);
+      PyTuple_SET_ITEM(args.ptr(), 0, argv[0]);
+      for (Py_ssize_t i = 0; i < given; ++i) {
+        PyObject* item = PyTuple_GET_ITEM(form.args, i);
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(args.ptr(), i + 1, item);
+      }
+    }
+    frame[args_local_] = args;
+    if (!kwargs_local_.is_none()) {
+      py::object keywords = py::reinterpret_steal<py::object>(
+          form.kwargs != nullptr ? PyDict_Copy(form.kwargs) : PyDict_New());
+      if (!keywords) throw py::error_already_set();
+      frame[kwargs_local_] = keywords;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (PyDict_SetItem(frame.ptr(), frame_names_[i].ptr(), argv[i]) < 0) {
+        throw py::error_already_set();
+      }
     }
   }
   for (const auto& [name, cell] : cells_) {
@@ -547,11 +637,12 @@ py::object DirectEntry::call(const py::args& args, const py::kwargs& kwargs) {
   argv.append(given, given + n);
   py::dict extra;  // the **kwargs parameter's dict, held through the call
   if (!bind_rest(n, kwargs, &argv, &extra)) return py::none();
+  const CallForm form{args.ptr(), kwargs ? kwargs.ptr() : nullptr};
   // The direct calls as of now, held: another thread may reset or extend this entry while
   // one of them runs (its guards run Python; its run releases the GIL).
   const c10::SmallVector<Native, 2> held(natives_.begin(), natives_.end());
   for (const Native& native : held) {
-    py::object result = native.second->call_argv(argv.data(), argv.size());
+    py::object result = native.second->call_argv(argv.data(), argv.size(), form);
     if (!result.is_none()) {
       ++g_direct_calls;
       return result;

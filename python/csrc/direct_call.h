@@ -15,7 +15,11 @@
 // is also unchanged: after each check that passed, _guard_watch.py lists that state (dict
 // version tags with the objects at the keys read, identities, tensor layouts) and the call
 // compares it, which costs far less than the tree; a tree it cannot list is evaluated on every
-// call.
+// call. When the traced frame is a `(self, *args, **kwargs)` wrapper around the forward the
+// call binds to (_call_frame.py), the inputs and the signature come from the bound arguments
+// while the guards run on a frame built from the call as Python made it (CallForm), and a
+// reused verdict is keyed by the call's form too (how many positional arguments, which
+// keywords in which order).
 //
 // A DirectEntry is what a compiled module's `forward` calls first: the direct calls learned
 // for that module instance, tried in C++ without a Python frame between the module call and
@@ -86,13 +90,20 @@ class Routes {
   size_t size_ = 0;
 };
 
+/// A call as Python made it: the positional arguments after the owner (a tuple) and the
+/// keywords (a dict, or nullptr for none). Borrowed.
+struct CallForm {
+  PyObject* args = nullptr;
+  PyObject* kwargs = nullptr;
+};
+
 /// A learned direct call of one captured inference signature.
 class DirectCall {
  public:
   DirectCall(py::object signature, py::object guard_check, std::vector<std::string> frame_names,
              std::vector<std::pair<std::string, py::object>> cells, py::object target,
              const py::list& slots, const std::string& result, bool method, bool memoize,
-             py::object planner, py::object routes, py::object builder);
+             py::object planner, py::object routes, py::object builder, py::object varargs);
 
   size_t arity() const { return frame_names_.size(); }
   size_t num_guard_checks() const { return guard_checks_; }
@@ -105,14 +116,13 @@ class DirectCall {
     return watching_ ? "watched" : "unplanned";
   }
 
-  /// The call's result, or None when this path does not apply to `args` (the caller then
-  /// makes an ordinary call).
-  py::object call(const py::tuple& args) {
-    return call_argv(&PyTuple_GET_ITEM(args.ptr(), 0), args.size());
-  }
+  /// The call's result, or None when this path does not apply to `args`, every parameter
+  /// given positionally (the caller then makes an ordinary call).
+  py::object call(const py::tuple& args);
 
-  /// call() on the arguments `argv[0, n)`, borrowed.
-  py::object call_argv(PyObject* const* argv, size_t n);
+  /// call() on the bound arguments `argv[0, n)`, borrowed; `form` is the call they were bound
+  /// from, which the varargs form builds Dynamo's frame from.
+  py::object call_argv(PyObject* const* argv, size_t n, const CallForm& form);
 
  private:
   enum class Result { kTensor, kTuple, kList, kCall };
@@ -177,7 +187,10 @@ class DirectCall {
   /// one the frame reaches (a submodule replaced in a way Routes did not see): every direct
   /// call is then dropped, and this call is made ordinarily.
   bool start_watching(const py::dict& frame);
-  bool guards_pass(PyObject* const* argv, size_t n, py::dict* frame_out);
+  bool guards_pass(PyObject* const* argv, size_t n, const CallForm& form, py::dict* frame_out);
+  /// Appends the call's form (varargs frames): the number of positional arguments and, in
+  /// order, the parameter each keyword names; false for a keyword that names none.
+  bool append_form(const CallForm& form, std::vector<int64_t>* key) const;
   /// Dynamo's guards on the frame's locals.
   bool check_frame(const py::dict& frame);
 
@@ -186,9 +199,17 @@ class DirectCall {
   py::object guard_check_;
   std::vector<py::str> frame_names_;
   std::vector<std::pair<std::string, py::object>> cells_;
-  py::object target_;      // keeps the runner or executable alive
-  py::object planner_;     // _guard_watch.planner's callable, or None
-  py::object routes_obj_;  // keeps routes_ alive (None: no submodules to check)
+  // The varargs form (_call_frame.py): Dynamo's frame holds the call's positional arguments
+  // after the owner as a tuple and a copy of its keywords as a dict, under these names, and
+  // the owner under owner_local_ (None: as the tuple's first item). Else the frame holds the
+  // bound arguments under frame_names_.
+  bool varargs_ = false;
+  py::object owner_local_;
+  py::object args_local_;
+  py::object kwargs_local_;  // None: the frame takes no keywords
+  py::object target_;        // keeps the runner or executable alive
+  py::object planner_;       // _guard_watch.planner's callable, or None
+  py::object routes_obj_;    // keeps routes_ alive (None: no submodules to check)
   Routes* routes_ = nullptr;
   py::object builder_;            // Result::kCall: builds the result from the output list
   std::shared_ptr<Watch> watch_;  // replaced whole, never changed in place but for versions
