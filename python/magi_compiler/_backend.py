@@ -8,8 +8,10 @@ in ``magi_compiler._C``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -245,10 +247,14 @@ def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
         from torch._dynamo.source import TempLocalSource
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
-        effects = InstructionTranslator.current_tx().output.side_effects
+        tx = InstructionTranslator.current_tx()
+        effects = tx.output.side_effects
+        own_keywords = _own_keywords(tx.f_code)
         # Objects created during the trace count as "modified" too; what a direct call would
         # skip are mutations of objects that existed before it (they have a source; a
-        # TempLocalSource only names an object the trace built, such as a ModelOutput).
+        # TempLocalSource only names an object the trace built, such as a ModelOutput). The
+        # frame's own **kwargs dict is made for the call and dies with the frame: a write to
+        # it (a decorator's kwargs.pop or kwargs[k] = v) is seen by nothing after it.
         side_effect_free = not (
             effects.tensor_hooks
             or effects.save_for_backward
@@ -256,6 +262,7 @@ def _capture_info(gm: torch.fx.GraphModule) -> dict[str, Any] | None:
                 effects.is_modified(v)
                 and getattr(v, "source", None) is not None
                 and not isinstance(v.source, TempLocalSource)
+                and _source_name(v.source) != own_keywords
                 and not _restored(effects, v)
                 for v in effects.id_to_variable.values()
             )
@@ -330,6 +337,20 @@ def lower_cached_graph(gm: torch.fx.GraphModule, artifact: Any, config: CompileC
         return lower_graph(gm, "inference", config, from_cache=True)
     finally:
         _capturing.info = None
+
+
+def _source_name(source: Any) -> Any:
+    name = getattr(source, "name", None)
+    return name() if callable(name) else name  # a method before torch 2.10, a property since
+
+
+def _own_keywords(code: types.CodeType) -> str | None:
+    """The source of ``code``'s ``**kwargs`` parameter as a local of the traced frame."""
+    if not code.co_flags & inspect.CO_VARKEYWORDS:
+        return None
+    index = code.co_argcount + code.co_kwonlyargcount
+    index += 1 if code.co_flags & inspect.CO_VARARGS else 0
+    return f"L['{code.co_varnames[index]}']"
 
 
 _PLAIN = (bool, int, float, str, type(None))
