@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from magi_compiler import _guard_watch
+from magi_compiler import _call_frame, _guard_watch
+from magi_compiler._call_frame import CallFrame
 from magi_compiler._logging import logger
 
 # --- observing one ordinary call -----------------------------------------------------------
@@ -176,11 +177,11 @@ def parameter_layout(fn: Callable, skip_first: bool) -> tuple[list[str], list[An
     return names, defaults, var_keyword
 
 
-def _parameter_text(fn: Callable) -> str | None:
-    """``fn``'s parameter list as source text (defaults set afterwards), or None when it takes
-    *args."""
+def _parameter_text(params: list[inspect.Parameter]) -> str | None:
+    """A parameter list as source text (defaults set afterwards, _set_defaults), or None when
+    it takes *args."""
     parts, positional_only, star = [], False, False
-    for p in inspect.signature(fn).parameters.values():
+    for p in params:
         if p.kind is p.VAR_POSITIONAL:
             return None
         if p.kind is p.VAR_KEYWORD:
@@ -203,25 +204,47 @@ def _parameter_text(fn: Callable) -> str | None:
     return ", ".join(parts)
 
 
+def _set_defaults(fn: Callable, params: list[inspect.Parameter]) -> None:
+    """Gives ``fn`` (made from ``_parameter_text(params)``) the defaults of ``params``."""
+    fn.__defaults__ = (
+        tuple(
+            p.default
+            for p in params
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty
+        )
+        or None
+    )
+    fn.__kwdefaults__ = {
+        p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+    } or None
+
+
 def build_gatherer(
     fn: Callable,
     guard_names: list[str],
     sources: list[str],
     owner_name: str | None,
     bound: dict[str, Any],
+    frame: CallFrame,
 ) -> tuple[Callable | None, str]:
-    """A function with ``fn``'s parameters returning ``(guard values, graph inputs)``; the
-    inputs are Dynamo's source expressions, with the parameter and buffer dicts of modules
-    reached from ``owner_name`` looked up once now (from ``bound``, this call's arguments).
-    Returns (None, why) when the sources cannot be turned into code."""
-    params = _parameter_text(fn)
-    if params is None:
+    """A function taking ``fn``'s arguments and returning ``(guard values, graph inputs,
+    frame locals)``; the inputs are Dynamo's source expressions (rewritten to the bound
+    parameters they read, ``frame``), with the parameter and buffer dicts of modules reached
+    from ``owner_name`` looked up once now (from ``bound``, this call's arguments). The frame
+    locals are what Dynamo's guards read. Returns (None, why) when the sources cannot be turned
+    into code."""
+    params = list(inspect.signature(fn).parameters.values())
+    text = _parameter_text(params)
+    if text is None:
         return None, "the function takes *args"
     namespace: dict[str, Any] = {"__magi_G": fn.__globals__}
     containers: dict[str, str] = {}  # container expression -> its name in the namespace
     items = []
     for source in sources:
-        expr = _LOCAL.sub(r"\1", source).replace("G[", "__magi_G[")
+        rewritten = frame.to_bound(source)
+        if rewritten is None:
+            return None, f"input source {source} reads the call's *args or **kwargs whole"
+        expr = _LOCAL.sub(r"\1", rewritten).replace("G[", "__magi_G[")
         owned = _owned_entry(expr, owner_name)
         if owned:
             container, key = owned
@@ -236,27 +259,41 @@ def build_gatherer(
                 namespace[containers[container]] = value
             expr = containers[container] + key
         items.append(expr)
-    # The frame's locals as Dynamo's guards read them: the arguments, and the closure's cells
+    # The frame's locals as Dynamo's guards read them: the arguments (in the varargs form, the
+    # call's positional arguments and keywords as Python binds them), and the closure's cells
     # (``__class__`` for a method that calls super()).
-    names = [p.name for p in inspect.signature(fn).parameters.values()]
-    entries = [f"{n!r}: {n}" for n in names]
+    own = _call_frame.own_parameters(fn)
+    entries = [f"{name!r}: {name}" for name, _ in own]
     for i, (name, cell) in enumerate(
         zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)
     ):
         namespace[f"__magi_cell{i}"] = cell
         entries.append(f"{name!r}: __magi_cell{i}.cell_contents")
-    frame = ", ".join(entries)
-    text = (
-        f"def __magi_gather({params}):\n"
-        f"    return [{', '.join(guard_names)}], [{', '.join(items)}], {{{frame}}}\n"
-    )
+    locals_ = f"{{{', '.join(entries)}}}"
+    values = f"[{', '.join(guard_names)}], [{', '.join(items)}]"
+    if frame.varargs:
+        own_text = ", ".join(_call_frame.parameter_source(name, kind) for name, kind in own)
+        code = (
+            f"def __magi_values({text}):\n    return {values}\n"
+            f"def __magi_frame({own_text}):\n    return {locals_}\n"
+        )
+    else:
+        code = f"def __magi_gather({text}):\n    return {values}, {locals_}\n"
     try:
-        exec(compile(text, f"<magi gather for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
+        exec(compile(code, f"<magi gather for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
     except SyntaxError as e:
         return None, f"generated gatherer does not compile: {e}"
-    gather = namespace["__magi_gather"]
-    gather.__defaults__ = fn.__defaults__
-    gather.__kwdefaults__ = fn.__kwdefaults__
+    if frame.varargs:
+        values_of, frame_of = namespace["__magi_values"], namespace["__magi_frame"]
+        _set_defaults(values_of, params)
+
+        def gather(*args: Any, **kwargs: Any) -> tuple[list[Any], list[Any], dict[str, Any]]:
+            guard_values, inputs = values_of(*args, **kwargs)
+            return guard_values, inputs, frame_of(*args, **kwargs)
+
+    else:
+        gather = namespace["__magi_gather"]
+        _set_defaults(gather, params)
     gather.magi_routes = module_routes(list(containers), {**namespace, **bound})
     return gather, ""
 
@@ -275,13 +312,14 @@ def build_native(
     guards: Any,
     run: Callable,
     rebuild: Callable,
+    frame: CallFrame,
     memoize: bool = False,
 ) -> tuple[Any, str]:
     """The C++ form of a direct path (``_C.DirectCall``), or (None, why not). Each graph input
     must come from an argument (``L['x']``), a size of one (``L['x'].size()[0]``), or a
-    parameter or buffer dict of a module reached from ``owner_name`` (read on every call).
-    ``memoize``: Dynamo's guards are evaluated once per argument layout and process state
-    (``fast_dispatch_guards="arguments"``)."""
+    parameter or buffer dict of a module reached from ``owner_name`` (read on every call),
+    once rewritten to the bound parameters (``frame``). ``memoize``: Dynamo's guards are
+    evaluated once per argument layout and process state (``fast_dispatch_guards="arguments"``)."""
     from magi_compiler import _C
 
     parameters = inspect.signature(fn).parameters.values()
@@ -292,7 +330,10 @@ def build_native(
     namespace = {"__magi_G": fn.__globals__, **bound}
     slots: list[tuple] = []
     containers: list[str] = []  # per fixed slot, the expression of its dict
-    for source in sources:
+    for original in sources:
+        source = frame.to_bound(original)
+        if source is None:
+            return None, f"input source {original} reads the call's *args or **kwargs whole"
         if (m := _ARG.match(source)) and m[1] in index:
             slots.append(("arg", index[m[1]]))
             continue
@@ -334,7 +375,7 @@ def build_native(
             dict(cells),
             lambda: [table.get(name) for table, name in fixed],
             containers,
-            owner_name is not None,
+            frame,
             lambda why: logger.debug(
                 "%s: Dynamo's guards are evaluated on every direct call: %s",
                 fn.__qualname__,
@@ -354,6 +395,7 @@ def build_native(
         planner,
         module_routes(containers, namespace),
         builder,
+        frame.native_spec(),
     )
     return native, ""
 

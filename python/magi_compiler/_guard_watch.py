@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from magi_compiler._call_frame import CallFrame
+
 # Kinds of identity pins, as _C.DirectCall reads them.
 PIN_CODE, PIN_TYPE, PIN_CELL, PIN_TYPE_UNCHANGED = 0, 1, 2, 3
 # How the direct call holds each watched dict (_Plan.result).
@@ -228,6 +230,8 @@ def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
         if kind in ("DICT_CONTAINS", "DICT_VERSION", "DICT_LENGTH", "LENGTH_CHECK"):
             if isinstance(value, tuple) and kind == "LENGTH_CHECK":
                 continue
+            if arg is not None and kind != "DICT_VERSION" and type(value) is dict and not value:
+                continue  # an empty **kwargs: the fingerprint holds that it is empty
             if arg is not None:
                 raise Unwatchable(f"{kind} on an argument")
             plan.watch(value, whole=True)
@@ -305,15 +309,61 @@ def _argument(plan: _Plan, manager: Any, index: int, value: Any) -> None:
         raise Unwatchable(f"guards below the argument {manager.get_source()}")
 
 
+def _call_form(plan: _Plan, manager: Any, value: Any, local: str, frame: CallFrame) -> None:
+    """Walks the guards on the call's ``*args`` tuple or ``**kwargs`` dict (``local``) in the
+    varargs form (_call_frame.py): their length, type and keys are the call's form, which the
+    fingerprint holds; their items are the bound arguments."""
+    for guard in manager.get_leaf_guards():
+        kind = type(guard).__name__
+        if kind not in ("TYPE_MATCH", "LENGTH_CHECK", "DICT_LENGTH", "DICT_CONTAINS"):
+            raise Unwatchable(f"a {kind} guard on the call's {local}")
+    if type(manager).__name__ == "DictGuardManager":
+        keys = list(value.keys())
+        for index, (key_manager, value_manager) in manager.get_key_value_managers().items():
+            if key_manager is not None:
+                if key_manager.get_accessors():
+                    raise Unwatchable(f"guards below a key of the call's {local}")
+                _leaves(plan, key_manager, keys[index], None)  # a string: in the form
+            if value_manager is not None:
+                _call_item(plan, value_manager, local, keys[index], value[keys[index]], frame)
+    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers(), strict=True):
+        how = accessor.repr()
+        if m := _DICT_KEY.match(how):
+            try:
+                key = ast.literal_eval(m[1])
+            except (ValueError, SyntaxError) as e:
+                raise Unwatchable(f"a key written {m[1]}") from e
+        elif m := _TUPLE.match(how):
+            key = int(m[1])
+        else:
+            raise Unwatchable(f"{how} on the call's {local}")
+        _call_item(plan, child, local, key, value[key], frame)
+
+
+def _call_item(
+    plan: _Plan, manager: Any, local: str, key: Any, value: Any, frame: CallFrame
+) -> None:
+    index = frame.bound_index(local, key)
+    if index is None:
+        raise Unwatchable(f"{local}[{key!r}] is no named parameter")
+    if frame.method and index == 0:
+        _walk(plan, manager, value)  # the owner, as args[0]
+    else:
+        _argument(plan, manager, index, value)
+
+
 def _parts(guard: Any) -> list[str]:
     """Every code part of ``guard`` (Dynamo joins all shape and aliasing checks into one
     lambda guard with a part each), comments dropped."""
     return [part.split("  #")[0].strip() for part in guard.verbose_code_parts()]
 
 
-def _epilogue(plan: _Plan, guard: Any, globals_: dict) -> None:
+def _epilogue(plan: _Plan, guard: Any, globals_: dict, frame: CallFrame) -> None:
     for text in _parts(guard):
-        _epilogue_part(plan, text, globals_)
+        bound = frame.to_bound(text)
+        if bound is None:
+            raise Unwatchable(f"epilogue guard {text!r} reads the call's form")
+        _epilogue_part(plan, bound, globals_)
 
 
 def _epilogue_part(plan: _Plan, text: str, globals_: dict) -> None:
@@ -350,14 +400,17 @@ def plan(
     arg_names: list[str],
     cells: dict[str, Any],
     gathered: list[Any],
-    method: bool,
+    call_frame: CallFrame,
 ) -> tuple | str:
     """What the guard tree ``root`` reads, for the direct call to watch (see the module's
     docstring), or why it cannot be watched. ``frame``: the locals the guards just passed on;
-    ``arg_names``: the function's parameters, the first the module when ``method`` (the same
-    object on every call of the direct call's owner: walked, not fingerprinted); ``cells``: the
-    closure's cells by name; ``gathered``: the tensors the direct call gathers from parameter
-    and buffer dicts (it compares their layouts on every call itself)."""
+    ``arg_names``: the function's bound parameters, the first the module for a method (the
+    same object on every call of the direct call's owner: walked, not fingerprinted);
+    ``cells``: the closure's cells by name; ``gathered``: the tensors the direct call gathers
+    from parameter and buffer dicts (it compares their layouts on every call itself);
+    ``call_frame``: how the frame's locals relate to the bound parameters (the varargs form's
+    ``*args`` and ``**kwargs`` hold them)."""
+    method = call_frame.method
     first = 1 if method else 0
     p = _Plan(
         {name: i for i, name in enumerate(arg_names) if i >= first},
@@ -378,14 +431,20 @@ def plan(
                 continue
             raise Unwatchable(f"the root guard {kind} {_text(guard)!r}")
         for guard in root.get_epilogue_lambda_guards():
-            _epilogue(p, guard, globals_)
+            _epilogue(p, guard, globals_, call_frame)
+        varargs = call_frame.varargs
         for accessor, child in zip(root.get_accessors(), root.get_child_managers(), strict=True):
             how = accessor.repr()
+            m = _FRAME.match(how)
             if how == "GlobalsGuardAccessor":
                 _walk(p, child, globals_)
-            elif (m := _FRAME.match(how)) and m[1] in p.arg_index:
+            elif m and varargs and m[1] in (call_frame.args, call_frame.kwargs):
+                _call_form(p, child, frame[m[1]], m[1], call_frame)
+            elif m and varargs and m[1] == call_frame.owner:
+                _walk(p, child, frame[m[1]])
+            elif m and not varargs and m[1] in p.arg_index:
                 _argument(p, child, p.arg_index[m[1]], frame[m[1]])
-            elif m and method and m[1] == arg_names[0]:
+            elif m and not varargs and method and m[1] == arg_names[0]:
                 _walk(p, child, frame[m[1]])
             elif m and m[1] in cells:
                 p.pins.append((PIN_CELL, cells[m[1]], frame[m[1]]))
@@ -406,7 +465,7 @@ def planner(
     cells: dict[str, Any],
     gathered: Callable[[], list[Any]],
     containers: list[str],
-    method: bool,
+    call_frame: CallFrame,
     log: Callable[[str], None],
 ) -> Callable:
     """The callable a direct call runs after each guard check that passed, to learn what to
@@ -419,7 +478,7 @@ def planner(
 
     def make(frame: dict[str, Any]) -> tuple | None:
         try:
-            result = plan(root, frame, globals_, arg_names, cells, gathered(), method)
+            result = plan(root, frame, globals_, arg_names, cells, gathered(), call_frame)
         except Exception as e:  # noqa: BLE001 - an unforeseen tree: evaluate it every call
             result = f"the walk failed: {e!r}"
         if isinstance(result, str):
@@ -427,6 +486,8 @@ def planner(
             return None
         scope = {"__magi_G": globals_, **frame}
         try:
+            if call_frame.method:  # the containers are read from the bound owner's name
+                scope[arg_names[0]] = call_frame.owner_of(frame)
             now = [eval(code, scope) for code in codes]  # noqa: S307 - our expressions
         except Exception as e:  # noqa: BLE001 - the path no longer reaches them
             log(f"a parameter dict is no longer reachable: {e!r}")

@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 from magi_compiler import (
     _C,
     _backend,
+    _call_frame,
     _compile_cache,
     _counters,
     _dump,
@@ -320,11 +321,19 @@ class _CompiledCallable:
         rebuild = _fast_dispatch.rebuild_for(result, outputs or [])
         if rebuild is None:
             return None, "the result is not the graph's outputs as they are"
+        call_frame, why = _call_frame.CallFrame.of(self.fn, self.is_method)
+        if call_frame is None:
+            return None, why
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         owner_name = next(iter(self.signature.parameters)) if self.is_method else None
         gather, why = _fast_dispatch.build_gatherer(
-            self.fn, self.param_names, run.magi_sources, owner_name, dict(bound.arguments)
+            self.fn,
+            self.param_names,
+            run.magi_sources,
+            owner_name,
+            dict(bound.arguments),
+            call_frame,
         )
         if gather is None:
             return None, why
@@ -347,6 +356,7 @@ class _CompiledCallable:
             guards,
             run,
             rebuild,
+            call_frame,
             memoize=self.config.fast_dispatch_guards == "arguments",
         )
         if native is None:
