@@ -352,20 +352,22 @@ class EntryCache:
             return None
 
     def _why_new(self) -> str:
-        """Which key parts differ from the function's other entries, if it has any."""
+        """Which key parts differ from the closest of the function's other entries."""
         try:
             names = [n for n in os.listdir(self.directory) if n.endswith(_META_SUFFIX)]
         except FileNotFoundError:
             return "first compile of this function with this cache"
-        differences = []
+        closest: list[str] | None = None
         for name in sorted(names):
             other = _read_meta(os.path.join(self.directory, name)).get("parts", {})
             changed = [k for k in self.parts if other.get(k) != self.parts[k]]
-            if changed:
-                differences.append(", ".join(changed))
-        if not differences:
+            if changed and (closest is None or len(changed) < len(closest)):
+                closest = changed
+        if closest is None:
             return "first compile with this key"
-        return "key differs from the cached entries in: " + "; ".join(sorted(set(differences)))
+        return (
+            f"key differs from the closest cached entry of this function in: {', '.join(closest)}"
+        )
 
     def _touch(self) -> None:
         meta_path = self.path[: -len(_ENTRY_SUFFIX)] + _META_SUFFIX

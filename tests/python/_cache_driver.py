@@ -1,0 +1,69 @@
+"""One process of the compiled-module cache tests (test_compile_cache.py): compiles the model in
+``cache_model.py`` (next to the cache directory the test made), calls it on the shapes given,
+checks each result against eager and prints one JSON line with the counters.
+
+Usage: python _cache_driver.py SPEC_JSON, where SPEC holds
+  dir:      the test's directory (cache_model.py and cache/ live there)
+  shapes:   [[rows, cols], ...] inputs of the calls, in order
+  dtype:    "float32" (default) or "float64"
+  patch:    config_patch entries (the cache directory is added)
+  fake:     {"torch": "...", "device": "..."}: what this process claims to run on
+  op_flag:  registers cache_model's custom op with this is_compute_sensitive value
+  train:    call with grad enabled (a training capture)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import torch
+
+spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["dir"])
+
+import magi_compiler  # noqa: E402
+from magi_compiler import _compile_cache  # noqa: E402
+
+if "torch" in spec.get("fake", {}):
+    torch.__version__ = spec["fake"]["torch"]
+if "device" in spec.get("fake", {}):
+    _compile_cache._device_part = lambda: spec["fake"]["device"]
+
+records: list[str] = []
+
+
+class _Keep(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        records.append(record.getMessage())
+
+
+logging.getLogger("magi_compiler").addHandler(_Keep())
+logging.getLogger("magi_compiler").setLevel(logging.INFO)
+
+import cache_model  # noqa: E402
+
+if "op_flag" in spec:
+    cache_model.register_op(spec["op_flag"])
+
+torch.manual_seed(0)
+dtype = getattr(torch, spec.get("dtype", "float32"))
+model = cache_model.Model().to(dtype).eval()
+patch = {"cache_root_dir": os.path.join(spec["dir"], "cache"), "disable_cache": False}
+patch.update(spec.get("patch", {}))
+compiled = magi_compiler.magi_compile(model, config_patch=patch)
+
+errors = []
+train = bool(spec.get("train"))
+for rows, cols in spec["shapes"]:
+    x = torch.randn(rows, cols, dtype=dtype)
+    with torch.set_grad_enabled(train):
+        expected = cache_model.Model.forward(model, x)
+        actual = compiled(x)
+    errors.append(float((actual - expected).abs().max() / expected.abs().max()))
+
+counters = magi_compiler.get_counters().as_dict()
+counters.update(magi_compiler._C.compiler_stats())
+print(json.dumps({"counters": counters, "errors": errors, "log": records}))
