@@ -1,6 +1,7 @@
 """Context-parallel attention on the CPU: the planner exactly (assignments, balance, the plan's
 slices covering each (q, k) pair once), and cp_attention, ring attention and Ulysses with gloo
-on 2 and 4 processes against single-process range_attention, forward and gradients."""
+on 2 and 4 processes against single-process range_attention, forward and gradients; with 2,
+cp_attention inside a magi_compile'd module too."""
 
 from __future__ import annotations
 
@@ -229,6 +230,56 @@ def _check(name, got, want):
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
 
 
+class _CompiledBlock(torch.nn.Module):
+    """Projections around cp_attention, for magi_compile (at module level: its forward must
+    close over nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, plan) -> torch.Tensor:
+        q, k, v = (y.contiguous() for y in self.qkv(x).unflatten(-1, (3, 4, 4)).unbind(1))
+        out, _ = cp_attention(q, k, v, plan)
+        return self.proj(out.flatten(1)) + x
+
+
+def _check_compiled(rank: int, total: int):
+    """cp_attention inside a magi_compile'd module: one capture for three masks (the plan is an
+    input), the operator a boundary forward and backward, results equal to eager."""
+    from magi_compiler import get_counters, inspection, magi_compile, reset_counters
+
+    torch.manual_seed(0)
+    eager = _CompiledBlock().double()
+    model = _CompiledBlock().double()
+    model.load_state_dict(eager.state_dict())
+    magi_compile(model)
+    reset_counters()
+    for step, (ranges, types) in enumerate([
+        ([(0, total // 3), (total // 3, total)], [CAUSAL, FULL]),
+        ([(0, total)], [CAUSAL]),
+        ([(0, total // 2), (total // 2, total)], [INV_CAUSAL, BI_CAUSAL]),
+    ]):  # fmt: skip
+        plan = plan_context_parallel(ranges, ranges, types, total, 2, dist.get_world_size())
+        x = torch.randn(total, 16, generator=torch.Generator().manual_seed(step),
+                        dtype=torch.float64)  # fmt: skip
+        outs, grads = [], []
+        for m in (model, eager):
+            xi = x.clone().requires_grad_(True)
+            y = undispatch(m(dispatch(xi, plan), plan), plan)
+            y.square().sum().backward()
+            outs.append(y)
+            grads.append([xi.grad] + [p.grad for p in m.parameters()])
+            m.zero_grad()
+        _check(f"compiled step {step}: out", outs[0], outs[1])
+        for n, (got, want) in enumerate(zip(*grads, strict=True)):
+            _check(f"compiled step {step}: grad {n}", got, want)
+    assert get_counters().captures == 1
+    assert inspection.last_compiled("forward").boundary_ops == ("magi::cp_attention",)
+    assert inspection.last_compiled("backward").boundary_ops == ("magi::cp_attention_backward",)
+
+
 def _worker(rank: int, world: int, store_path: str, total: int):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
@@ -264,6 +315,8 @@ def _worker(rank: int, world: int, store_path: str, total: int):
                 names = ("out", "lse", "dq", "dk", "dv", "dsink")[: len(want)]
                 for what, got, ref in zip(names, (out, lse, *grads), want, strict=True):
                     _check(f"{world} ranks, {name}, {method}: {what}", got, ref)
+        if world == 2:
+            _check_compiled(rank, total)
     finally:
         dist.destroy_process_group()
 

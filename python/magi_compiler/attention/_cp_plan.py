@@ -23,6 +23,8 @@ the stages' partial outputs by their log-sum-exps gives the single-device result
 from __future__ import annotations
 
 import bisect
+import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +35,21 @@ from magi_compiler.attention._cp_solver import assign_chunks, chunk_bands, chunk
 from magi_compiler.errors import UserError
 
 Ranges = tuple[tuple[int, int], ...]
+
+# Plans by key, so that the registered operators (which take no Python objects) can find them.
+_plans: weakref.WeakValueDictionary[int, ContextParallelPlan] = weakref.WeakValueDictionary()
+_plan_ids = itertools.count()
+
+
+def plan_by_key(key: int) -> ContextParallelPlan:
+    """The live plan of ``key`` (``ContextParallelPlan.key``)."""
+    plan = _plans.get(key)
+    if plan is None:
+        raise UserError(
+            f"context parallelism: no plan {key} is alive in this process; keep the plan "
+            "object referenced for as long as code that uses it runs"
+        )
+    return plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,11 +105,18 @@ class ContextParallelPlan:
     perm: torch.Tensor
     inv_perm: torch.Tensor
     ranks: tuple[RankPlan, ...]
+    key: int = field(default_factory=lambda: next(_plan_ids))
+    # ``key`` as an int64 CPU tensor: what the registered operators take, so a compiled graph
+    # gets the plan as an input and a new plan (a new mask) does not recompile it
+    handle: torch.Tensor = field(init=False, repr=False)
+    # a field, not a property: a compiled graph guards on it as a plain value
+    tokens_per_rank: int = field(init=False)
     _device_cache: dict = field(default_factory=dict, repr=False)
 
-    @property
-    def tokens_per_rank(self) -> int:
-        return self.total_tokens // self.world_size
+    def __post_init__(self):
+        object.__setattr__(self, "handle", torch.tensor([self.key], dtype=torch.int64))
+        object.__setattr__(self, "tokens_per_rank", self.total_tokens // self.world_size)
+        _plans[self.key] = self
 
     @property
     def send_split_sizes(self) -> tuple[tuple[int, ...], ...]:
@@ -453,6 +477,7 @@ __all__ = [
     "RankPlan",
     "StageSlices",
     "assign_chunks",
+    "plan_by_key",
     "plan_context_parallel",
     "zigzag_plan",
     "contiguous_plan",

@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed.distributed_c10d as _c10d
 
+from magi_compiler._custom_op import magi_register_custom_op
 from magi_compiler.attention import _cp_comm as comm
 from magi_compiler.attention._cp_baselines import ring_attention, ulysses_attention
 from magi_compiler.attention._cp_partials import empty_result, merge_partials, pack_kv, unpack_kv
@@ -31,10 +33,12 @@ from magi_compiler.attention._cp_plan import (
     StageSlices,
     assign_chunks,
     contiguous_plan,
+    plan_by_key,
     plan_context_parallel,
     zigzag_plan,
 )
 from magi_compiler.attention.op import range_attention
+from magi_compiler.attention.portable import compute_dtype
 from magi_compiler.errors import UserError
 
 __all__ = [
@@ -112,7 +116,6 @@ def cp_attention(
         ``(out, lse)`` for this rank's queries, in plan order (``undispatch`` them for the
         whole sequence).
     """
-    rank, size = _rank_in(plan, group)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 3 or x.shape[0] != plan.tokens_per_rank:
             raise UserError(
@@ -122,9 +125,11 @@ def cp_attention(
             )
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    t = _tensors(plan, rank, q.device)
-    opts = (float(softmax_scale), float(softcap), bool(deterministic))
-    return _ContextParallelAttention.apply(q, k, v, sink, t, group, opts)
+    group_name = group.group_name if group is not None else ""
+    return _cp_attention(
+        q, k, v, sink, plan.handle, group_name,
+        float(softmax_scale), float(softcap), bool(deterministic),
+    )  # fmt: skip
 
 
 # --- per-rank tensors ---------------------------------------------------------------------------
@@ -211,79 +216,168 @@ class _Gathers:
         return buf
 
 
-class _ContextParallelAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, sink, t: _RankTensors, group, opts):
-        scale, softcap, det = opts
-        gathers = _Gathers(pack_kv(k, v), t, group)
-        outs, lses = [], []
+def _forward(q, k, v, sink, t: _RankTensors, group, scale: float, softcap: float, det: bool):
+    """This rank's (out, lse): local keys while the first remote stage is fetched, then each
+    received stage while the next one is fetched, merged by log-sum-exp."""
+    gathers = _Gathers(pack_kv(k, v), t, group)
+    outs, lses = [], []
 
-        def attend(kk, vv, slices, with_sink):
-            part_out, part_lse = range_attention(
-                q, kk, vv, *slices, softmax_scale=scale, softcap=softcap,
-                sink=sink if with_sink else None, deterministic=det,
-            )  # fmt: skip
-            outs.append(part_out)
-            lses.append(part_lse)
+    def attend(kk, vv, slices, with_sink):
+        part_out, part_lse = range_attention(
+            q, kk, vv, *slices, softmax_scale=scale, softcap=softcap,
+            sink=sink if with_sink else None, deterministic=det,
+        )  # fmt: skip
+        outs.append(part_out)
+        lses.append(part_lse)
 
-        if len(t.stages[0][2]) or sink is not None:
-            attend(k, v, t.stages[0], True)
-        for i in range(t.num_remote_stages):
-            buf = gathers.next(i)
-            if len(t.stages[i + 1][2]):
-                attend(*unpack_kv(buf, k, v), t.stages[i + 1], False)
-        out, lse = merge_partials(outs, lses, q.dtype) if outs else empty_result(q, v)
-        ctx.save_for_backward(q, k, v, out, lse, sink)
-        ctx.t, ctx.group, ctx.opts = t, group, opts
-        return out, lse
+    if len(t.stages[0][2]) or sink is not None:
+        attend(k, v, t.stages[0], True)
+    for i in range(t.num_remote_stages):
+        buf = gathers.next(i)
+        if len(t.stages[i + 1][2]):
+            attend(*unpack_kv(buf, k, v), t.stages[i + 1], False)
+    return merge_partials(outs, lses, q.dtype) if outs else empty_result(q, v)
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sink = ctx.saved_tensors
-        t, group = ctx.t, ctx.group
-        scale, softcap, det = ctx.opts
-        acc = lse.dtype
-        kv = pack_kv(k, v)
-        gathers = _Gathers(kv, t, group)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)
-        dsink = None
 
-        def grads(kk, vv, slices, with_sink):
-            return torch.ops.magi.range_attention_backward(
-                dout, dlse, q, kk, vv, out, lse, *slices,
-                sink if with_sink else None, scale, softcap, det,
-            )  # fmt: skip
+def _backward(dout, dlse, q, k, v, out, lse, sink, t: _RankTensors, group, scale, softcap, det):
+    """(dq, dk, dv, dsink): keys and values fetched again stage by stage, each stage's
+    gradients computed against the merged out and lse, dk/dv sent back to their owners by the
+    reverse all-to-all-v while the next stage computes, and summed there."""
+    acc = lse.dtype
+    kv = pack_kv(k, v)
+    gathers = _Gathers(kv, t, group)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)
+    dsink = None
 
-        if len(t.stages[0][2]) or sink is not None:
-            dq_i, dk_i, dv_i, ds = grads(k, v, t.stages[0], True)
-            dsink = ds.to(sink.dtype) if sink is not None else None
+    def grads(kk, vv, slices, with_sink):
+        return torch.ops.magi.range_attention_backward(
+            dout, dlse, q, kk, vv, out, lse, *slices,
+            sink if with_sink else None, scale, softcap, det,
+        )  # fmt: skip
+
+    if len(t.stages[0][2]) or sink is not None:
+        dq_i, dk_i, dv_i, ds = grads(k, v, t.stages[0], True)
+        dsink = ds.to(sink.dtype) if sink is not None else None
+        dq += dq_i
+        dkv += pack_kv(dk_i, dv_i)
+    returns = []
+    for i in range(t.num_remote_stages):
+        buf = gathers.next(i)
+        if len(t.stages[i + 1][2]):
+            dq_i, dk_i, dv_i, _ = grads(*unpack_kv(buf, k, v), t.stages[i + 1], False)
             dq += dq_i
-            dkv += pack_kv(dk_i, dv_i)
-        returns = []
-        for i in range(t.num_remote_stages):
-            buf = gathers.next(i)
-            if len(t.stages[i + 1][2]):
-                dq_i, dk_i, dv_i, _ = grads(*unpack_kv(buf, k, v), t.stages[i + 1], False)
-                dq += dq_i
-                dbuf = pack_kv(dk_i, dv_i)
-            else:
-                dbuf = buf.new_zeros(buf.shape)
-            if t.world_size > 1:
-                returns.append(
-                    comm.all_to_all_rows(
-                        dbuf, t.recv_sizes[i], t.send_sizes[i], group, async_op=True
-                    )
-                )
-        for i, (back, work) in enumerate(returns):
-            work.wait()
-            # one index_add per destination: no index repeats within it, so the sums are
-            # deterministic even where index_add uses atomics
-            start = 0
-            for n in t.send_sizes[i]:
-                if n:
-                    index = t.send_index[i][start : start + n]
-                    dkv.index_add_(0, index, back[start : start + n].to(acc))
-                start += n
-        dk, dv = unpack_kv(dkv, k, v)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink, None, None, None
+            dbuf = pack_kv(dk_i, dv_i)
+        else:
+            dbuf = buf.new_zeros(buf.shape)
+        if t.world_size > 1:
+            back = comm.all_to_all_rows(
+                dbuf, t.recv_sizes[i], t.send_sizes[i], group, async_op=True
+            )
+            returns.append(back)
+    for i, (back, work) in enumerate(returns):
+        work.wait()
+        # one index_add per destination: no index repeats within it, so the sums are
+        # deterministic even where index_add uses atomics
+        start = 0
+        for n in t.send_sizes[i]:
+            if n:
+                index = t.send_index[i][start : start + n]
+                dkv.index_add_(0, index, back[start : start + n].to(acc))
+            start += n
+    dk, dv = (x.contiguous().to(y.dtype) for x, y in zip(unpack_kv(dkv, k, v), (k, v), strict=True))
+    return dq.to(q.dtype), dk, dv, dsink
+
+
+# --- the registered operators -------------------------------------------------------------------
+# cp_attention runs as two boundary operators, so a magi_compile'd model keeps it whole (its
+# collectives and staging stay out of the compiled pieces) and the recompute planner saves its
+# outputs. Operators take no Python objects: the plan travels as its handle (a CPU tensor
+# holding its registry key, so a new plan is a new input, not a recompilation) and the process
+# group as its name ("" for the default group).
+
+
+def _resolve(plan_handle: torch.Tensor, group_name: str):
+    plan = plan_by_key(int(plan_handle.reshape(-1)[0]))
+    group = _c10d._resolve_process_group(group_name) if group_name else None
+    return plan, group
+
+
+def _forward_meta(q, k, v, sink, plan_handle, group_name, softmax_scale, softcap, deterministic):
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    return out, q.new_empty(q.shape[:2], dtype=compute_dtype(q.dtype))
+
+
+def _backward_meta(dout, dlse, q, k, v, out, lse, sink, *rest):
+    dsink = torch.empty_like(sink) if sink is not None else q.new_empty((0,))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
+
+
+@magi_register_custom_op(
+    name="magi::cp_attention_backward",
+    infer_output_meta_fn=_backward_meta,
+    is_subgraph_boundary=True,
+    is_compute_sensitive=True,
+)
+def _cp_attention_backward(
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    sink: torch.Tensor | None,
+    plan_handle: torch.Tensor,
+    group_name: str,
+    softmax_scale: float,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan, group = _resolve(plan_handle, group_name)
+    rank, _ = _rank_in(plan, group)
+    t = _tensors(plan, rank, q.device)
+    dq, dk, dv, dsink = _backward(
+        dout, dlse, q, k, v, out, lse, sink, t, group, softmax_scale, softcap, deterministic
+    )
+    return dq, dk, dv, dsink if dsink is not None else q.new_empty((0,))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, sink, plan_handle, *options = inputs
+    ctx.save_for_backward(q, k, v, *output, sink, plan_handle)
+    ctx.options, ctx.has_sink = options, sink is not None
+
+
+def _backward_fn(ctx, dout, dlse):
+    q, k, v, out, lse, sink, plan_handle = ctx.saved_tensors
+    sink = sink if ctx.has_sink else None
+    dq, dk, dv, dsink = _cp_attention_backward(
+        dout, dlse, q, k, v, out, lse, sink, plan_handle, *ctx.options
+    )
+    return dq, dk, dv, (dsink if ctx.has_sink else None), None, None, None, None, None
+
+
+@magi_register_custom_op(
+    name="magi::cp_attention",
+    infer_output_meta_fn=_forward_meta,
+    setup_context_fn=_setup_context,
+    backward_fn=_backward_fn,
+    is_subgraph_boundary=True,
+    is_compute_sensitive=True,
+)
+def _cp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink: torch.Tensor | None,
+    plan_handle: torch.Tensor,
+    group_name: str,
+    softmax_scale: float,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    plan, group = _resolve(plan_handle, group_name)
+    rank, _ = _rank_in(plan, group)
+    t = _tensors(plan, rank, q.device)
+    return _forward(q, k, v, sink, t, group, softmax_scale, softcap, deterministic)
