@@ -216,6 +216,8 @@ def _masks(total: int):
             [BI_CAUSAL, CAUSAL],
         ),  # fmt: skip
         "varlen_mix": random_mix(total, rng),
+        # most queries see nothing (out 0, lse -inf), and most ranks have nothing to compute
+        "sparse": ([(1, total // 4)], [(total // 2, total - 1)], [FULL]),
     }
 
 
@@ -280,6 +282,20 @@ def _check_compiled(rank: int, total: int):
     assert inspection.last_compiled("backward").boundary_ops == ("magi::cp_attention_backward",)
 
 
+def _check_device_mesh(total: int):
+    """A one-dimensional DeviceMesh does what its process group does."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))
+    plan = plan_context_parallel([(0, total)], [(0, total)], [CAUSAL], total, 2, mesh.size())
+    q, k, v = (torch.randn(total, 2, 4, generator=torch.Generator().manual_seed(n),
+                           dtype=torch.float64) for n in range(3))  # fmt: skip
+    by_mesh = cp_attention(*(dispatch(x, plan, mesh) for x in (q, k, v)), plan, mesh)
+    by_group = cp_attention(*(dispatch(x, plan) for x in (q, k, v)), plan, mesh.get_group())
+    for got, want in zip(by_mesh, by_group, strict=True):
+        _check("device mesh", undispatch(got, plan, mesh), undispatch(want, plan))
+
+
 def _worker(rank: int, world: int, store_path: str, total: int):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
@@ -316,6 +332,7 @@ def _worker(rank: int, world: int, store_path: str, total: int):
                 for what, got, ref in zip(names, (out, lse, *grads), want, strict=True):
                     _check(f"{world} ranks, {name}, {method}: {what}", got, ref)
         if world == 2:
+            _check_device_mesh(total)
             _check_compiled(rank, total)
     finally:
         dist.destroy_process_group()

@@ -24,16 +24,6 @@ from magi_compiler.attention.op import range_attention
 from magi_compiler.errors import UserError
 
 
-def _rank_in(plan, group):
-    rank, size = comm.group_rank_and_size(group)
-    if size != plan.world_size:
-        raise UserError(
-            f"context parallelism: the plan is for {plan.world_size} ranks but the process "
-            f"group has {size}; plan with world_size={size}"
-        )
-    return rank, size
-
-
 def _ring_stages(plan, rank: int, device):
     """Per ring step t: the slices of this rank's queries against rank ``rank - t``'s keys."""
     key = ("ring", rank, str(device))
@@ -62,7 +52,8 @@ def ring_attention(
     q, k, v, plan, group=None, *, softmax_scale=None, softcap: float = 0.0, sink=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring attention over this rank's dispatched q, k, v (same contract as cp_attention)."""
-    rank, size = _rank_in(plan, group)
+    group = comm.as_process_group(group)
+    rank, size = comm.rank_in_plan(plan, group)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     stages = _ring_stages(plan, rank, q.device)
@@ -149,7 +140,8 @@ def ulysses_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ulysses (all-to-all over heads) for this rank's dispatched q, k, v; any plan's token
     split works, since each rank sees the whole sequence for its heads."""
-    rank, size = _rank_in(plan, group)
+    group = comm.as_process_group(group)
+    rank, size = comm.rank_in_plan(plan, group)
     for name, x in (("q", q), ("k", k)):
         if x.shape[1] % size:
             raise UserError(

@@ -16,6 +16,18 @@ import torch.distributed as dist
 from magi_compiler.errors import UserError
 
 
+def as_process_group(group):
+    """``group`` itself, or the process group of a one-dimensional ``DeviceMesh``."""
+    if group is not None and hasattr(group, "get_group") and hasattr(group, "ndim"):
+        if group.ndim != 1:
+            raise UserError(
+                f"context parallelism: a {group.ndim}-dimensional device mesh was given; pass "
+                "the context-parallel dimension's mesh (mesh['cp']) or its process group"
+            )
+        return group.get_group()
+    return group
+
+
 def group_rank_and_size(group) -> tuple[int, int]:
     """This process's rank in ``group`` and the group's size; ``(0, 1)`` without an
     initialised process group (a single process runs the whole plan itself)."""
@@ -27,6 +39,17 @@ def group_rank_and_size(group) -> tuple[int, int]:
             )
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def rank_in_plan(plan, group) -> tuple[int, int]:
+    """This rank and the group size, checked against the plan's world size."""
+    rank, size = group_rank_and_size(as_process_group(group))
+    if size != plan.world_size:
+        raise UserError(
+            f"context parallelism: the plan is for {plan.world_size} ranks but the process "
+            f"group has {size}; plan with world_size={size}"
+        )
+    return rank, size
 
 
 def all_gather_rows(x: torch.Tensor, world_size: int, group) -> torch.Tensor:

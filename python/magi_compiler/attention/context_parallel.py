@@ -62,7 +62,8 @@ def dispatch(x: torch.Tensor, plan: ContextParallelPlan, group=None) -> torch.Te
 
     ``x`` is taken to be the same on every rank. Differentiable: the backward all-gathers the
     ranks' gradients, so every rank gets the gradient of the whole ``x``."""
-    rank, size = _rank_in(plan, group)
+    group = comm.as_process_group(group)
+    rank, size = comm.rank_in_plan(plan, group)
     if x.dim() < 1 or x.shape[0] != plan.total_tokens:
         raise UserError(
             f"dispatch: the tensor has shape {tuple(x.shape)} but the plan is for "
@@ -77,7 +78,8 @@ def undispatch(x_local: torch.Tensor, plan: ContextParallelPlan, group=None) -> 
 
     Differentiable: the backward keeps this rank's rows of the incoming gradient, which must
     therefore be the same on every rank (every rank computing the same loss on the result)."""
-    rank, size = _rank_in(plan, group)
+    group = comm.as_process_group(group)
+    rank, size = comm.rank_in_plan(plan, group)
     if x_local.dim() < 1 or x_local.shape[0] != plan.tokens_per_rank:
         raise UserError(
             f"undispatch: the tensor has shape {tuple(x_local.shape)} but each rank of the plan "
@@ -106,7 +108,7 @@ def cp_attention(
             tensors): ``(plan.tokens_per_rank, heads, head_dim)``; GQA as in range_attention.
         plan: from :func:`plan_context_parallel` (or ``zigzag_plan``/``contiguous_plan``), the
             same on every rank; its world size must be the group's.
-        group: the process group (default: the whole world).
+        group: the process group or a one-dimensional DeviceMesh (default: the whole world).
         softmax_scale, softcap, sink, deterministic: as in ``range_attention``. ``sink``'s
             gradient on each rank is that rank's queries' share; like any parameter's
             gradient under context parallelism it is summed over the group by whatever reduces
@@ -125,6 +127,7 @@ def cp_attention(
             )
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
+    group = comm.as_process_group(group)
     group_name = group.group_name if group is not None else ""
     return _cp_attention(
         q, k, v, sink, plan.handle, group_name,
@@ -151,16 +154,6 @@ class _RankTensors:
     @property
     def num_remote_stages(self) -> int:
         return len(self.send_index)
-
-
-def _rank_in(plan: ContextParallelPlan, group) -> tuple[int, int]:
-    rank, size = comm.group_rank_and_size(group)
-    if size != plan.world_size:
-        raise UserError(
-            f"context parallelism: the plan is for {plan.world_size} ranks but the process "
-            f"group has {size}; plan with world_size={size}"
-        )
-    return rank, size
 
 
 def _tensors(plan: ContextParallelPlan, rank: int, device: torch.device) -> _RankTensors:
@@ -335,7 +328,7 @@ def _cp_attention_backward(
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     plan, group = _resolve(plan_handle, group_name)
-    rank, _ = _rank_in(plan, group)
+    rank, _ = comm.rank_in_plan(plan, group)
     t = _tensors(plan, rank, q.device)
     dq, dk, dv, dsink = _backward(
         dout, dlse, q, k, v, out, lse, sink, t, group, softmax_scale, softcap, deterministic
@@ -378,6 +371,6 @@ def _cp_attention(
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     plan, group = _resolve(plan_handle, group_name)
-    rank, _ = _rank_in(plan, group)
+    rank, _ = comm.rank_in_plan(plan, group)
     t = _tensors(plan, rank, q.device)
     return _forward(q, k, v, sink, t, group, softmax_scale, softcap, deterministic)
