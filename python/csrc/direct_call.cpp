@@ -489,7 +489,7 @@ bool DirectCall::start_watching(const py::dict& frame) {
     return true;
   }
   const py::tuple parts = plan.cast<py::tuple>();
-  const py::list containers = parts[6].cast<py::list>();
+  const py::list containers = parts[7].cast<py::list>();
   size_t i = 0;
   for (const Slot& slot : slots_) {
     if (slot.kind != Slot::kFixed) continue;

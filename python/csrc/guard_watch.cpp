@@ -134,6 +134,15 @@ bool Watch::load(const py::tuple& plan) {
   const py::tuple distinct = plan[5].cast<py::tuple>();
   distinct_args = distinct[0].cast<std::vector<int64_t>>();
   for (py::handle t : distinct[1].cast<py::list>()) distinct_tensors.push_back(Held::of(t));
+  for (py::handle item : plan[6].cast<py::list>()) {
+    const py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+    Reread r;
+    r.obj = Held::of(t[0]);
+    r.name = py::reinterpret_borrow<py::object>(t[1]);
+    r.expected = py::reinterpret_borrow<py::object>(t[2]);
+    r.generic = t[3].cast<bool>();
+    reread.push_back(std::move(r));
+  }
 #ifdef MAGI_DICT_WATCHERS
   writes_seen = g_watched_writes;
 #endif
@@ -183,6 +192,8 @@ bool Watch::rest_holds(PyObject* const* argv, size_t n) const {
     PyObject* now = nullptr;
     if (pin.kind == kCode) {
       now = PyFunction_GET_CODE(pin.obj);
+    } else if (pin.kind == kKwDefaults) {
+      now = PyFunction_GET_KW_DEFAULTS(pin.obj);  // reassignable: `f.__kwdefaults__ = {...}`
     } else if (pin.kind == kType || pin.kind == kTypeUnchanged) {
       now = reinterpret_cast<PyObject*>(Py_TYPE(pin.obj));
     } else {
@@ -201,6 +212,25 @@ bool Watch::rest_holds(PyObject* const* argv, size_t n) const {
     PyObject* obj =
         a.arg >= 0 ? (static_cast<size_t>(a.arg) < n ? argv[a.arg] : nullptr) : a.obj.get();
     if (obj == nullptr || PyObject_HasAttr(obj, a.name.ptr()) != 0) return false;
+  }
+  for (const Reread& r : reread) {
+    PyObject* obj = r.obj.get();
+    if (obj == nullptr) return false;
+    PyObject* now = r.generic ? PyObject_GenericGetAttr(obj, r.name.ptr())
+                              : PyObject_GetAttr(obj, r.name.ptr());
+    if (now == nullptr) {
+      PyErr_Clear();  // the guards decide what a failing read means
+      return false;
+    }
+    int same = Py_TYPE(now) == Py_TYPE(r.expected.ptr())
+                   ? PyObject_RichCompareBool(now, r.expected.ptr(), Py_EQ)
+                   : 0;
+    Py_DECREF(now);
+    if (same < 0) {
+      PyErr_Clear();
+      same = 0;
+    }
+    if (same != 1) return false;
   }
   for (const int64_t i : distinct_args) {
     if (i < 0 || static_cast<size_t>(i) >= n) return false;

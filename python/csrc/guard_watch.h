@@ -137,13 +137,14 @@ struct Watch {
       return now == seen ? now : nullptr;
     }
   };
-  enum PinKind { kCode = 0, kType = 1, kCell = 2, kTypeUnchanged = 3 };
+  enum PinKind { kCode = 0, kType = 1, kCell = 2, kTypeUnchanged = 3, kKwDefaults = 4 };
   // An identity pin's object is alive whenever the pins are compared: a function or an
   // object found at a key of a listed dict, or in a tuple found there, that the dicts' checks
-  // (run first) proved unchanged; the owner of the call; or a closure cell, held. The expected
-  // object (a __code__, type or cell's contents) is compared by address and held weakly where
-  // it can be, so its death is checked too: a new object at its address (a cell assigned twice
-  // between calls) must not pass for it. kTypeUnchanged also compares the type's version tag,
+  // (run first) proved unchanged, or among the attributes of a class an earlier kTypeUnchanged
+  // pin proved unchanged; the owner of the call; or a closure cell, held. The expected object
+  // (a __code__, __kwdefaults__, type or cell's contents) is compared by address and held weakly
+  // where it can be, so its death is checked too: a new object at its address (a cell assigned
+  // twice between calls) must not pass for it. kTypeUnchanged also compares the type's version tag,
   // which CPython changes whenever the class or a base is modified (an attribute read through
   // an instance's __dict__ stays so only while no property or __getattribute__ is added).
   struct Pin {
@@ -163,6 +164,16 @@ struct Watch {
   std::vector<Pin> pins;
   std::vector<std::pair<Held, TensorState>> tensors;
   std::vector<Absent> absent;
+  /// An attribute whose value a property computes (a config's `output_attentions`): read on
+  /// every call, as Dynamo's guard reads it, and compared with the immutable value the guards
+  /// passed on.
+  struct Reread {
+    Held obj;
+    py::object name;
+    py::object expected;
+    bool generic = false;  ///< read as object.__getattribute__ does, not getattr
+  };
+  std::vector<Reread> reread;
   /// Dynamo's NO_TENSOR_ALIASING guard: none of these arguments may be any of these tensors.
   std::vector<int64_t> distinct_args;
   std::vector<Held> distinct_tensors;

@@ -12,18 +12,24 @@ either:
   version tag, and when it moved, the object now at that key against the one the walk saw;
 - a dict whose keys or size a guard reads (``DICT_CONTAINS``, the ordered keys of
   ``_modules``): the version tag alone;
-- a function's ``__code__``, an object's type, a closure cell's contents: the object the walk
-  saw, by identity;
+- a function's ``__code__`` or ``__kwdefaults__``, an object's type, a closure cell's
+  contents: the object the walk saw, by identity;
+- what a class holds (``type(x).__dict__['name']``, ``type(x).__mro__``, an attribute found
+  in a base): the type's version tag, which CPython moves whenever the class or a base changes;
 - a tensor the tree guards that is neither an argument nor a gathered parameter or buffer: its
   layout (the direct call checks gathered ones on every call already);
 - an attribute a guard says an object lacks (``hasattr(x, '_dynamo_dynamic_indices')``):
-  looked up on every call.
+  looked up on every call;
+- an attribute a property or a ``__getattribute__`` computes, whose immutable value the guards
+  compare (a Hugging Face config's ``output_attentions``): read and compared on every call.
 
 While all of them hold and the fingerprint is one the guards passed, the guards would pass
 again, so the direct call skips them. Anything the tree reads another way (a list's items, an
 attribute of an arbitrary object, a Python lambda guard below the root) makes the tree
 unwatchable; the direct call then evaluates the guards on every call, as before. ``plan``
-returns the lists, or a reason when the tree cannot be watched.
+returns the lists, or a reason when the tree cannot be watched. For a frame in the varargs form
+(_call_frame.py) the guards on the call's ``args`` and ``kwargs`` are the call's form, which the
+fingerprint holds, and their items the bound arguments.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import torch
 from magi_compiler._call_frame import CallFrame
 
 # Kinds of identity pins, as _C.DirectCall reads them.
-PIN_CODE, PIN_TYPE, PIN_CELL, PIN_TYPE_UNCHANGED = 0, 1, 2, 3
+PIN_CODE, PIN_TYPE, PIN_CELL, PIN_TYPE_UNCHANGED, PIN_KWDEFAULTS = 0, 1, 2, 3, 4
 # How the direct call holds each watched dict (_Plan.result).
 HELD_DICT, THROUGH_HOLDER, AT_KEY = 0, 1, 2
 
@@ -54,9 +60,13 @@ _GENERIC_GETATTRIBUTE = (object.__getattribute__, types.SimpleNamespace.__getatt
 _INSTANCE_DICT = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
 _SAVED_HOOKS = "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
-_HASATTR = re.compile(r"^hasattr\(.*, '([A-Za-z_][A-Za-z0-9_]*)'\) == False$")
+_HASATTR = re.compile(
+    r"^(?:hasattr\(.*, '([A-Za-z_][A-Za-z0-9_]*)'\) == False"
+    r"|not hasattr\(.*, '([A-Za-z_][A-Za-z0-9_]*)'\))$"
+)
 _DICT_KEY = re.compile(r"^DictGetItemGuardAccessor\((.*)\)$")
 _GETATTR = re.compile(r"^GetAttrGuardAccessor\(([A-Za-z_][A-Za-z0-9_]*)\)$")
+_GENERIC_GETATTR = re.compile(r"^GenericGetAttrGuardAccessor\(([A-Za-z_][A-Za-z0-9_]*)\)$")
 _FRAME = re.compile(r"^FrameLocalsGuardAccessor\(key='([A-Za-z_][A-Za-z0-9_]*)'")
 _TUPLE = re.compile(r"^TupleGetItemGuardAccessor\((\d+)\)$")
 # An epilogue guard over the arguments' sizes, strides and identities only (the shape
@@ -67,11 +77,13 @@ _ARG_TERM = re.compile(
 )
 _ARITHMETIC = re.compile(r"^(?:[\s\d()<>=!+\-*/%]|\band\b|\bor\b|\bnot\b|\bis\b)*$")
 # G['a'].b['c'] ... as an epilogue guard names objects it compares by identity.
+_CHAIN_STEPS = r"(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)*"
 _GLOBAL_CHAIN = re.compile(r"G(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)+")
 _CHAIN_STEP = re.compile(r"\['([^']*)'\]|\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
 _NO_KEY = object()  # watch() with no key of its own: registers the dict's holder only
+_ABSENT = object()
 
 
 class Unwatchable(Exception):
@@ -104,6 +116,15 @@ def _instance_attribute(obj: Any, name: str) -> bool:
     )
 
 
+def _plain_class_attribute(cls: type) -> bool:
+    """Whether ``x.__class__`` is ``type(x)`` for instances of ``cls`` (object's descriptor,
+    not a property of the class's own)."""
+    return (
+        cls.__getattribute__ in _GENERIC_GETATTRIBUTE
+        and inspect.getattr_static(cls, "__class__", None) is vars(object)["__class__"]
+    )
+
+
 def _class_assignable(value: Any) -> bool:
     """Whether ``value.__class__ = ...`` can change its type: CPython allows it for instances
     of classes defined in Python (heap types) and of module types only, not of ``dict``,
@@ -129,6 +150,8 @@ class _Plan:
         self.pins: list[tuple[int, Any, Any]] = []
         self.tensors: dict[int, torch.Tensor] = {}
         self.absent: list[tuple[Any, int, str]] = []  # (object or None, argument index, name)
+        # (object, name, value, generic): attributes a property computes, read on every call
+        self.reread: list[tuple[Any, str, Any, bool]] = []
         # Dynamo's NO_TENSOR_ALIASING guard: these arguments must not be any of these tensors
         # (arguments among themselves: the fingerprint's aliasing)
         self.distinct_args: set[int] = set()
@@ -182,6 +205,7 @@ class _Plan:
             self.absent,
             self.saved_hooks,
             distinct,
+            self.reread,
         )
 
 
@@ -196,9 +220,9 @@ def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
             if arg is None and _class_assignable(value):
                 plan.pins.append((PIN_TYPE, value, type(value)))
             continue  # an argument's type is in the fingerprint; a dict's cannot change
-        if kind == "EQUALS_MATCH":
+        if kind in ("EQUALS_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
             if arg is None and not _immutable(value):
-                raise Unwatchable(f"EQUALS_MATCH on a {type(value).__name__}")
+                raise Unwatchable(f"{kind} on a {type(value).__name__}")
             continue  # scalar arguments' values are in the signature
         if kind == "TENSOR_MATCH":
             if arg is None and id(value) not in plan.gathered:
@@ -224,7 +248,7 @@ def _leaves(plan: _Plan, manager: Any, value: Any, arg: int | None) -> None:
             if m is None:
                 raise Unwatchable(f"NO_HASATTR {_text(guard)!r}")
             plan.absent.append(
-                (None if arg is not None else value, -1 if arg is None else arg, m[1])
+                (None if arg is not None else value, -1 if arg is None else arg, m[1] or m[2])
             )
             continue
         if kind in ("DICT_CONTAINS", "DICT_VERSION", "DICT_LENGTH", "LENGTH_CHECK"):
@@ -262,20 +286,45 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             plan.watch(value, key)
             plan.reach(value, key)
             _walk(plan, child, value[key])
+        elif (
+            (m := _GETATTR.match(how)) and m[1] == "cell_contents" and type(value) is types.CellType
+        ):
+            plan.pins.append((PIN_CELL, value, value.cell_contents))
+            _walk(plan, child, value.cell_contents)
         elif m := _GETATTR.match(how):
             name = m[1]
             # A module subclass may compute attributes (properties, __getattribute__).
             if type(value) is types.ModuleType and name in vars(value):
                 pass
+            elif name == "__class__" and _plain_class_attribute(type(value)):
+                _type_of(plan, child, value)
+                continue
             elif _instance_attribute(value, name):
                 # Looked up through the type first: the type is pinned, and so is its content
                 # (a property or __getattribute__ added later would take over the lookup).
                 plan.pins.append((PIN_TYPE_UNCHANGED, value, type(value)))
             else:
-                raise Unwatchable(f"attribute {name} of a {type(value).__name__}")
+                _reread(plan, child, value, name, generic=False)
+                continue
             plan.watch(vars(value), name, holder=value)
             plan.reach(vars(value), name)
             _walk(plan, child, vars(value)[name])
+        elif how == "ClosureGuardAccessor":
+            # A function's __closure__ cannot be reassigned: its cells are the function's,
+            # which the path to it pins.
+            if not isinstance(value, types.FunctionType) or value.__closure__ is None:
+                raise Unwatchable(f"__closure__ of a {type(value).__name__}")
+            _walk(plan, child, value.__closure__)
+        elif how == "TypeGuardAccessor":
+            _type_of(plan, child, value)
+        elif how == "FuncKwDefaultsGuardAccessor":
+            # Reassignable (f.__kwdefaults__ = {...}): pinned, and the dict watched itself.
+            if not isinstance(value, types.FunctionType) or value.__kwdefaults__ is None:
+                raise Unwatchable(f"__kwdefaults__ of a {type(value).__name__}")
+            plan.pins.append((PIN_KWDEFAULTS, value, value.__kwdefaults__))
+            _walk(plan, child, value.__kwdefaults__)
+        elif m := _GENERIC_GETATTR.match(how):
+            _generic_attribute(plan, child, value, m[1])
         elif how == "GetGenericDictGuardAccessor":
             plan.watch(vars(value), _NO_KEY, holder=value)
             _walk(plan, child, vars(value))
@@ -288,6 +337,115 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             _walk(plan, child, value[int(m[1])])
         else:
             raise Unwatchable(f"{how} on {manager.get_source()}")
+
+
+def _type_of(plan: _Plan, manager: Any, value: Any) -> None:
+    """Walks the guards on ``type(value)``: the type is pinned with its version tag, which
+    CPython changes whenever the class or a base is modified, so its ``__mro__`` and the objects
+    its own and its bases' ``__dict__`` hold (``type(x).__dict__['name']``, ``type(x).__mro__[1]``)
+    stay the ones seen while the pin holds."""
+    plan.pins.append((PIN_TYPE_UNCHANGED, value, type(value)))
+    _fixed_class(plan, manager, type(value))
+
+
+def _fixed_class(plan: _Plan, manager: Any, cls: type) -> None:
+    """Walks the guards on ``cls``, the pinned type of _type_of or one of its bases. An
+    attribute read from it goes through its metaclass too, which is pinned as well."""
+    _leaves(plan, manager, cls, None)
+    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers(), strict=True):
+        how = accessor.repr()
+        if how == "TypeDictGuardAccessor":
+            if type(child).__name__ == "DictGuardManager":
+                raise Unwatchable(f"the keys of {child.get_source()} by position")
+            for kind in map(lambda g: type(g).__name__, child.get_leaf_guards()):
+                if kind not in ("TYPE_MATCH", "DICT_CONTAINS", "DICT_LENGTH"):
+                    raise Unwatchable(f"a {kind} guard on {child.get_source()}")
+            for item, grandchild in zip(
+                child.get_accessors(), child.get_child_managers(), strict=True
+            ):
+                _walk(plan, grandchild, vars(cls)[_dict_key(item.repr(), child)])
+        elif how == "TypeMROGuardAccessor":
+            mro = cls.__mro__
+            _leaves(plan, child, mro, None)
+            for item, grandchild in zip(
+                child.get_accessors(), child.get_child_managers(), strict=True
+            ):
+                m = _TUPLE.match(item.repr())
+                if m is None:
+                    raise Unwatchable(f"{item.repr()} on {child.get_source()}")
+                _fixed_class(plan, grandchild, mro[int(m[1])])
+        elif (m := _GETATTR.match(how)) and any(m[1] in vars(c) for c in cls.__mro__):
+            # Defined by cls or a base: a base's change moves cls's version tag too.
+            found = next(vars(c)[m[1]] for c in cls.__mro__ if m[1] in vars(c))
+            if getattr(cls, m[1]) is not found:
+                raise Unwatchable(f"{cls.__name__}.{m[1]} is not the object its class holds")
+            if _class_assignable(cls):
+                plan.pins.append((PIN_TYPE_UNCHANGED, cls, type(cls)))  # the metaclass
+            _walk(plan, child, found)
+        else:
+            raise Unwatchable(f"{how} on {manager.get_source()}")
+
+
+def _reread(plan: _Plan, manager: Any, value: Any, name: str, generic: bool) -> None:
+    """An attribute computed when read (a property, a class's own ``__getattribute__``), which
+    the guards only compare to an immutable value: read again on every call and compared, as
+    Dynamo's guard reads it. ``generic``: read as ``object.__getattribute__``."""
+    try:
+        current = object.__getattribute__(value, name) if generic else getattr(value, name)
+    except Exception as e:  # noqa: BLE001 - the guards passed on it just now; anything else
+        raise Unwatchable(f"attribute {name} of a {type(value).__name__}: {e!r}") from e
+    if manager.get_accessors() or type(manager).__name__ == "DictGuardManager":
+        raise Unwatchable(f"guards below the computed attribute {manager.get_source()}")
+    if not _immutable(current) or isinstance(current, type):
+        raise Unwatchable(f"the computed attribute {manager.get_source()} is a {type(current)}")
+    for guard in manager.get_leaf_guards():
+        kind = type(guard).__name__
+        if kind == "ID_MATCH" and (current is None or isinstance(current, bool)):
+            continue  # a singleton: equal and of the same type is the same object
+        if kind not in ("EQUALS_MATCH", "TRUE_MATCH", "FALSE_MATCH", "NONE_MATCH", "TYPE_MATCH"):
+            raise Unwatchable(f"a {kind} guard on the computed attribute {manager.get_source()}")
+    plan.reread.append((value, name, current, generic))
+
+
+def _dict_key(how: str, manager: Any) -> Any:
+    """The key a DictGetItemGuardAccessor reads."""
+    m = _DICT_KEY.match(how)
+    if m is None:
+        raise Unwatchable(f"{how} on {manager.get_source()}")
+    try:
+        return ast.literal_eval(m[1])
+    except (ValueError, SyntaxError) as e:
+        raise Unwatchable(f"a key written {m[1]}") from e
+
+
+def _generic_attribute(plan: _Plan, manager: Any, value: Any, name: str) -> None:
+    """Walks the guards on ``object.__getattribute__(value, name)`` (a read that bypasses the
+    class's own ``__getattribute__``, as Hugging Face's configs are read): with the type pinned
+    unchanged, it is the instance dict's entry, or else the class's plain attribute (while the
+    instance dict does not gain the name)."""
+    cls = type(value)
+    if name == "__dict__":
+        if type(inspect.getattr_static(cls, "__dict__", None)) not in _INSTANCE_DICT:
+            raise Unwatchable(f"the __dict__ of a {cls.__name__}")
+        plan.pins.append((PIN_TYPE_UNCHANGED, value, cls))
+        plan.watch(vars(value), _NO_KEY, holder=value)
+        _walk(plan, manager, vars(value))
+        return
+    found = inspect.getattr_static(cls, name, _ABSENT)
+    if hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"):
+        _reread(plan, manager, value, name, generic=True)  # a property
+        return
+    try:
+        own = vars(value)
+    except TypeError as e:
+        raise Unwatchable(f"a {cls.__name__} without __dict__") from e
+    if name not in own and (found is _ABSENT or hasattr(type(found), "__get__")):
+        raise Unwatchable(f"{cls.__name__}.{name} is neither an instance nor a class attribute")
+    plan.pins.append((PIN_TYPE_UNCHANGED, value, cls))
+    plan.watch(own, name, holder=value)  # present or absent, as now
+    if name in own:
+        plan.reach(own, name)
+    _walk(plan, manager, own[name] if name in own else found)
 
 
 def _empty(manager: Any) -> bool:
@@ -358,39 +516,55 @@ def _parts(guard: Any) -> list[str]:
     return [part.split("  #")[0].strip() for part in guard.verbose_code_parts()]
 
 
-def _epilogue(plan: _Plan, guard: Any, globals_: dict, frame: CallFrame) -> None:
+def _epilogue(
+    plan: _Plan, guard: Any, globals_: dict, frame: CallFrame, owner: tuple[str, Any] | None
+) -> None:
     for text in _parts(guard):
         bound = frame.to_bound(text)
         if bound is None:
             raise Unwatchable(f"epilogue guard {text!r} reads the call's form")
-        _epilogue_part(plan, bound, globals_)
+        _epilogue_part(plan, bound, globals_, owner)
 
 
-def _epilogue_part(plan: _Plan, text: str, globals_: dict) -> None:
+def _epilogue_part(plan: _Plan, text: str, globals_: dict, owner: tuple[str, Any] | None) -> None:
+    """``owner``: a method's (name, module), whose attribute chains an identity guard may
+    compare (Hugging Face's ``L['self'].config is L['self']._modules['model'].config``)."""
     rest = text
     for m in _ARG_TERM.finditer(text):
+        if owner is not None and m[1] == owner[0]:
+            continue  # a chain from the owner: below
         if m[1] not in plan.arg_index:
             raise Unwatchable(f"epilogue guard {text!r}")
         rest = rest.replace(m[0], " ")
     if "G[" not in text and _ARITHMETIC.match(rest):
         return  # the fingerprint (sizes, strides, offsets, aliasing) decides it
-    chains = _GLOBAL_CHAIN.findall(text)
-    leftover = _GLOBAL_CHAIN.sub(" ", text)
+    chain_of = _GLOBAL_CHAIN
+    if owner is not None:
+        chain_of = re.compile(
+            rf"{_GLOBAL_CHAIN.pattern}|L\['{re.escape(owner[0])}'\]{_CHAIN_STEPS}"
+        )
+    chains = [m[0] for m in chain_of.finditer(text)]
+    leftover = chain_of.sub(" ", text)
     if not chains or not re.fullmatch(r"\s*is\s*(?:not\s*)?", leftover):
         raise Unwatchable(f"epilogue guard {text!r}")
     for chain in chains:
-        value: Any = globals_
-        for step in _CHAIN_STEP.finditer(chain[1:]):
+        value: Any = globals_ if chain.startswith("G") else owner[1]
+        steps = chain[1:] if chain.startswith("G") else chain[len(f"L['{owner[0]}']") :]
+        for step in _CHAIN_STEP.finditer(steps):
             if step[1] is not None:
                 plan.watch(value, step[1])
                 plan.reach(value, step[1])
                 value = value[step[1]]
-            elif type(value) is types.ModuleType and step[2] in vars(value):
-                plan.watch(vars(value), step[2], holder=value)
-                plan.reach(vars(value), step[2])
-                value = vars(value)[step[2]]
-            else:
-                raise Unwatchable(f"epilogue guard {text!r}")
+                continue
+            name = step[2]
+            if type(value) is not types.ModuleType or name not in vars(value):
+                if not _instance_attribute(value, name):
+                    raise Unwatchable(f"epilogue guard {text!r}")
+                # As for an attribute the tree reads (_children): the type is pinned too.
+                plan.pins.append((PIN_TYPE_UNCHANGED, value, type(value)))
+            plan.watch(vars(value), name, holder=value)
+            plan.reach(vars(value), name)
+            value = vars(value)[name]
 
 
 def plan(
@@ -430,8 +604,9 @@ def plan(
                 p.saved_hooks = True
                 continue
             raise Unwatchable(f"the root guard {kind} {_text(guard)!r}")
+        owner = (arg_names[0], call_frame.owner_of(frame)) if method else None
         for guard in root.get_epilogue_lambda_guards():
-            _epilogue(p, guard, globals_, call_frame)
+            _epilogue(p, guard, globals_, call_frame, owner)
         varargs = call_frame.varargs
         for accessor, child in zip(root.get_accessors(), root.get_child_managers(), strict=True):
             how = accessor.repr()
