@@ -241,15 +241,38 @@ class _LoadedGraph:
 
 # --- Dynamo's side ---------------------------------------------------------------------------
 def serializable_guards(entries: list[Any]) -> list[bool]:
-    """Dynamo's guard filter while caching: drops the guards on globals that cannot be written
-    to disk (identities of imported modules, builtins and functions; they are the same objects
-    in every process that imports the same sources). Any other guard is kept: one that cannot
-    be written keeps its entry out of the cache (Dynamo bypasses the package) rather than
-    being lost."""
+    """Dynamo's guard filter while caching. Guards whose kind Dynamo cannot write to disk are
+    dropped where what they check is covered otherwise: on globals (imported modules, builtins,
+    global functions: the same objects in every process that imports the same sources), and on
+    functions and code objects (the closure of a decorator's wrapper, a method: their code lies
+    in the source ranges Dynamo checksums). Any other such guard is kept; the entry is
+    then not written (``disable_for``) rather than the guard lost."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-    return [not (e.is_global and e.guard_type in unsupported) for e in entries]
+    keep = []
+    for e in entries:
+        kinds = (e.guard_type, *(e.derived_guard_types or ()))
+        value = getattr(e, "value", None)
+        droppable = e.is_global or inspect.isfunction(value) or inspect.iscode(value)
+        keep.append(not (droppable and any(k in unsupported for k in kinds)))
+    return keep
+
+
+def is_unwritable_guards_failure(error: BaseException) -> bool:
+    """Whether a capture failed because Dynamo could not serialise a guard of it: Dynamo then
+    drops the package ("Detected a package bypass") and trips over its own assertion."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, AssertionError):
+            tb = error.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and tb.tb_frame.f_code.co_name == "_compile_inner":
+                return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _advance_unique_ids(dynamo_entry: Any) -> None:
@@ -377,6 +400,33 @@ class EntryCache:
             meta["last_used"] = time.time()
             _write_atomically(meta_path, json.dumps(meta, indent=1).encode())
 
+    def explain_capture(self, args: tuple, kwargs: dict) -> None:
+        """Logs why a call was captured although graphs were loaded from the cache: the
+        guards each loaded graph failed on this call's frame."""
+        if not self.loaded_graphs:
+            return
+        try:
+            from torch._C._dynamo.eval_frame import _debug_get_precompile_entries
+
+            bound = inspect.signature(self.fn, follow_wrapped=False).bind(*args, **kwargs)
+            bound.apply_defaults()
+            frame = dict(bound.arguments)
+            closure = self.fn.__closure__ or ()
+            frame.update(
+                zip(self.fn.__code__.co_freevars, (c.cell_contents for c in closure), strict=True)
+            )
+            failed = []
+            for entry in _debug_get_precompile_entries(self.fn.__code__):
+                verdict = entry.guard_manager.check_verbose(frame)
+                if not verdict.result:
+                    failed.append("; ".join(verdict.verbose_code_parts))
+        except Exception as e:  # noqa: BLE001 - only an explanation
+            failed = [f"(could not evaluate the loaded guards: {e})"]
+        logger.info(
+            "%s: captured although %d graph(s) were loaded from the cache: failed guards: %s",
+            self.model_tag, self.loaded_graphs, " | ".join(failed) or "none",
+        )  # fmt: skip
+
     # -- write -----------------------------------------------------------------------------
     def after_capture(self) -> None:
         """Writes the entry when this process captured graphs it does not hold yet. A cache
@@ -406,6 +456,10 @@ class EntryCache:
                 "Dynamo could not write its guards (a guard on a local object that cannot be "
                 "serialised, or a graph break)"
             )
+        # Dynamo files the function under ``fn.__module__``, which functools.wraps copies from
+        # the wrapped function (Hugging Face's forward decorators); its globals, which the
+        # guards read and the compiled bytecode runs with, are the wrapper's own module's.
+        entry.codes[0].python_module = self.fn.__globals__.get("__name__", self.fn.__module__)
         ids = entry.backend_ids
         missing = {bid for bid in ids if bid not in self.artifacts}
         if missing:

@@ -372,6 +372,7 @@ class _CompiledCallable:
         finally:
             _tls.depth -= 1
             if self._disk is not None and _backend.captured_since_last_asked():
+                self._disk.explain_capture(args, kwargs)
                 self._disk.after_capture()
 
     def _miss(self, args, kwargs, values, dims, training, owner) -> Any:
@@ -421,7 +422,19 @@ class _CompiledCallable:
         guards_log.setLevel(logging.CRITICAL)
         try:
             with dynamo.patch(recompile_limit=limit), _dump.capture(self.model_tag):
-                return self._run(args, kwargs)
+                try:
+                    return self._run(args, kwargs)
+                except Exception as e:
+                    if self._disk is None or not _compile_cache.is_unwritable_guards_failure(e):
+                        raise
+                    # A guard of this function cannot go to disk: compile it uncached.
+                    logger.info(
+                        "%s: not using the compiled-module cache: Dynamo cannot write a guard "
+                        "of this function (see its 'package bypass' warning)",
+                        self.model_tag,
+                    )
+                    self.__dict__["_disk"], self._compiled = None, None
+                    return self._run(args, kwargs)
         finally:
             guards_log.setLevel(level)
 
