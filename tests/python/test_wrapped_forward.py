@@ -204,3 +204,26 @@ def test_a_wrapped_function_takes_the_direct_path(assert_close_rel):
     for b, direct in ((2, False), (3, False), (4, True), (5, True)):
         check(compiled, fn, assert_close_rel, inputs(b), w=weight, direct=direct)
     check(compiled, fn, assert_close_rel, inputs(4), weight, direct=False)  # another form
+
+
+def test_direct_calls_in_python_bind_the_frame_too(assert_close_rel, tmp_path, monkeypatch):
+    """With dumps on, a graph's run is wrapped and direct calls stay in Python (DirectPath's
+    gatherer): they too build the wrapper's frame from the call, keyword or positional."""
+    from magi_compiler import _dump
+
+    monkeypatch.setenv(_dump.ENABLE_ENV, "1")
+    monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
+    eager = Wrapped()
+    model = magi_compile(copy.deepcopy(eager))
+    for b in (2, 3):
+        check(model, eager, assert_close_rel, x=inputs(b))
+    (path,) = model._magi_compiled._direct.get(model).paths
+    assert path.native is None
+    for b in (4, 5):
+        before = direct_calls()
+        check(model, eager, assert_close_rel, x=inputs(b))
+        assert direct_calls() == before + 1
+    before = direct_calls()
+    check(model, eager, assert_close_rel, inputs(4))  # positional: another frame, not this path
+    check(model, eager, assert_close_rel, x=inputs(4), mask=torch.randn(4, 1, H))
+    assert direct_calls() == before

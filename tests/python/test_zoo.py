@@ -105,3 +105,44 @@ def test_zoo_model_matches_eager_without_fallback(zoo, family, scenario, batch):
         torch.testing.assert_close(
             a, e, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"output {i}: {m}"
         )
+
+
+# --- whole models on the direct path ----------------------------------------------------------
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_whole_model_calls_take_the_direct_path(name):
+    """A whole model's forward is a ``(self, *args, **kwargs)`` wrapper (transformers'
+    ``can_return_tuple``, ``check_model_inputs``): called as users call it,
+    ``model(input_ids=..., attention_mask=...)``, each batch captures, learns the direct path on
+    its next call, and from the third call on runs from C++ (one direct call per call), with
+    Dynamo's verdict reused while nothing its guards read moved; outputs equal eager's."""
+    import magi_compiler
+    from magi_compiler import _C
+
+    family = zm.FAMILIES[name]
+    try:
+        ref = zm.build(family, SIZE, "cpu", torch.float32)
+    except Exception as e:  # noqa: BLE001 - transformers' own failure, not ours
+        pytest.skip(f"cannot build {family.model_class}: {type(e).__name__}: {e}")
+    model = zm.compiled(family, "whole", ref, SIZE)
+    for batch in BATCHES:
+        for i in range(4):
+            kwargs = zm.make_inputs(family, "whole", ref.config, batch, SIZE, "cpu", torch.float32)
+            mask = torch.ones_like(kwargs["input_ids"])
+            mask[0, -2:] = 0  # the first sequence padded on the right
+            kwargs = zm.call_arguments(
+                family, "whole", ref.config, {**kwargs, "attention_mask": mask}
+            )
+            direct, native = magi_compiler.get_counters().direct_calls, _C.direct_entry_calls()
+            with torch.no_grad():
+                actual, expected = model(**kwargs), ref(**kwargs)
+            took = (
+                magi_compiler.get_counters().direct_calls - direct,
+                _C.direct_entry_calls() - native,
+            )
+            assert took == ((1, 1) if i >= 2 else (0, 0)), f"batch {batch}, call {i}: {took}"
+            got, want = zm.tensors(actual), zm.tensors(expected)
+            assert len(got) == len(want)
+            for a, e in zip(got, want, strict=True):
+                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    paths = model._magi_compiled._direct.get(model).paths
+    assert [p.native.guard_reuse for p in paths] == ["watched"] * len(BATCHES)
