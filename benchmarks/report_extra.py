@@ -23,6 +23,7 @@ def other_section(bench: str, doc: dict, kind: str, stamp: str) -> str:
         "recompute": _recompute_section,
         "offload": _offload_section,
         "zoo": _zoo_section,
+        "warm_start": _warm_start_section,
     }
     return sections[bench](doc, kind, stamp)
 
@@ -454,4 +455,56 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
     fails = _zoo_failures(doc, rows)
     lines += ["### Failures", ""]
     lines += [f"- {x}" for x in fails] if fails else ["- none in this run"]
+    return "\n".join(lines) + "\n"
+
+
+def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/warm_start.py: the first call in a fresh process, cold and warm caches."""
+    meta = doc.get("meta", {})
+    labels = {"magi": "magi_compile", "inductor": "torch.compile"}
+    models = {"stack": "4-layer Llama stack", "llama": "Llama-3.2-1B shape (HF)"}
+    lines = [
+        f"## {kind}: warm start",
+        "",
+        stamp,
+        "",
+        f"`benchmarks/warm_start.py` (size {meta.get('size', '?')}): the first compiled call of "
+        "a fresh process (host clock, synchronised; capture, compile or cache load included), "
+        "with empty caches (cold) and with the caches the cold process left (warm): "
+        "magi_compile's compiled-module cache (docs/cache.md) and torch.compile's own on-disk "
+        "caches (Inductor's FX graph cache and AOTAutograd's cache; Dynamo traces again). "
+        "*steady*: median of the next 20 calls; *error*: max |compiled − eager| over max "
+        "|eager| in the warm process; *captures/compiles*: magi's in the warm process.",
+        "",
+    ]
+    header = ["model", "compiler", "cold first call s", "warm first call s", "warm / cold",
+              "warm vs torch.compile warm", "steady ms (warm)", "error", "captures/compiles",
+              "entry"]  # fmt: skip
+    rows = doc.get("rows", [])
+    warm_of = {(r["model"], r["compiler"]): r.get("warm", {}).get("first_call_s") for r in rows}
+    body = []
+    for r in rows:
+        cold, warm = r.get("cold", {}), r.get("warm", {})
+        if "error" in cold or "error" in warm:
+            why = _line(" ".join(cold.get("error") or warm.get("error") or ["?"]), 120)
+            body.append([models.get(r["model"], r["model"]), labels.get(r["compiler"], "?"),
+                         f"failed: {why}", "", "", "", "", "", "", ""])  # fmt: skip
+            continue
+        c, w = cold["first_call_s"], warm["first_call_s"]
+        other = warm_of.get((r["model"], "inductor"))
+        versus = f"{w / other:.2f}×" if r["compiler"] == "magi" and other else "–"
+        counters = warm.get("counters", {})
+        cc = (
+            f"{counters.get('captures')}/{counters.get('compiles')}"
+            if r["compiler"] == "magi"
+            else "–"
+        )
+        size = r.get("entry_bytes")
+        body.append([
+            models.get(r["model"], r["model"]), labels.get(r["compiler"], r["compiler"]),
+            f"{c:.2f}", f"{w:.2f}", f"{w / c:.2f}", versus, f"{warm['steady_ms']:.3f}",
+            f"{warm['max_rel_error']:.1e}", cc,
+            "–" if not size else f"{size / 2**20:.1f} MiB",
+        ])  # fmt: skip
+    lines.append(table(header, body))
     return "\n".join(lines) + "\n"

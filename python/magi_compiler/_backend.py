@@ -8,6 +8,7 @@ in ``magi_compiler._C``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import time
@@ -376,8 +377,9 @@ def _restored(effects: Any, variable: Any) -> bool:
 
 
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):
-    """A Dynamo backend compiling every captured graph with magi's pipeline."""
-    from torch._dynamo.backends.common import aot_autograd
+    """A Dynamo backend compiling every captured graph with magi's pipeline. AOTAutograd is
+    imported at the first capture: a process whose graphs all come from the compiled-module
+    cache never needs it (importing it costs most of a second)."""
 
     def compiler(kind: str):
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
@@ -395,14 +397,18 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         # The C++ recompute planner decides what the backward recomputes (_recompute.py).
         return _recompute.partition(joint_module, joint_inputs, config=config, **kwargs)
 
-    aot = aot_autograd(
-        fw_compiler=compiler("forward"),
-        partition_fn=partition,
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
-        decompositions=decomposition_table(),
-        keep_inference_input_mutations=True,
-    )
+    @functools.cache
+    def aot() -> Callable:
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(
+            fw_compiler=compiler("forward"),
+            partition_fn=partition,
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=decomposition_table(),
+            keep_inference_input_mutations=True,
+        )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         _counters.bump("captures")
@@ -415,7 +421,7 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
             _cache_record.graphs, _cache_record.num_inputs = [], len(example_inputs)
         try:
             with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
-                compiled = aot(gm, example_inputs)
+                compiled = aot()(gm, example_inputs)
             if caching:
                 compiled = _attach_cache_record(compiled, _cache_record.graphs)
             return compiled

@@ -517,6 +517,10 @@ def test_counters_api():
         "guard_misses": 0,
         "cache_hits": 0,
         "direct_calls": 0,
+        "disk_cache_hits": 0,
+        "disk_cache_misses": 0,
+        "disk_cache_writes": 0,
+        "cache_loaded_graphs": 0,
     }
     compiled = magi_compile(pointwise)
     compiled(inputs(2))
