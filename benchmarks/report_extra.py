@@ -462,13 +462,14 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
     """benchmarks/warm_start.py: the first call in a fresh process, cold and warm caches."""
     meta = doc.get("meta", {})
     labels = {"magi": "magi_compile", "inductor": "torch.compile"}
-    models = {"stack": "4-layer Llama stack", "llama": "Llama-3.2-1B shape (HF)"}
+    models = {"stack": "4-layer Llama stack", "llama": "HF LlamaForCausalLM"}
     lines = [
         f"## {kind}: warm start",
         "",
         stamp,
         "",
-        f"`benchmarks/warm_start.py` (size {meta.get('size', '?')}): the first compiled call of "
+        f"`benchmarks/warm_start.py` (size {meta.get('size', '?')}; real: hidden 2048, the HF "
+        "model at the Llama-3.2-1B shape; tiny: hidden 64): the first compiled call of "
         "a fresh process (host clock, synchronised; capture, compile or cache load included), "
         "with empty caches (cold) and with the caches the cold process left (warm): "
         "magi_compile's compiled-module cache (docs/cache.md) and torch.compile's own on-disk "

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         for model in args.models.split(",")
         for compiler in args.compilers.split(",")
     ]
-    doc = {"meta": _meta(args.device, size), "rows": rows}
+    doc = {"benchmark": "warm_start", "meta": _meta(args.device, size), "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")
