@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-
 _EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 if _EXAMPLES not in sys.path:
     sys.path.insert(0, _EXAMPLES)
