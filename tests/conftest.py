@@ -3,9 +3,9 @@
 - ``examples/`` goes on ``sys.path`` so tests can ``import blocks``.
 - :func:`assert_close_rel` (also a fixture of the same name): relative error of whole tensors.
 - ``counters``: resets Dynamo and magi's counters, so a test can count its own captures.
-- The compiled-module cache on disk is off in the test process (``_no_disk_cache``): a warm
-  entry from an earlier run would turn the captures tests count into loads. Its own tests
-  (test_compile_cache.py) run it in child processes.
+- The compiled-module cache on disk is off in the test process (for fixtures of any scope too):
+  a warm entry from an earlier run would turn the captures tests count into loads. Its own
+  tests (test_compile_cache.py) run it in child processes.
 - Inputs are fresh random values on every run: the global RNG is reseeded from entropy
   before each test and the seed is printed, so a failure can be replayed with
   ``MAGI_TEST_SEED=<seed>``. Weights come from ``init_weights_(seed=...)`` where a test needs
@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from magi_compiler import _compile_cache
+
+_compile_cache.entry_cache = lambda *args, **kwargs: None  # the disk cache is off here,
+os.environ.setdefault("MAGI_COMPILE_DISABLE_CACHE", "1")  # and in the scripts tests run
 
 _EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 if _EXAMPLES not in sys.path:
@@ -117,10 +121,3 @@ def pytest_runtest_makereport(item, call):
     if report.failed and seed is not None:
         report.sections.append(("random inputs", f"replay with MAGI_TEST_SEED={seed}"))
     return report
-
-
-@pytest.fixture(autouse=True)
-def _no_disk_cache(monkeypatch):
-    from magi_compiler import _compile_cache
-
-    monkeypatch.setattr(_compile_cache, "entry_cache", lambda *args, **kwargs: None)

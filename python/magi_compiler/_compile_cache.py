@@ -260,17 +260,21 @@ def serializable_guards(entries: list[Any]) -> list[bool]:
 
 
 def is_unwritable_guards_failure(error: BaseException) -> bool:
-    """Whether a capture failed because Dynamo could not serialise a guard of it: Dynamo then
-    drops the package ("Detected a package bypass") and trips over its own assertion."""
+    """Whether a capture failed because Dynamo could not serialise its guards: an object the
+    guard state refers to that pickle cannot write (it raises from inside the serialiser), or
+    a guard kind it cannot write (Dynamo drops the package, "Detected a package bypass", then
+    trips over its own assertion)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, AssertionError):
-            tb = error.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            if tb is not None and tb.tb_frame.f_code.co_name == "_compile_inner":
+        tb, last = error.__traceback__, None
+        while tb is not None:
+            name = tb.tb_frame.f_code.co_name
+            if name in ("serialize_guards", "pickle_guards_state"):
                 return True
+            last, tb = name, tb.tb_next
+        if isinstance(error, AssertionError) and last == "_compile_inner":
+            return True
         error = error.__cause__ or error.__context__
     return False
 
