@@ -94,6 +94,8 @@ def stamp(doc: dict) -> dict[str, str]:
 def is_complete(doc: dict) -> bool:
     if benchmark_of(doc) == "zoo":  # a --models subset written with --append is normal
         return set(ZOO_FAMILIES) <= zoo_models_covered(doc)
+    if benchmark_of(doc) == "warm_start":  # written after each row; complete at the end
+        return bool(doc["meta"].get("complete"))
     command = str((doc.get("meta") or {}).get("command", ""))
     return not any(flag in command.split() for flag in PARTIAL_FLAGS)
 

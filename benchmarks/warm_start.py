@@ -192,7 +192,7 @@ def _meta(device: str, size: str) -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "git_commit": commit or "?",
         "size": size,
-        "complete": True,
+        "complete": False,
     }
 
 
@@ -210,14 +210,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(child(json.loads(args.child))))
         return {}
     size = args.size or ("real" if args.device == "cuda" else "tiny")
-    rows = [
-        measure(model, compiler, args.device, size)
-        for model in args.models.split(",")
-        for compiler in args.compilers.split(",")
-    ]
-    doc = {"benchmark": "warm_start", "meta": _meta(args.device, size), "rows": rows}
+    pairs = [(m, c) for m in args.models.split(",") for c in args.compilers.split(",")]
+    doc = {"benchmark": "warm_start", "meta": _meta(args.device, size), "rows": []}
+    for model, compiler in pairs:
+        doc["rows"].append(measure(model, compiler, args.device, size))
+        doc["meta"]["complete"] = len(doc["rows"]) == len(pairs)
+        if args.out:  # after each row: a run cut short keeps what it measured
+            Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")
     return doc
 
