@@ -14,6 +14,7 @@ import inspect
 import logging
 import re
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable
@@ -408,7 +409,43 @@ class _CompiledCallable:
             self._seen_owners.add(id(owner))
         if _counters.get_counters().captures == captures_before and owner is not None and not first:
             _counters.bump("cache_hits")
+        if first and self.config.aot and self.config.compile_sizes and self.fallback_reason is None:
+            self._precompile_sizes(args, kwargs, values, dims)
         return result
+
+    def _precompile_sizes(self, args: tuple, kwargs: dict, values: list, dims: list) -> None:
+        """``aot=True``: right after the first call, calls the entry once per size in
+        ``compile_sizes`` with inputs of that size along their dynamic dims (zeros; ones for
+        integer and bool tensors, valid token ids and masks), so every capture those sizes
+        need happens now and goes to the compiled-module cache (and, with CUDA graphs, their
+        graphs are captured)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        sized = [
+            (name, value, value_dims)
+            for name, value, value_dims in zip(self.param_names, values, dims, strict=False)
+            if isinstance(value, torch.Tensor) and value_dims
+        ]
+        if not sized:
+            logger.info(
+                "%s: aot: no input has a dynamic dim; nothing to precompile", self.model_tag
+            )
+            return
+        start = time.perf_counter()
+        for size in sorted(set(self.config.compile_sizes)):
+            arguments = dict(bound.arguments)
+            for name, value, value_dims in sized:
+                shape = list(value.shape)
+                for dim in value_dims:
+                    shape[dim] = size
+                fill = torch.ones if not value.is_floating_point() else torch.zeros
+                arguments[name] = fill(shape, dtype=value.dtype, device=value.device)
+            call = inspect.BoundArguments(self.signature, arguments)
+            self.call(call.args, call.kwargs)
+        logger.info(
+            "%s: aot: precompiled batch sizes %s in %.1f s",
+            self.model_tag, sorted(set(self.config.compile_sizes)), time.perf_counter() - start,
+        )  # fmt: skip
 
     def _capture(self, args: tuple, kwargs: dict) -> Any:
         # Our guard decided that this call needs a capture; Dynamo's per-function limit

@@ -119,9 +119,7 @@ class CompileConfig:
 
 
 # Fields that are accepted and documented but not acted on yet: setting one warns once.
-NOT_YET_ACTED_ON = {
-    "aot",
-}
+NOT_YET_ACTED_ON: set[str] = set()
 # MagiCompiler fields that configure Inductor, which magi_compile does not run: accepted, and
 # a value away from the default warns once with what happens instead.
 MAGI_COMPAT_FIELDS = {

@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 DRIVER = Path(__file__).with_name("_cache_driver.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -249,3 +247,15 @@ def test_cache_command_lists_shows_prunes_and_clears(tmp_path):
     assert len(_entries(tmp_path)) == 1
     _cli(tmp_path, "clear")
     assert _entries(tmp_path) == []
+
+
+def test_aot_precompiles_the_compile_sizes_at_the_first_call(tmp_path):
+    _workdir(tmp_path)
+    patch = {"aot": True, "compile_sizes": [1, 8]}
+    cold = _run(tmp_path, shapes=[[4, 16]], patch=patch)
+    # Batch 4 captures the dynamic graph, which serves 8; batch 1 is its own capture.
+    assert cold["counters"]["captures"] == 2
+    assert _logged(cold, "aot: precompiled batch sizes [1, 8]")
+    warm = _run(tmp_path, shapes=[[1, 16], [8, 16], [3, 16]], patch=patch)
+    assert warm["counters"]["captures"] == 0
+    assert warm["counters"]["cache_loaded_graphs"] == 2

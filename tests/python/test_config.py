@@ -395,8 +395,10 @@ NON_DEFAULT = {
 }
 
 
-@pytest.mark.parametrize("field", sorted(config_module.NOT_YET_ACTED_ON))
-def test_fields_not_acted_on_warn_once(field):
+@pytest.mark.parametrize("field", ["aot", "compile_sizes"])
+def test_fields_not_acted_on_warn_once(field, monkeypatch):
+    # Every field is acted on today; the warning is for a field added before its feature.
+    monkeypatch.setattr(config_module, "NOT_YET_ACTED_ON", {field})
     patch = {field: NON_DEFAULT[field]}
     with pytest.warns(UserWarning, match=f"CompileConfig.{field} is accepted but not acted on"):
         magi_compile(Model(), config_patch=patch)
@@ -418,7 +420,7 @@ def test_fields_acted_on_do_not_warn(monkeypatch):
 
 
 def test_env_set_field_not_acted_on_warns_at_first_decoration(monkeypatch):
-    assert "aot" in config_module.NOT_YET_ACTED_ON
+    monkeypatch.setattr(config_module, "NOT_YET_ACTED_ON", {"aot"})
     monkeypatch.setenv("MAGI_COMPILE_AOT", "1")
     config_module.set_compile_config(None)
     with pytest.warns(UserWarning, match="CompileConfig.aot is accepted but not acted on"):
