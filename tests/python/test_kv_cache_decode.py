@@ -6,11 +6,16 @@ for 20 steps with the example decoder (examples/decoder.py) and with a tiny Hugg
 through HFStaticCacheLM and Hugging Face's own StaticCache; after warm-up every step takes the
 direct path (one direct call per step), captures nothing, writes the cache in place
 (index_copy_, no write-back copy) and calls no host-synchronising tensor method.
+examples/generate.py runs on the CPU and finds eager's tokens.
 """
 
 from __future__ import annotations
 
+import builtins
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -255,8 +260,6 @@ def test_no_host_synchronisation_in_a_decode_step(which, monkeypatch):
 
 
 def test_progress_without_tqdm_prints_a_counter(monkeypatch, capsys):
-    import builtins
-
     real_import = builtins.__import__
 
     def no_tqdm(name, *args, **kwargs):
@@ -268,3 +271,19 @@ def test_progress_without_tqdm_prints_a_counter(monkeypatch, capsys):
     generate(example_decoder(), prompt_tokens(), 11, prefill_chunk=4, progress=True)
     err = capsys.readouterr().err
     assert "prefill: 8/8" in err and "decode: 10/10" in err and "decode: 1/10" in err
+
+
+def test_the_generate_example_runs_on_the_cpu():
+    """examples/generate.py --size tiny: eager's greedy tokens, and the lines it prints."""
+    pytest.importorskip("transformers")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [
+        sys.executable, os.path.join(root, "examples", "generate.py"), "--device", "cpu",
+        "--prompt-len", "8", "--new-tokens", "12", "--no-progress",
+    ]  # fmt: skip
+    env = dict(os.environ, MAGI_LOGGING_LEVEL="warning", OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "greedy tokens equal eager's (12 tokens)" in out, out[-4000:]
+    assert "magi_compile: 2 captures" in out and "peak memory n/a (CPU)" in out, out[-4000:]
