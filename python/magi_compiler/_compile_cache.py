@@ -202,10 +202,22 @@ def trivial_wrapper_reason(metadata: Any, gm: torch.fx.GraphModule, num_inputs: 
     return ""
 
 
+# What lowering reads from a node's meta (fx_import.cpp): the rest (module stacks, source
+# function stacks, ...) costs pickling time and bytes and is left out.
+_KEPT_META = ("val", "stack_trace")
+
+
 def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
     from torch.fx._graph_pickler import GraphPickler, Options
 
-    return GraphPickler.dumps(gm, Options(ops_filter=None))
+    saved = [(node, node.meta) for node in gm.graph.nodes]
+    try:
+        for node, meta in saved:
+            node.meta = {k: meta[k] for k in _KEPT_META if k in meta}
+        return GraphPickler.dumps(gm, Options(ops_filter=None))
+    finally:
+        for node, meta in saved:
+            node.meta = meta
 
 
 def unpickle_graph(data: bytes) -> torch.fx.GraphModule:
