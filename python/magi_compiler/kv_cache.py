@@ -322,7 +322,8 @@ def generate(
     for begin in range(0, prompt_len, chunk):
         end = min(begin + chunk, prompt_len)
         positions = torch.arange(begin, end, device=device)
-        logits = call(prompt[:, begin:end], positions, end)
+        # contiguous: every chunk of a batch has the same layout, so the same signature
+        logits = call(prompt[:, begin:end].contiguous(), positions, end)
         bar.update(end - begin)
     bar.close()
     token = logits.argmax(-1)
