@@ -501,6 +501,7 @@ class _CompiledCallable:
         """Inferred dynamic dims that a captured graph has static (the code fixed their size,
         and Dynamo specialised them, being only maybe-dynamic) are static for this entry from
         now on: dropped from the signature's dynamic dims and unmarked on the call's tensors."""
+        static_seen = self._bound_sources(static_seen)
         for i, name in enumerate(self.param_names):
             static = static_seen.get(f"L['{name}']")
             if not static or not marked[i]:
@@ -513,6 +514,17 @@ class _CompiledCallable:
             marked[i] = [d for d in marked[i] if d not in static]
         return marked
 
+    def _bound_sources(self, by_source: dict[str, set[int]]) -> dict[str, set[int]]:
+        """``by_source`` keyed by the bound parameter each source reads (a wrapped forward's
+        ``L['kwargs']['x']`` as ``L['x']``, _call_frame.py)."""
+        frame, _ = _call_frame.CallFrame.of(self.fn, self.is_method)
+        if frame is None or not frame.varargs:
+            return by_source
+        out: dict[str, set[int]] = {}
+        for source, dims in by_source.items():
+            out.setdefault(frame.to_bound(source) or source, set()).update(dims)
+        return out
+
     def _raise_if_fixed(self, violation: ConstraintViolationError | None, e: Exception) -> None:
         """A dim named in dynamic_arg_dims that the traced code fixed (Dynamo's
         ConstraintViolationError) is a ValueError saying which and what to do. Inferred dims
@@ -520,7 +532,10 @@ class _CompiledCallable:
         raising (_drop_fixed)."""
         if violation is None or not self.dims_explicit:
             return
-        fixed = [(name, int(dim)) for name, dim in _SPECIALISED.findall(str(violation))]
+        text = str(violation)
+        frame, _ = _call_frame.CallFrame.of(self.fn, self.is_method)
+        text = (frame.to_bound(text) if frame is not None else None) or text
+        fixed = [(name, int(dim)) for name, dim in _SPECIALISED.findall(text)]
         # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
         listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
         first = str(violation).strip().splitlines()[0]

@@ -227,3 +227,26 @@ def test_direct_calls_in_python_bind_the_frame_too(assert_close_rel, tmp_path, m
     check(model, eager, assert_close_rel, inputs(4))  # positional: another frame, not this path
     check(model, eager, assert_close_rel, x=inputs(4), mask=torch.randn(4, 1, H))
     assert direct_calls() == before
+
+
+class FixesItsRows(nn.Module):
+    """Dim 0 of x (inferred dynamic) is fixed by the code: it must match the table's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(4, H))
+
+    @passes_through
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.table
+
+
+def test_a_dim_the_wrapped_code_fixes_leaves_the_signature():
+    # Dynamo names the input L['kwargs']['x']; the entry still learns that dim 0 of x is
+    # static (so the next call of another batch is a miss of our signature, not a capture
+    # that Dynamo's guards reject afterwards).
+    module = FixesItsRows()
+    compiled = magi_compile(copy.deepcopy(module))
+    x = torch.randn(4, H)
+    torch.testing.assert_close(compiled(x=x), module(x=x), rtol=RTOL, atol=0)
+    assert compiled._magi_compiled.static_dims == {("x", 0)}
