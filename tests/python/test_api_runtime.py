@@ -331,44 +331,51 @@ def test_uncapturable_code_falls_back_to_eager_with_one_warning(cls, assert_clos
 @pytest.mark.serial
 def test_fallback_costs_at_most_one_percent_over_eager():
     # A model that falls back runs the original forward; what is left of our wrapper is a
-    # C++ entry that returns at once and two attribute checks (a few microseconds), under 1%
-    # of a call that takes milliseconds. Timed interleaved, medians of many calls.
-    class Wide(nn.Module):
-        def __init__(self):
+    # C++ entry that returns at once and two attribute checks: a fixed cost per call. It is
+    # measured on a call that does almost nothing (where a median moves by well under a
+    # microsecond) and must stay under 1% of a call that takes milliseconds. Timing the
+    # millisecond call itself cannot resolve 1%: on the shared 2-core machine its medians move
+    # by about that much between blocks.
+    class Branchy(nn.Module):
+        def __init__(self, layers: int):
             super().__init__()
             self.fc = nn.Linear(512, 512)
+            self.layers = layers
 
         def forward(self, x):
             y = x
-            for _ in range(8):
+            for _ in range(self.layers):
                 y = torch.tanh(self.fc(y))
             if y.sum() > 0:  # a data-dependent branch: eager fallback
                 return y
             return -y
 
-    torch.manual_seed(0)
-    eager = Wide()
-    compiled = magi_compile(copy.deepcopy(eager))
-    x = torch.randn(64, 512)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        compiled(x)
-        assert compiled._magi_compiled.fallback_reason is not None
+    def best_medians(pairs: dict, x: torch.Tensor, calls: int) -> dict[str, float]:
         # Interleaved calls in blocks; each side's best block median, so that a burst of
         # other work on the machine falls on one block rather than on the comparison.
-        best = {"eager": float("inf"), "fallback": float("inf")}
+        best = dict.fromkeys(pairs, float("inf"))
         for _ in range(6):
-            times = {"eager": [], "fallback": []}
-            for _ in range(40):
-                for name, fn in (("eager", eager), ("fallback", compiled)):
+            times = {name: [] for name in pairs}
+            for _ in range(calls):
+                for name, fn in pairs.items():
                     start = time.perf_counter()
                     fn(x)
                     times[name].append(time.perf_counter() - start)
             for name, values in times.items():
                 best[name] = min(best[name], statistics.median(values))
-    eager_s, fallback_s = best["eager"], best["fallback"]
-    # 1% plus 2 µs: on a 2-core machine shared with other work a median moves by about that.
-    assert fallback_s <= eager_s * 1.01 + 2e-6, (fallback_s, eager_s)
+        return best
+
+    torch.manual_seed(0)
+    wide, tiny = Branchy(8), Branchy(0)
+    compiled = magi_compile(copy.deepcopy(tiny))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        compiled(torch.randn(4, 512))
+        assert compiled._magi_compiled.fallback_reason is not None
+        small = best_medians({"eager": tiny, "fallback": compiled}, torch.randn(4, 512), 400)
+        large = best_medians({"eager": wide}, torch.randn(64, 512), 40)
+    overhead_s = small["fallback"] - small["eager"]
+    assert overhead_s <= 0.01 * large["eager"], (overhead_s, small, large)
 
 
 @pytest.mark.parametrize("cls", [Prints, Branches], ids=["tolist", "data_dependent_if"])
