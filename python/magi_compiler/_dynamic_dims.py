@@ -82,3 +82,14 @@ def resolve_path(arguments: dict[str, Any], path: str) -> Any:
             return None
         value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
     return value
+
+
+def unmark_dynamic(t: torch.Tensor, dim: int) -> None:
+    """Undoes torch._dynamo.mark_dynamic(t, dim) or maybe_mark_dynamic(t, dim) (the marks live
+    on the tensor object)."""
+    getattr(t, "_dynamo_dynamic_indices", set()).discard(dim)
+    getattr(t, "_dynamo_weak_dynamic_indices", set()).discard(dim)
+    ranges = getattr(t, "_dynamo_dynamic_range", None)
+    if ranges:
+        for r in [r for r in ranges if getattr(r, "dim", None) == dim]:
+            ranges.discard(r)

@@ -12,7 +12,6 @@ import copy
 import functools
 import inspect
 import logging
-import re
 import threading
 import time
 import types
@@ -28,6 +27,7 @@ from magi_compiler import (
     _C,
     _backend,
     _call_frame,
+    _capture_errors,
     _compile_cache,
     _counters,
     _dump,
@@ -40,7 +40,6 @@ from magi_compiler._backend import make_backend
 from magi_compiler._custom_op import magi_register_custom_op  # noqa: F401  (public API)
 from magi_compiler._logging import logger
 from magi_compiler.config import CompileConfig, CompileMode
-from magi_compiler.errors import DeviceError, InternalError, UnsupportedError, UserError
 
 # Class attribute through which a model author gives a module its own settings (a dict of
 # CompileConfig overrides, like config_patch; the decorator's config_patch wins).
@@ -400,7 +399,7 @@ class _CompiledCallable:
             try:
                 result = self._capture(args, kwargs)
             except Exception as e:  # noqa: BLE001 - filtered in _raise_if_fixed / _capture_failed
-                self._raise_if_fixed(_constraint_violation(e), e)
+                self._raise_if_fixed(_capture_errors.constraint_violation(e), e)
                 return self._capture_failed(e, args, kwargs)
         if not self.dims_explicit:
             marked = self._drop_fixed(values, marked, static_seen)
@@ -478,9 +477,9 @@ class _CompiledCallable:
     def _capture_failed(self, e: BaseException, args: tuple, kwargs: dict) -> Any:
         """Raises `e` (ours with their own type), or falls back to eager when it says the code
         cannot be compiled and the config allows it."""
-        reason = _unsupported_reason(e)
+        reason = _capture_errors.unsupported_reason(e)
         if reason is None or self.config.strict:
-            ours = _magi_error(e)
+            ours = _capture_errors.magi_error(e)
             if ours is not None and ours is not e:
                 # Dynamo wraps backend errors in BackendCompilerFailed; surface ours with
                 # their own type (UserError is a ValueError, etc.) and message.
@@ -508,7 +507,7 @@ class _CompiledCallable:
                 continue
             for dim in [d for d in marked[i] if d in static]:
                 self.static_dims.add((name, dim))
-                _unmark_dynamic(values[i], dim)
+                _dynamic_dims.unmark_dynamic(values[i], dim)
                 logger.debug("%s: dim %d of %r stays static: the code fixes its size",
                              self.model_tag, dim, name)  # fmt: skip
             marked[i] = [d for d in marked[i] if d not in static]
@@ -535,7 +534,7 @@ class _CompiledCallable:
         text = str(violation)
         frame, _ = _call_frame.CallFrame.of(self.fn, self.is_method)
         text = (frame.to_bound(text) if frame is not None else None) or text
-        fixed = [(name, int(dim)) for name, dim in _SPECIALISED.findall(text)]
+        fixed = [(name, int(dim)) for name, dim in _capture_errors.SPECIALISED.findall(text)]
         # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
         listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
         first = str(violation).strip().splitlines()[0]
@@ -557,75 +556,6 @@ def _backend_for(config: CompileConfig) -> Callable:
     if key not in _backends:
         _backends[key] = make_backend(config)
     return _backends[key]
-
-
-def _magi_error(e: BaseException) -> BaseException | None:
-    """The first UserError/UnsupportedError/InternalError/DeviceError in `e`'s chain of causes."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, (UserError, UnsupportedError, InternalError, DeviceError)):
-            return e
-        e = getattr(e, "inner_exception", None) or e.__cause__
-    return None
-
-
-def _unsupported_reason(e: BaseException) -> str | None:
-    """The reason to fall back to eager, when `e` says the code cannot be compiled."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, UnsupportedError):
-            return str(e).strip()
-        if isinstance(e, torch._dynamo.exc.Unsupported):
-            return "Dynamo cannot capture it as one graph: " + _graph_break(e)
-        e = getattr(e, "inner_exception", None) or e.__cause__
-    return None
-
-
-def _graph_break(e: BaseException) -> str:
-    """What broke Dynamo's graph and where in the user's code: Dynamo's first line, its
-    explanation, and the innermost user frame of the trace (file:line, function, source)."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    text = lines[0] if lines else type(e).__name__
-    explanation = next((ln for ln in lines if ln.startswith("Explanation:")), "")
-    if explanation:
-        text += f" ({explanation[len('Explanation:') :].strip()})"
-    stack = getattr(e, "real_stack", None)
-    if stack:
-        frame = stack[-1]
-        text += f" at {frame.filename}:{frame.lineno} in {frame.name}"
-        if frame.line:
-            text += f": `{frame.line.strip()}`"
-    return text
-
-
-_SPECIALISED = re.compile(
-    r"You marked L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\] as dynamic"
-)
-
-
-def _constraint_violation(e: BaseException) -> ConstraintViolationError | None:
-    """The ConstraintViolationError in `e`'s chain of causes, if any: dims marked dynamic that
-    the traced code fixed."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, ConstraintViolationError):
-            return e
-        e = getattr(e, "inner_exception", None) or e.__cause__
-    return None
-
-
-def _unmark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """Undoes torch._dynamo.mark_dynamic(t, dim) or maybe_mark_dynamic(t, dim) (the marks live
-    on the tensor object)."""
-    getattr(t, "_dynamo_dynamic_indices", set()).discard(dim)
-    getattr(t, "_dynamo_weak_dynamic_indices", set()).discard(dim)
-    ranges = getattr(t, "_dynamo_dynamic_range", None)
-    if ranges:
-        for r in [r for r in ranges if getattr(r, "dim", None) == dim]:
-            ranges.discard(r)
 
 
 def get_compile_config() -> CompileConfig:

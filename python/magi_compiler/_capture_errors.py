@@ -1,0 +1,66 @@
+"""What a failed capture says: our own error in Dynamo's wrapping, the reason to fall back to
+eager, and dims marked dynamic that the traced code fixed (api.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import torch
+from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+from magi_compiler.errors import DeviceError, InternalError, UnsupportedError, UserError
+
+_OURS = (UserError, UnsupportedError, InternalError, DeviceError)
+
+
+def causes(e: BaseException | None) -> Iterator[BaseException]:
+    """``e`` and its chain of causes (Dynamo's ``inner_exception``, else ``__cause__``)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = getattr(e, "inner_exception", None) or e.__cause__
+
+
+def magi_error(e: BaseException) -> BaseException | None:
+    """The first UserError/UnsupportedError/InternalError/DeviceError in `e`'s chain of causes."""
+    return next((c for c in causes(e) if isinstance(c, _OURS)), None)
+
+
+def unsupported_reason(e: BaseException) -> str | None:
+    """The reason to fall back to eager, when `e` says the code cannot be compiled."""
+    for cause in causes(e):
+        if isinstance(cause, UnsupportedError):
+            return str(cause).strip()
+        if isinstance(cause, torch._dynamo.exc.Unsupported):
+            return "Dynamo cannot capture it as one graph: " + graph_break(cause)
+    return None
+
+
+def graph_break(e: BaseException) -> str:
+    """What broke Dynamo's graph and where in the user's code: Dynamo's first line, its
+    explanation, and the innermost user frame of the trace (file:line, function, source)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    explanation = next((ln for ln in lines if ln.startswith("Explanation:")), "")
+    if explanation:
+        text += f" ({explanation[len('Explanation:') :].strip()})"
+    stack = getattr(e, "real_stack", None)
+    if stack:
+        frame = stack[-1]
+        text += f" at {frame.filename}:{frame.lineno} in {frame.name}"
+        if frame.line:
+            text += f": `{frame.line.strip()}`"
+    return text
+
+
+SPECIALISED = re.compile(
+    r"You marked L\['([A-Za-z_][A-Za-z0-9_]*)'\]\.size\(\)\[(\d+)\] as dynamic"
+)
+
+
+def constraint_violation(e: BaseException) -> ConstraintViolationError | None:
+    """The ConstraintViolationError in `e`'s chain of causes, if any: dims marked dynamic that
+    the traced code fixed."""
+    return next((c for c in causes(e) if isinstance(c, ConstraintViolationError)), None)
