@@ -29,6 +29,7 @@ with a warning and is replaced.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
@@ -57,6 +58,24 @@ _META_SUFFIX = ".json"
 
 # Config fields that do not change what is compiled.
 _KEY_EXEMPT_FIELDS = {"cache_root_dir", "aot", "disable_cache"}
+
+# What the cache did in this process, per model tag, for the dump's index page: (when, what,
+# detail), "what" one of hit, miss, captured, written, not written.
+_events: dict[str, collections.deque[tuple[float, str, str]]] = {}
+_events_lock = threading.Lock()
+
+
+def _event(model_tag: str, what: str, detail: str) -> None:
+    with _events_lock:
+        _events.setdefault(model_tag, collections.deque(maxlen=32)).append(
+            (time.time(), what, detail)
+        )
+
+
+def events(model_tag: str) -> list[tuple[float, str, str]]:
+    """The cache's hits, misses and writes for ``model_tag`` in this process, oldest first."""
+    with _events_lock:
+        return list(_events.get(model_tag, ()))
 
 
 # --- the key -------------------------------------------------------------------------------
@@ -341,18 +360,23 @@ class EntryCache:
                 _advance_unique_ids(dynamo_entry)
                 package.install({bid: _LoadedGraph(a, self.config) for bid, a in artifacts.items()})
             except Exception as e:  # noqa: BLE001 - any failure to load is a miss
-                _counters.bump("disk_cache_misses")
-                logger.info("%s: compiled-module cache entry not used: %s", self.model_tag, e)
+                self._miss(f"the entry did not load: {e}")
             else:
                 self.package, self.artifacts = package, dict(artifacts)
                 self._written_ids = frozenset(artifacts)
                 self.loaded_graphs = len(artifacts)
                 _counters.bump("disk_cache_hits")
                 self._touch()
+                ms = (time.perf_counter() - start) * 1e3
                 logger.info(
                     "%s: loaded %d compiled graph(s) from %s in %.0f ms",
-                    self.model_tag, len(artifacts), self.path, (time.perf_counter() - start) * 1e3,
+                    self.model_tag, len(artifacts), self.path, ms,
                 )  # fmt: skip
+                _event(
+                    self.model_tag,
+                    "hit",
+                    f"{len(artifacts)} graph(s) from {self.path}, {ms:.0f} ms",
+                )
                 return package
         try:
             self.package = CompilePackage(self.fn)
@@ -366,12 +390,10 @@ class EntryCache:
             with open(self.path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            _counters.bump("disk_cache_misses")
-            logger.info("%s: no compiled-module cache entry (%s)", self.model_tag, self._why_new())
+            self._miss(f"no entry: {self._why_new()}")
             return None
         except OSError as e:
-            _counters.bump("disk_cache_misses")
-            logger.warning("%s: cannot read %s (%s); compiling", self.model_tag, self.path, e)
+            self._miss(f"cannot read {self.path} ({e}); compiling", warn=True)
             return None
         payload = _unseal(data)
         try:
@@ -382,13 +404,18 @@ class EntryCache:
                 raise ValueError("its key parts differ from this process's")
             return stored["dynamo"], stored["graphs"]
         except Exception as e:  # noqa: BLE001 - a broken file is a miss, replaced later
-            _counters.bump("disk_cache_misses")
-            logger.warning(
-                "%s: compiled-module cache entry %s is unusable (%s); compiling, and it will be "
-                "replaced",
-                self.model_tag, self.path, e,
-            )  # fmt: skip
+            self._miss(
+                f"entry {self.path} is unusable ({e}); compiling, and it will be replaced",
+                warn=True,
+            )
             return None
+
+    def _miss(self, why: str, warn: bool = False) -> None:
+        _counters.bump("disk_cache_misses")
+        (logger.warning if warn else logger.info)(
+            "%s: compiled-module cache miss: %s", self.model_tag, why
+        )
+        _event(self.model_tag, "miss", why)
 
     def _why_new(self) -> str:
         """Which key parts differ from the closest of the function's other entries."""
@@ -438,10 +465,12 @@ class EntryCache:
                     failed.append("; ".join(verdict.verbose_code_parts))
         except Exception as e:  # noqa: BLE001 - only an explanation
             failed = [f"(could not evaluate the loaded guards: {e})"]
+        why = " | ".join(failed) or "none"
         logger.info(
             "%s: captured although %d graph(s) were loaded from the cache: failed guards: %s",
-            self.model_tag, self.loaded_graphs, " | ".join(failed) or "none",
+            self.model_tag, self.loaded_graphs, why,
         )  # fmt: skip
+        _event(self.model_tag, "captured", f"the loaded graphs' guards failed: {why}")
 
     # -- write -----------------------------------------------------------------------------
     def after_capture(self) -> None:
@@ -456,6 +485,10 @@ class EntryCache:
                 "%s: the compiled-module cache entry could not be written: %s: %s",
                 self.model_tag, type(e).__name__, e,
             )  # fmt: skip
+            _event(self.model_tag, "not written", f"{type(e).__name__}: {e}")
+        from magi_compiler import _dump
+
+        _dump.refresh_page(self.model_tag)
 
     def _write(self) -> None:
         for bid, fn in self.package.cached_backends.items():
@@ -507,16 +540,22 @@ class EntryCache:
             _write_atomically(meta_path, json.dumps(meta, indent=1).encode())
         self._written_ids = frozenset(ids)
         _counters.bump("disk_cache_writes")
+        ms = (time.perf_counter() - start) * 1e3
         logger.info(
             "%s: wrote %d compiled graph(s) to %s (%.1f KiB, %.0f ms)",
-            self.model_tag, len(graphs), self.path, len(payload) / 1024,
-            (time.perf_counter() - start) * 1e3,
+            self.model_tag, len(graphs), self.path, len(payload) / 1024, ms,
         )  # fmt: skip
+        _event(
+            self.model_tag,
+            "written",
+            f"{len(graphs)} graph(s) to {self.path}, {len(payload) / 1024:.1f} KiB, {ms:.0f} ms",
+        )
 
     def _refuse(self, why: str) -> None:
         if self._refused != why:
             self._refused = why
             logger.info("%s: not written to the compiled-module cache: %s", self.model_tag, why)
+            _event(self.model_tag, "not written", why)
 
 
 _entries: dict[tuple[Any, str], EntryCache] = {}

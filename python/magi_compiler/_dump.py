@@ -55,6 +55,7 @@ _tls = threading.local()
 _lock = threading.Lock()
 _by_compile_id: collections.OrderedDict[str, Report] = collections.OrderedDict()
 _last_dir: str | None = None
+_last_by_tag: dict[str, Report] = {}  # the latest report with a dump, per model tag
 
 
 def enabled() -> bool:
@@ -135,6 +136,7 @@ class Report:
         self.dir: str | None = None
         self.write_failed = False
         self.detail = "shape"
+        self.cache_tag = model_tag
         if enabled():
             self.detail = detail()
             root = dump_root(config.cache_root_dir)
@@ -226,6 +228,8 @@ class Report:
         self.write("config.json", config_json(self.config))
         self.write("index.html", _dump_page.render(self))
         _last_dir = self.dir
+        with _lock:
+            _last_by_tag[self.cache_tag] = self
         logger.debug("dump pages written in %.1f ms", (time.perf_counter() - t) * 1e3)
 
 
@@ -235,6 +239,7 @@ def compile_scope(gm: Any, config: Any) -> Iterator[Report]:
     entered = time.perf_counter()
     tag, start = getattr(_tls, "capture", None) or ("model", entered)
     report = Report(gm, config, re.sub(r"[^A-Za-z0-9_.-]+", "_", tag), start)
+    report.cache_tag = tag  # the tag the compiled-module cache records its events under
     if start != entered:
         report.stages.append(Stage("dynamo capture", (entered - start) * 1e3, "bytecode to FX"))
     cid = _compile_id()
@@ -255,6 +260,17 @@ def compile_scope(gm: Any, config: Any) -> Iterator[Report]:
         end = time.perf_counter()
         _tls.report = previous
         report.finish(end)
+
+
+def refresh_page(model_tag: str) -> None:
+    """Rewrites the index page of ``model_tag``'s latest dump (the compiled-module cache wrote
+    or refused its entry after the compile's page was written)."""
+    with _lock:
+        report = _last_by_tag.get(model_tag)
+    if report is not None and report.dir is not None:
+        from magi_compiler import _dump_page
+
+        report.write("index.html", _dump_page.render(report))
 
 
 def recompute_plan(plan: dict[str, Any]) -> None:

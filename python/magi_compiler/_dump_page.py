@@ -241,6 +241,27 @@ def _plans(report: Any) -> str:
     return recompute + offload
 
 
+def _cache(report: Any) -> str:
+    from magi_compiler import _compile_cache
+
+    if report.config.disable_cache:
+        return '<p class="note">off (<code>disable_cache=True</code>)</p>'
+    rows = [
+        f"<tr><td>{_e(datetime.datetime.fromtimestamp(when).strftime('%H:%M:%S'))}</td>"
+        f"<td>{_e(what)}</td><td>{_e(detail)}</td></tr>"
+        for when, what, detail in _compile_cache.events(report.cache_tag)
+    ]
+    if not rows:
+        return '<p class="note">nothing read or written for this model in this process</p>'
+    return (
+        '<p class="note">What the compiled-module cache did for this model in this process '
+        "(docs/cache.md).</p>"
+        '<table id="cache"><tr><th>time</th><th>event</th><th>detail</th></tr>'
+        + "".join(rows)
+        + "</table>"
+    )
+
+
 def render(report: Any) -> str:
     from magi_compiler import _dump
 
@@ -256,6 +277,7 @@ def render(report: Any) -> str:
             _plans(report),
         ),
         ("timeline-section", "Compile timeline", _timeline(report)),
+        ("cache-section", "Compiled-module cache", _cache(report)),
         ("files", "Files", _files(report.dir)),
         ("config", "Config", f"<pre>{_e(_dump.config_json(report.config))}</pre>"),
     ]

@@ -60,11 +60,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _start(tmp_path: Path, **spec) -> subprocess.Popen:
+def _start(tmp_path: Path, env: dict[str, str] | None = None, **spec) -> subprocess.Popen:
     spec = {"dir": str(tmp_path), "shapes": [[4, 16], [6, 16]], **spec}
     return subprocess.Popen(
         [sys.executable, str(DRIVER), json.dumps(spec)],
-        env=_env(tmp_path),
+        env={**_env(tmp_path), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -126,15 +126,15 @@ def test_each_key_part_is_a_miss_that_names_itself(tmp_path):
         changed = _run(tmp_path, **{"op_flag": False, **change})
         assert changed["counters"]["disk_cache_hits"] == 0, part
         assert changed["counters"]["captures"] == 1, part
-        (line,) = _logged(changed, "no compiled-module cache entry")
-        assert line.endswith(f"closest cached entry of this function in: {part})"), line
+        (line,) = _logged(changed, "compiled-module cache miss: no entry")
+        assert line.endswith(f"closest cached entry of this function in: {part}"), line
     assert len(_entries(tmp_path)) == 1 + len(changes)  # every key is kept
 
     _workdir(tmp_path, MODEL.replace("+ x\n", "- x\n"))
     edited = _run(tmp_path, op_flag=False)
     assert edited["counters"]["captures"] == 1
-    (line,) = _logged(edited, "no compiled-module cache entry")
-    assert line.endswith("closest cached entry of this function in: source)"), line
+    (line,) = _logged(edited, "compiled-module cache miss: no entry")
+    assert line.endswith("closest cached entry of this function in: source"), line
 
 
 def test_an_edited_helper_the_trace_inlined_is_a_miss(tmp_path):
@@ -144,7 +144,7 @@ def test_an_edited_helper_the_trace_inlined_is_a_miss(tmp_path):
     _workdir(tmp_path, MODEL.replace("torch.sigmoid(h) * SCALE", "torch.tanh(h) * SCALE"))
     edited = _run(tmp_path)
     assert edited["counters"]["disk_cache_hits"] == 0 and edited["counters"]["captures"] == 1
-    (line,) = _logged(edited, "cache entry not used")
+    (line,) = _logged(edited, "cache miss: the entry did not load")
     assert "Source code changes detected for cache_model" in line
     # The entry is replaced by the new capture: a third process loads it.
     third = _run(tmp_path)
@@ -259,3 +259,20 @@ def test_aot_precompiles_the_compile_sizes_at_the_first_call(tmp_path):
     warm = _run(tmp_path, shapes=[[1, 16], [8, 16], [3, 16]], patch=patch)
     assert warm["counters"]["captures"] == 0
     assert warm["counters"]["cache_loaded_graphs"] == 2
+
+
+def test_the_dump_page_shows_what_the_cache_did(tmp_path):
+    _workdir(tmp_path)
+    dumps = tmp_path / "dumps"
+    env = {"MAGI_ENABLE_FX_GRAPH_VIZ": "1", "MAGI_DUMP_DIR": str(dumps)}
+    _run(tmp_path, env=env, shapes=[[4, 16]])
+    (cold_page,) = dumps.rglob("index.html")
+    cold = cold_page.read_text()
+    section = cold[cold.index('id="cache"') :]
+    assert "miss" in section and "first compile of this function with this cache" in section
+    assert "written" in section and str(_entries(tmp_path)[0]) in section
+    # A changed config field is a miss whose page names the key part that differed.
+    _run(tmp_path, env=env, shapes=[[4, 16]], patch={"dynamic_dim_default": None})
+    (changed_page,) = set(dumps.rglob("index.html")) - {cold_page}
+    section = changed_page.read_text().split('id="cache"')[1]
+    assert "key differs from the closest cached entry of this function in: config" in section
