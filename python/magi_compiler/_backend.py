@@ -34,10 +34,16 @@ from magi_compiler.config import CompileConfig
 
 
 def lower_graph(
-    gm: torch.fx.GraphModule, kind: str, config: CompileConfig, from_cache: bool = False
+    gm: torch.fx.GraphModule,
+    kind: str,
+    config: CompileConfig,
+    from_cache: bool = False,
+    saved_from: int | None = None,
 ) -> Callable:
     """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable.
-    ``from_cache``: the graph comes from the compiled-module cache, not from AOTAutograd."""
+    ``from_cache``: the graph comes from the compiled-module cache, not from AOTAutograd.
+    ``saved_from``: a training forward's first saved-for-backward output, when known (else
+    read from AOTAutograd's metadata)."""
     start = time.perf_counter()
     if not from_cache:
         _record_for_cache(gm, kind)
@@ -55,7 +61,7 @@ def lower_graph(
     executable = _C.Executable(
         graph,
         attention_backend=config.attention_backend,
-        private_outputs_from=_saved_outputs_start(kind),
+        private_outputs_from=_saved_outputs_start(kind) if saved_from is None else saved_from,
         offload=_offload.engine_settings(config, kind),
         # Training graphs keep the caching allocator: their backward frees saved inputs as it
         # reads them, which the arena's peak estimate does not model (ExecutorOptions).
@@ -283,8 +289,8 @@ def _record_for_cache(gm: torch.fx.GraphModule, kind: str) -> None:
     graphs = getattr(_cache_record, "graphs", None)
     if graphs is None:
         return
-    if kind != "inference":
-        graphs.append((kind, None, "training graphs (forward and backward) are not cached yet"))
+    if kind != "inference":  # recorded whole by _on_training_entry, if AOTAutograd bundles it
+        graphs.append((kind, None, "AOTAutograd made no cache entry of the training graphs"))
         return
     context = torch._guards.TracingContext.try_get()
     why = _compile_cache.trivial_wrapper_reason(
@@ -305,6 +311,17 @@ def _record_for_cache(gm: torch.fx.GraphModule, kind: str) -> None:
         graph, capture["sources"], capture["side_effect_free"], _cache_record.num_inputs
     )
     graphs.append((kind, artifact, ""))
+
+
+def _on_training_entry(data: bytes | None, why: str) -> None:
+    """AOTAutograd's bundle of a training capture's forward and backward (_cache_training.py)
+    replaces the graphs' own records."""
+    graphs = getattr(_cache_record, "graphs", None)
+    if graphs is None:
+        return
+    graphs[:] = [g for g in graphs if g[0] not in ("forward", "backward")]
+    artifact = _compile_cache.TrainingArtifact(data) if data is not None else None
+    graphs.append(("training", artifact, why))
 
 
 def captured_since_last_asked() -> bool:
@@ -381,7 +398,11 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
     imported at the first capture: a process whose graphs all come from the compiled-module
     cache never needs it (importing it costs most of a second)."""
 
-    def compiler(kind: str):
+    def compiler(kind: str, bundled: bool = False):
+        """``bundled``: a training graph AOTAutograd bundles for the compiled-module cache."""
+        if bundled:
+            from magi_compiler import _cache_training
+
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
             if config.backend == "eager":
                 fn = gm.forward
@@ -389,8 +410,12 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
                 fn = lower_graph(gm, kind, config)
             if on_lowered is not None:
                 on_lowered(kind, fn)
+            if bundled:
+                return _cache_training.LoweredGraph(gm, kind, fn, _saved_outputs_start(kind))
             return fn
 
+        if bundled:
+            return _cache_training.serializable_compiler(compile_fn)
         return compile_fn
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any):
@@ -398,13 +423,13 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         return _recompute.partition(joint_module, joint_inputs, config=config, **kwargs)
 
     @functools.cache
-    def aot() -> Callable:
+    def aot(caching: bool) -> Callable:
         from torch._dynamo.backends.common import aot_autograd
 
         return aot_autograd(
-            fw_compiler=compiler("forward"),
+            fw_compiler=compiler("forward", bundled=caching),
             partition_fn=partition,
-            bw_compiler=compiler("backward"),
+            bw_compiler=compiler("backward", bundled=caching),
             inference_compiler=compiler("inference"),
             decompositions=decomposition_table(),
             keep_inference_input_mutations=True,
@@ -420,8 +445,13 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         if caching:
             _cache_record.graphs, _cache_record.num_inputs = [], len(example_inputs)
         try:
-            with _dump.compile_scope(gm, config):  # one INFO line per compile; dumps if enabled
-                compiled = aot()(gm, example_inputs)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(_dump.compile_scope(gm, config))  # INFO line; dumps if on
+                if caching:
+                    from magi_compiler import _cache_training
+
+                    stack.enter_context(_cache_training.recording(_on_training_entry))
+                compiled = aot(caching)(gm, example_inputs)
             if caching:
                 compiled = _attach_cache_record(compiled, _cache_record.graphs)
             return compiled

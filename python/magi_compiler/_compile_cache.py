@@ -19,9 +19,10 @@ custom-op registry, torch/CUDA/GPU/Python versions, our build and the distribute
 change is a different file: a miss, logged at INFO with the parts that differ from the
 function's other entries; never a wrong hit.
 
-Only inference graphs whose AOTAutograd wrapper adds nothing (no input mutation outside the
-graph, no output aliasing an input, no tensor subclass) are cached; an entry with any other
-graph (a training forward/backward, say) is not written, and the log says why. Files are
+Inference graphs are cached when AOTAutograd's runtime wrapper adds nothing (no input mutation
+outside the graph, no output aliasing an input, no tensor subclass); a training capture is
+cached as AOTAutograd's bundled entry of its forward and backward, wrapper included
+(_cache_training.py). An entry with any other graph is not written, and the log says why. Files are
 written whole to a temporary name and renamed into place under a lock, so concurrent
 processes neither corrupt an entry nor write it twice; a file whose checksum fails is a miss
 with a warning and is replaced.
@@ -197,6 +198,14 @@ class GraphArtifact:
     num_inputs: int
 
 
+@dataclasses.dataclass
+class TrainingArtifact:
+    """A training capture's forward and backward: AOTAutograd's bundled entry, pickled
+    (_cache_training.py)."""
+
+    entry: bytes
+
+
 def trivial_wrapper_reason(metadata: Any, gm: torch.fx.GraphModule, num_inputs: int) -> str:
     """Why AOTAutograd's runtime wrapper around this inference graph does more than call it
     (so calling the lowered graph alone would differ), or "" when it does not."""
@@ -252,12 +261,19 @@ def unpickle_graph(data: bytes) -> torch.fx.GraphModule:
 class _LoadedGraph:
     """A cached graph as ``CompilePackage.install`` wants a backend: rebuilt on install."""
 
-    def __init__(self, artifact: GraphArtifact, config: Any):
+    def __init__(self, artifact: GraphArtifact | TrainingArtifact, config: Any):
         self.artifact = artifact
         self.config = config
 
     def after_deserialization(self) -> Callable:
         from magi_compiler import _backend
+
+        if isinstance(self.artifact, TrainingArtifact):
+            from magi_compiler import _cache_training
+
+            training = _cache_training.load(self.artifact.entry, self.config)
+            training.magi_cache_artifact = self.artifact  # type: ignore[attr-defined]
+            return training
 
         run = _backend.lower_cached_graph(
             unpickle_graph(self.artifact.graph), self.artifact, self.config
@@ -339,7 +355,9 @@ class EntryCache:
         function_id = _sha(self.parts["function"])[:16]
         self.directory = os.path.join(modules_dir(config), function_id)
         self.path = os.path.join(self.directory, self.key + _ENTRY_SUFFIX)
-        self.artifacts: dict[str, GraphArtifact] = {}  # backend id -> artifact, loaded or new
+        self.artifacts: dict[
+            str, GraphArtifact | TrainingArtifact
+        ] = {}  # backend id -> artifact, loaded or new
         self.package: Any = None
         self.loaded_graphs = 0
         self._written_ids: frozenset[str] = frozenset()
@@ -385,7 +403,7 @@ class EntryCache:
             return None
         return self.package
 
-    def _read(self) -> tuple[Any, dict[str, GraphArtifact]] | None:
+    def _read(self) -> tuple[Any, dict[str, GraphArtifact | TrainingArtifact]] | None:
         try:
             with open(self.path, "rb") as f:
                 data = f.read()

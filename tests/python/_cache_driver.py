@@ -9,7 +9,7 @@ Usage: python _cache_driver.py SPEC_JSON, where SPEC holds
   patch:    config_patch entries (the cache directory is added)
   fake:     {"torch": "...", "device": "..."}: what this process claims to run on
   op_flag:  registers cache_model's custom op with this is_compute_sensitive value
-  train:    call with grad enabled (a training capture)
+  train:    call with grad enabled (a training capture) and check the gradients too
 """
 
 from __future__ import annotations
@@ -55,14 +55,25 @@ patch = {"cache_root_dir": os.path.join(spec["dir"], "cache"), "disable_cache": 
 patch.update(spec.get("patch", {}))
 compiled = magi_compiler.magi_compile(model, config_patch=patch)
 
+
+def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach(), expected.detach()
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
 errors = []
 train = bool(spec.get("train"))
 for rows, cols in spec["shapes"]:
-    x = torch.randn(rows, cols, dtype=dtype)
+    x = torch.randn(rows, cols, dtype=dtype, requires_grad=train)
     with torch.set_grad_enabled(train):
         expected = cache_model.Model.forward(model, x)
         actual = compiled(x)
-    errors.append(float((actual - expected).abs().max() / expected.abs().max()))
+    errors.append(relative(actual, expected))
+    if train:  # the gradients of the input and of every parameter, against eager's
+        weights = torch.randn_like(expected)
+        eager = torch.autograd.grad((expected * weights).sum(), [x, *model.parameters()])
+        ours = torch.autograd.grad((actual * weights).sum(), [x, *model.parameters()])
+        errors += [relative(a, e) for a, e in zip(ours, eager, strict=True)]
 
 counters = magi_compiler.get_counters().as_dict()
 counters.update(magi_compiler._C.compiler_stats())

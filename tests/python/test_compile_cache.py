@@ -210,13 +210,21 @@ def test_disable_cache_reads_and_writes_nothing(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-def test_training_captures_are_not_written_and_say_why(tmp_path):
+def test_a_warm_training_process_neither_captures_nor_compiles(tmp_path):
+    # The driver checks the output and the gradients of the input and of every parameter.
     _workdir(tmp_path)
-    trained = _run(tmp_path, train=True, shapes=[[4, 16]])
-    assert trained["counters"]["disk_cache_writes"] == 0
-    (line,) = _logged(trained, "not written to the compiled-module cache")
-    assert line.endswith("training graphs (forward and backward) are not cached yet"), line
-    assert _entries(tmp_path) == []
+    cold = _run(tmp_path, train=True, shapes=[[4, 16], [6, 16]])
+    assert cold["counters"]["captures"] == 1 and cold["counters"]["disk_cache_writes"] == 1
+    warm = _run(tmp_path, train=True, shapes=[[5, 16], [9, 16], [9, 16]])
+    counters = warm["counters"]
+    assert counters["captures"] == 0 and counters["compiles"] == 0
+    assert counters["cpu_compiles"] == 0
+    assert counters["cache_loaded_graphs"] == 2  # the forward and the backward
+    # An inference call in the warm process is a new capture, added to the same entry.
+    mixed = _run(tmp_path, shapes=[[5, 16]])
+    assert mixed["counters"]["captures"] == 1 and mixed["counters"]["disk_cache_writes"] == 1
+    both = _run(tmp_path, shapes=[[3, 16]])
+    assert both["counters"]["captures"] == 0 and both["counters"]["cache_loaded_graphs"] == 3
 
 
 def _cli(tmp_path: Path, *args: str) -> str:
