@@ -462,7 +462,11 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
     """benchmarks/warm_start.py: the first call in a fresh process, cold and warm caches."""
     meta = doc.get("meta", {})
     labels = {"magi": "magi_compile", "inductor": "torch.compile"}
-    models = {"stack": "4-layer Llama stack", "llama": "HF LlamaForCausalLM"}
+    models = {
+        "stack": "4-layer Llama stack",
+        "llama": "HF LlamaForCausalLM",
+        "stack_train": "4-layer Llama stack, training step",
+    }
     lines = [
         f"## {kind}: warm start",
         "",
@@ -474,6 +478,7 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
         "with empty caches (cold) and with the caches the cold process left (warm): "
         "magi_compile's compiled-module cache (docs/cache.md) and torch.compile's own on-disk "
         "caches (Inductor's FX graph cache and AOTAutograd's cache; Dynamo traces again). "
+        "The training step is a forward and the backward of the output's sum. "
         "*steady*: median of the next 20 calls; *error*: max |compiled − eager| over max "
         "|eager| in the warm process; *captures/compiles*: magi's in the warm process.",
         "",

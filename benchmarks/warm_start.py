@@ -8,8 +8,9 @@ AOTAutograd's cache, on by default; Dynamo still traces in a warm process).
 
 Models: ``stack``, the 4-layer Llama-style stack of examples/blocks.py (hidden 2048, 1 x 512
 tokens at the real size), and ``llama``, Hugging Face's ``LlamaForCausalLM`` at the Llama-3.2-1B
-shape (random weights, ``zoo_models.py``; 1 x 128 tokens, called with keywords). bf16 on CUDA,
-fp32 on the CPU, inference (no grad).
+shape (random weights, ``zoo_models.py``; 1 x 128 tokens, called with keywords), both inference
+(no grad); and ``stack_train``, the stack's training step: each call is a forward and the
+backward of the output's sum (the first call includes both). bf16 on CUDA, fp32 on the CPU.
 
 Each (model, compiler) pair runs two child processes one after the other over one fresh set
 of cache directories. A child builds the model (seeded, so both build the same weights),
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("stack", "llama")
+MODELS = ("stack", "llama", "stack_train")
 COMPILERS = ("magi", "inductor")
 
 
@@ -45,7 +46,7 @@ def _build(model: str, size: str, device: str, dtype: Any) -> tuple[Any, Any, di
     import torch
 
     sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
-    if model == "stack":
+    if model in ("stack", "stack_train"):
         from blocks import LlamaStack
 
         dims = dict(n_layers=4, hidden=2048, n_heads=16, n_kv_heads=8, intermediate=8192)
@@ -90,8 +91,17 @@ def child(spec: dict) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    training = spec["model"].endswith("_train")
+
+    def step(fn: Any) -> Any:
+        out = fn(*args, **kwargs)
+        if training:
+            _first_tensor(out).float().sum().backward()
+        return out
+
     with torch.no_grad():
         expected = _first_tensor(net(*args, **kwargs)).float()
+    with torch.set_grad_enabled(training):
         if spec["compiler"] == "magi":
             compiled = magi_compiler.magi_compile(
                 net, config_patch={"cache_root_dir": spec["cache"], "disable_cache": False}
@@ -100,16 +110,16 @@ def child(spec: dict) -> dict:
             compiled = torch.compile(net)
         sync()
         t0 = time.perf_counter()
-        out = compiled(*args, **kwargs)
+        out = step(compiled)
         sync()
         first = time.perf_counter() - t0
         times = []
         for _ in range(20):
             t = time.perf_counter()
-            out = compiled(*args, **kwargs)
+            out = step(compiled)
             sync()
             times.append(time.perf_counter() - t)
-    actual = _first_tensor(out).float()
+    actual = _first_tensor(out).detach().float()
     error = float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
     counters = magi_compiler.get_counters().as_dict()
     counters.update(magi_compiler._C.compiler_stats())
