@@ -302,26 +302,21 @@ def _record_for_cache(gm: torch.fx.GraphModule, kind: str) -> None:
     if why:
         graphs.append((kind, None, why))
         return
-    try:
-        graph = _compile_cache.pickle_graph(gm)
-    except Exception as e:  # noqa: BLE001 - a graph GraphPickler cannot write
-        graphs.append((kind, None, f"the graph cannot be pickled ({e})"))
-        return
+    # Pickled when the entry is written, on the cache's writer thread.
     artifact = _compile_cache.GraphArtifact(
-        graph, capture["sources"], capture["side_effect_free"], _cache_record.num_inputs
+        None, capture["sources"], capture["side_effect_free"], _cache_record.num_inputs, gm=gm
     )
     graphs.append((kind, artifact, ""))
 
 
-def _on_training_entry(data: bytes | None, why: str) -> None:
+def _on_training_entry(entry: Any) -> None:
     """AOTAutograd's bundle of a training capture's forward and backward (_cache_training.py)
     replaces the graphs' own records."""
     graphs = getattr(_cache_record, "graphs", None)
     if graphs is None:
         return
     graphs[:] = [g for g in graphs if g[0] not in ("forward", "backward")]
-    artifact = _compile_cache.TrainingArtifact(data) if data is not None else None
-    graphs.append(("training", artifact, why))
+    graphs.append(("training", _compile_cache.TrainingArtifact(None, pending=entry), ""))
 
 
 def captured_since_last_asked() -> bool:
@@ -423,13 +418,13 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         return _recompute.partition(joint_module, joint_inputs, config=config, **kwargs)
 
     @functools.cache
-    def aot(caching: bool) -> Callable:
+    def aot(bundled: bool) -> Callable:
         from torch._dynamo.backends.common import aot_autograd
 
         return aot_autograd(
-            fw_compiler=compiler("forward", bundled=caching),
+            fw_compiler=compiler("forward", bundled=bundled),
             partition_fn=partition,
-            bw_compiler=compiler("backward", bundled=caching),
+            bw_compiler=compiler("backward", bundled=bundled),
             inference_compiler=compiler("inference"),
             decompositions=decomposition_table(),
             keep_inference_input_mutations=True,
@@ -447,11 +442,17 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_dump.compile_scope(gm, config))  # INFO line; dumps if on
-                if caching:
+                # AOTAutograd's rule for a training graph; only those need its bundle (and the
+                # import of the module that makes one, about a second).
+                bundled = caching and torch.is_grad_enabled()
+                bundled = bundled and any(
+                    getattr(t, "requires_grad", False) for t in example_inputs
+                )
+                if bundled:
                     from magi_compiler import _cache_training
 
                     stack.enter_context(_cache_training.recording(_on_training_entry))
-                compiled = aot(caching)(gm, example_inputs)
+                compiled = aot(bundled)(gm, example_inputs)
             if caching:
                 compiled = _attach_cache_record(compiled, _cache_record.graphs)
             return compiled

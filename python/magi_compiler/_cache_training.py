@@ -70,9 +70,9 @@ def serializable_compiler(compile_fn: Callable) -> Any:
 
 
 @contextlib.contextmanager
-def recording(on_entry: Callable[[bytes | None, str], None]) -> Iterator[None]:
-    """While active, a training compile by AOTAutograd calls ``on_entry(data, "")`` with its
-    bundled entry, pickled, or ``on_entry(None, why)`` when it cannot be written."""
+def recording(on_entry: Callable[[Any], None]) -> Iterator[None]:
+    """While active, a training compile by AOTAutograd calls ``on_entry(entry)`` with its
+    bundled entry (pickled later, by the cache's writer thread)."""
     from torch._functorch import aot_autograd
     from torch._functorch._aot_autograd import autograd_cache
     from torch._functorch._aot_autograd.schemas import AOTAutogradCacheInfo
@@ -90,13 +90,7 @@ def recording(on_entry: Callable[[bytes | None, str], None]) -> Iterator[None]:
         return None
 
     def save(key: str, entry: Any, remote: bool) -> None:
-        try:
-            entry.pre_save()
-            data = pickle.dumps(entry)
-        except Exception as e:  # noqa: BLE001 - a graph or metadata pickle cannot write
-            on_entry(None, f"the training graphs cannot be pickled ({type(e).__name__}: {e})")
-        else:
-            on_entry(data, "")
+        on_entry(entry)
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(

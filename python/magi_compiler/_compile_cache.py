@@ -31,6 +31,7 @@ with a warning and is replaced.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
@@ -52,7 +53,7 @@ import torch
 from magi_compiler import _counters
 from magi_compiler._logging import logger
 
-FORMAT = 1  # bump when the entry layout changes: old entries become misses
+FORMAT = 2  # bump when the entry layout changes: old entries become misses
 _MAGIC = b"MAGI-MODULE-CACHE\n"
 _ENTRY_SUFFIX = ".entry"
 _META_SUFFIX = ".json"
@@ -192,10 +193,16 @@ def _read_meta(path: str) -> dict[str, Any]:
 class GraphArtifact:
     """One captured Dynamo graph, as our backend compiled it: enough to rebuild its runner."""
 
-    graph: bytes  # the ATen inference graph, pickled with its tensor metadata (GraphPickler)
+    graph: bytes | None  # the ATen inference graph, pickled with its tensor metadata (GraphPickler)
     sources: list[str] | None  # where each input came from (direct calls need them)
     side_effect_free: bool
     num_inputs: int
+    gm: Any = dataclasses.field(default=None, repr=False, compare=False)  # until pickled
+
+    def materialize(self) -> None:
+        """Pickles the graph (on the writer thread: it costs a tenth of a second or more)."""
+        if self.graph is None:
+            self.graph, self.gm = pickle_graph(self.gm), None
 
 
 @dataclasses.dataclass
@@ -203,7 +210,13 @@ class TrainingArtifact:
     """A training capture's forward and backward: AOTAutograd's bundled entry, pickled
     (_cache_training.py)."""
 
-    entry: bytes
+    entry: bytes | None
+    pending: Any = dataclasses.field(default=None, repr=False, compare=False)  # until pickled
+
+    def materialize(self) -> None:
+        if self.entry is None:
+            self.pending.pre_save()  # AOTAutograd's: our graphs pickle themselves
+            self.entry, self.pending = pickle.dumps(self.pending), None
 
 
 def trivial_wrapper_reason(metadata: Any, gm: torch.fx.GraphModule, num_inputs: int) -> str:
@@ -420,7 +433,7 @@ class EntryCache:
             stored = pickle.loads(payload)
             if stored.get("parts") != self.parts:
                 raise ValueError("its key parts differ from this process's")
-            return stored["dynamo"], stored["graphs"]
+            return pickle.loads(stored["dynamo"]), stored["graphs"]
         except Exception as e:  # noqa: BLE001 - a broken file is a miss, replaced later
             self._miss(
                 f"entry {self.path} is unusable ({e}); compiling, and it will be replaced",
@@ -492,23 +505,22 @@ class EntryCache:
 
     # -- write -----------------------------------------------------------------------------
     def after_capture(self) -> None:
-        """Writes the entry when this process captured graphs it does not hold yet. A cache
-        that cannot be written never fails the call: it warns and compiles on."""
+        """Writes the entry when this process captured graphs it does not hold yet: what
+        Dynamo recorded is taken now, the graphs are pickled and the file written on the
+        writer thread, off the call's path. A cache that cannot be written never fails the
+        call: it warns and compiles on."""
         if self.package is None:
             return
         try:
-            self._write()
+            job = self._prepare()
         except Exception as e:  # noqa: BLE001 - the model's call must not fail on the cache
-            logger.warning(
-                "%s: the compiled-module cache entry could not be written: %s: %s",
-                self.model_tag, type(e).__name__, e,
-            )  # fmt: skip
-            _event(self.model_tag, "not written", f"{type(e).__name__}: {e}")
-        from magi_compiler import _dump
+            return self._failed(e)
+        if job is not None:
+            _pending.append(_writer().submit(self._write, *job))
 
-        _dump.refresh_page(self.model_tag)
-
-    def _write(self) -> None:
+    def _prepare(self) -> tuple[bytes, dict[str, Any]] | None:
+        """Dynamo's half of the entry, pickled, and the graphs to write; None when nothing is
+        new or the entry cannot be written (logged)."""
         for bid, fn in self.package.cached_backends.items():
             artifact = getattr(fn, "magi_cache_artifact", None)
             if artifact is not None:
@@ -538,29 +550,39 @@ class EntryCache:
                 "; ".join(sorted(r for r in reasons if r)) or "a graph was not ours"
             )
         if frozenset(ids) == self._written_ids:
-            return
-        start = time.perf_counter()
-        graphs = {bid: self.artifacts[bid] for bid in ids}
-        payload = pickle.dumps({"parts": self.parts, "dynamo": entry, "graphs": graphs})
-        meta = {
-            "function": self.parts["function"],
-            "model_tag": self.model_tag,
-            "parts": self.parts,
-            "graphs": len(graphs),
-            "created": time.time(),
-            "hits": 0,
-        }
-        with _locked(self.directory):
-            _write_atomically(self.path, _seal(payload))
-            meta_path = self.path[: -len(_ENTRY_SUFFIX)] + _META_SUFFIX
-            meta["hits"] = int(_read_meta(meta_path).get("hits", 0))
-            meta["bytes"] = len(payload)
-            _write_atomically(meta_path, json.dumps(meta, indent=1).encode())
+            return None
         self._written_ids = frozenset(ids)
+        # Pickled now: later captures add to the package while the writer works.
+        return pickle.dumps(entry), {bid: self.artifacts[bid] for bid in ids}
+
+    def _write(self, dynamo: bytes, graphs: dict[str, Any]) -> None:
+        """On the writer thread."""
+        try:
+            start = time.perf_counter()
+            for artifact in graphs.values():
+                artifact.materialize()
+            payload = pickle.dumps({"parts": self.parts, "dynamo": dynamo, "graphs": graphs})
+            meta = {
+                "function": self.parts["function"],
+                "model_tag": self.model_tag,
+                "parts": self.parts,
+                "graphs": len(graphs),
+                "created": time.time(),
+                "hits": 0,
+            }
+            with _locked(self.directory):
+                _write_atomically(self.path, _seal(payload))
+                meta_path = self.path[: -len(_ENTRY_SUFFIX)] + _META_SUFFIX
+                meta["hits"] = int(_read_meta(meta_path).get("hits", 0))
+                meta["bytes"] = len(payload)
+                _write_atomically(meta_path, json.dumps(meta, indent=1).encode())
+        except Exception as e:  # noqa: BLE001 - a graph that does not pickle, a full disk
+            self._written_ids = frozenset()
+            return self._failed(e)
         _counters.bump("disk_cache_writes")
         ms = (time.perf_counter() - start) * 1e3
         logger.info(
-            "%s: wrote %d compiled graph(s) to %s (%.1f KiB, %.0f ms)",
+            "%s: wrote %d compiled graph(s) to %s (%.1f KiB, %.0f ms on the writer thread)",
             self.model_tag, len(graphs), self.path, len(payload) / 1024, ms,
         )  # fmt: skip
         _event(
@@ -568,12 +590,48 @@ class EntryCache:
             "written",
             f"{len(graphs)} graph(s) to {self.path}, {len(payload) / 1024:.1f} KiB, {ms:.0f} ms",
         )
+        _refresh_dump(self.model_tag)
+
+    def _failed(self, error: Exception) -> None:
+        logger.warning(
+            "%s: the compiled-module cache entry could not be written: %s: %s",
+            self.model_tag, type(error).__name__, error,
+        )  # fmt: skip
+        _event(self.model_tag, "not written", f"{type(error).__name__}: {error}")
+        _refresh_dump(self.model_tag)
 
     def _refuse(self, why: str) -> None:
         if self._refused != why:
             self._refused = why
             logger.info("%s: not written to the compiled-module cache: %s", self.model_tag, why)
             _event(self.model_tag, "not written", why)
+            _refresh_dump(self.model_tag)
+
+
+def _refresh_dump(model_tag: str) -> None:
+    from magi_compiler import _dump
+
+    _dump.refresh_page(model_tag)
+
+
+# --- the writer thread -------------------------------------------------------------------------
+_pending: list[concurrent.futures.Future] = []
+
+
+@functools.cache
+def _writer() -> concurrent.futures.ThreadPoolExecutor:
+    """One thread writes every entry, in order. Python waits for it at exit, so an entry
+    whose call returned is on disk when the process ends."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="magi-cache-writer")
+
+
+def wait_for_writes() -> None:
+    """Returns once every entry handed to the writer so far is written (or has failed)."""
+    while _pending:
+        concurrent.futures.wait(list(_pending))
+        done = [f for f in _pending if f.done()]
+        for future in done:
+            _pending.remove(future)
 
 
 _entries: dict[tuple[Any, str], EntryCache] = {}

@@ -35,15 +35,22 @@ def bump(name: str, by: int = 1) -> None:
         setattr(_counters, name, getattr(_counters, name) + by)
 
 
+def captures() -> int:
+    """The capture count now, without waiting for cache writes (the call path's read)."""
+    return _counters.captures
+
+
 def count_direct_call() -> None:
     """bump("direct_calls") without the lock: the hot path's counter, kept exact by the GIL."""
     _counters.direct_calls += 1
 
 
 def get_counters() -> Counters:
-    """A snapshot of the counters (a copy: later compiles do not change it)."""
-    from magi_compiler import _C
+    """A snapshot of the counters (a copy: later compiles do not change it), taken once the
+    compiled-module cache's pending writes are done, so ``disk_cache_writes`` counts them."""
+    from magi_compiler import _C, _compile_cache
 
+    _compile_cache.wait_for_writes()
     with _lock:
         snapshot = Counters(**asdict(_counters))
     # Direct calls made from C++ (_C.DirectEntry) are counted there.

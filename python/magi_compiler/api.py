@@ -8,15 +8,17 @@ factory (``c = magi_compile(model_tag="x"); c(Model); c(model)``). See docs/api.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import gc
 import inspect
 import logging
 import threading
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +63,18 @@ def _opaque_call(entry: _CompiledCallable, args: tuple, kwargs: dict) -> Any:
 
 def _no_entry() -> None:
     return None
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    if not gc.isenabled():  # paused by the caller or an outer capture
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class _CompiledCallable:
@@ -394,7 +408,7 @@ class _CompiledCallable:
                     stacklevel=3,
                 )
         marked = self._mark_dynamic(values, dims, first)
-        captures_before = _counters.get_counters().captures
+        captures_before = _counters.captures()
         with _backend.recording_static_dims() as static_seen:
             try:
                 result = self._capture(args, kwargs)
@@ -406,7 +420,7 @@ class _CompiledCallable:
         self.signatures.append(_C.GuardSignature(values, marked, training))
         if owner is not None:
             self._seen_owners.add(id(owner))
-        if _counters.get_counters().captures == captures_before and owner is not None and not first:
+        if _counters.captures() == captures_before and owner is not None and not first:
             _counters.bump("cache_hits")
         if first and self.config.aot and self.config.compile_sizes and self.fallback_reason is None:
             self._precompile_sizes(args, kwargs, values, dims)
@@ -447,6 +461,10 @@ class _CompiledCallable:
         )  # fmt: skip
 
     def _capture(self, args: tuple, kwargs: dict) -> Any:
+        # The cyclic garbage collector is paused while Dynamo, AOTAutograd and our passes
+        # run: they allocate enough to set off full collections of the whole heap (torch,
+        # transformers and the model included), a few tenths of a second each; what they
+        # leave is collected as usual afterwards.
         # Our guard decided that this call needs a capture; Dynamo's per-function limit
         # (8 by default) must not refuse it and turn the whole entry eager. torch._guards logs
         # a failing guard's traceback before raising it; it is silenced here because the
@@ -457,7 +475,11 @@ class _CompiledCallable:
         level = guards_log.level
         guards_log.setLevel(logging.CRITICAL)
         try:
-            with dynamo.patch(recompile_limit=limit), _dump.capture(self.model_tag):
+            with (
+                dynamo.patch(recompile_limit=limit),
+                _dump.capture(self.model_tag),
+                _gc_paused(),
+            ):
                 try:
                     return self._run(args, kwargs)
                 except Exception as e:
