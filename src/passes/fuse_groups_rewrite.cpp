@@ -78,10 +78,18 @@ void Fuser::rewrite(Group& g) {
   for (Value* out : outputs) inner_outputs.push_back(inner.at(out));
   group->set_outputs(inner_outputs);
 
-  // Place the Fusion node after the last member; move readers in between after it.
-  Node* last = g.members.back();
+  // Place the Fusion node after the last member; move readers in between after it. First and
+  // last in the graph's order now: a group rewritten before this one may have moved some of
+  // these members (after its own Fusion node), so the order of the positions taken before any
+  // rewrite, which g.members follows, no longer holds.
   std::vector<Node*> nodes = graph_.nodes();
-  auto last_it = std::find(nodes.begin(), nodes.end(), last);
+  auto first_it = std::find_if(nodes.begin(), nodes.end(),
+                               [&](const Node* n) { return g.member_set.count(n) > 0; });
+  auto last_it = std::find_if(nodes.rbegin(), nodes.rend(),
+                              [&](const Node* n) { return g.member_set.count(n) > 0; })
+                     .base() -
+                 1;
+  Node* last = *last_it;
   Node* after_last = (last_it + 1 != nodes.end()) ? *(last_it + 1) : nullptr;
   graph_.set_insert_point(after_last);
   Graph* piece = graph_.add_piece(std::move(group));
@@ -91,7 +99,7 @@ void Fuser::rewrite(Group& g) {
   for (size_t i = 0; i < outputs.size(); ++i) fusion->output(i)->set_name(outputs[i]->name());
 
   std::vector<Node*> delayed;
-  for (auto it = std::find(nodes.begin(), nodes.end(), g.members.front()); it != last_it; ++it) {
+  for (auto it = first_it; it != last_it; ++it) {
     if (!g.member_set.count(*it) && depends_on(*it, g)) delayed.push_back(*it);
   }
   Node* insert_before = after_last;

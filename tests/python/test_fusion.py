@@ -363,6 +363,52 @@ def test_training_gradients_match_eager(dtype, assert_close_rel, counters):
     assert "aten::sum.dim_IntList" not in backward.magi_graph.op_names(), backward.magi_graph
 
 
+class SandwichNorm(torch.nn.Module):
+    """Gemma-2's RMSNorm: ``x * rsqrt(mean(x^2) + eps) * (1 + w)``."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.w)
+
+
+class SandwichStack(torch.nn.Module):
+    """Layers that norm each sublayer's output before the residual add (Gemma 2 and 3): in the
+    backward the fusion groups of consecutive norms interleave, and fusing the earlier one moves
+    members of the later one past its own fused kernel."""
+
+    def __init__(self, hidden: int = 32, layers: int = 3) -> None:
+        super().__init__()
+        self.norms = torch.nn.ModuleList(SandwichNorm(hidden) for _ in range(4 * layers))
+        self.linears = torch.nn.ModuleList(
+            torch.nn.Linear(hidden, hidden, bias=False) for _ in range(2 * layers)
+        )
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for i, linear in enumerate(self.linears):
+            h = h + self.norms[2 * i + 1](linear(self.norms[2 * i](h)))
+        return h
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_interleaved_groups_of_sandwich_norms_train_like_eager(assert_close_rel):
+    eager = SandwichStack()
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.normal_(0.0, 0.2)
+    compiled = magi_compile(copy.deepcopy(eager))
+    x = torch.randn(2, 8, 32)
+    weights = torch.randn(2, 8, 32)
+    x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ((eager(x_eager) * weights).sum()).backward()
+    ((compiled(x_compiled) * weights).sum()).backward()
+    assert_close_rel(x_compiled.grad, x_eager.grad, RTOL[torch.float32])
+    for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
+        assert_close_rel(p.grad, q.grad, RTOL[torch.float32])
+
+
 class RotaryBlock(torch.nn.Module):
     """A projection to heads, rotary embedding, a projection back: the rotary backward takes
     the gradient of both slices of rotate_half (slice_backward, decomposed to zero pads)."""
