@@ -30,12 +30,44 @@ def magi_error(e: BaseException) -> BaseException | None:
 
 def unsupported_reason(e: BaseException) -> str | None:
     """The reason to fall back to eager, when `e` says the code cannot be compiled."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    data_dependent = (
+        GuardOnDataDependentSymNode,
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
     for cause in causes(e):
         if isinstance(cause, UnsupportedError):
             return str(cause).strip()
         if isinstance(cause, torch._dynamo.exc.Unsupported):
             return "Dynamo cannot capture it as one graph: " + graph_break(cause)
+        if isinstance(cause, data_dependent):
+            # Raised while AOTAutograd traces (a custom autograd backward that reads tensor
+            # values, say): the trace needs a value known only when the code runs.
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+            return (
+                "tracing needs a tensor's value, known only at run time "
+                f"({type(cause).__name__}: {first}){_user_frame(cause)}"
+            )
     return None
+
+
+def _user_frame(e: BaseException) -> str:
+    """' at file:line in function' for the innermost frame of `e`'s traceback outside torch
+    and magi_compiler, or ''."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ else []
+    for frame in reversed(frames):
+        path = frame.filename.replace("\\", "/")
+        if "/torch/" not in path and "/magi_compiler/" not in path:
+            return f" at {frame.filename}:{frame.lineno} in {frame.name}"
+    return ""
 
 
 def graph_break(e: BaseException) -> str:

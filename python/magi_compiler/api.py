@@ -125,7 +125,10 @@ class _CompiledCallable:
         self.signatures: list[Any] = []  # _C.GuardSignature per capture
         # Direct calls (_fast_dispatch.py), per owner.
         self._direct = _fast_dispatch.PathTable()
-        self.fallback_reason: str | None = None
+        # Why calls run eagerly, per mode (the module's training flag, grad mode): a model
+        # whose training step cannot be captured (transformers' LayerDrop draws a random
+        # number and branches on it) still runs compiled in eval.
+        self._fallbacks: dict[tuple[bool, bool], str] = {}
         self._warned_bound = False
         self._compiled: Callable | None = None
         self._seen_owners: set[int] = set()
@@ -237,6 +240,16 @@ class _CompiledCallable:
             marked.append(kept)
         return marked
 
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why calls run eagerly: the latest reason of any mode, None when every call so far
+        was compiled."""
+        return next(reversed(self._fallbacks.values()), None)
+
+    def _mode(self, args: tuple) -> tuple[bool, bool]:
+        owner = args[0] if self.is_method and args else None
+        return bool(getattr(owner, "training", False)), torch.is_grad_enabled()
+
     # --- call ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.call(args, kwargs)
@@ -248,7 +261,7 @@ class _CompiledCallable:
             if _capture_depth() > 0:
                 return self.fn(*args, **kwargs)  # nested magi module: part of the outer graph
             return _opaque_call(self, args, kwargs)
-        if self.fallback_reason is not None:
+        if self._fallbacks and self._mode(args) in self._fallbacks:
             return self.fn(*args, **kwargs)
 
         owner = args[0] if self.is_method else None
@@ -422,7 +435,7 @@ class _CompiledCallable:
             self._seen_owners.add(id(owner))
         if _counters.captures() == captures_before and owner is not None and not first:
             _counters.bump("cache_hits")
-        if first and self.config.aot and self.config.compile_sizes and self.fallback_reason is None:
+        if first and self.config.aot and self.config.compile_sizes and not self._fallbacks:
             self._precompile_sizes(args, kwargs, values, dims)
         return result
 
@@ -507,7 +520,7 @@ class _CompiledCallable:
                 # their own type (UserError is a ValueError, etc.) and message.
                 raise ours.with_traceback(None) from e
             raise e
-        self.fallback_reason = reason
+        self._fallbacks[self._mode(args)] = reason
         self._direct.forget_all()
         warnings.warn(
             f"magi_compiler: {self.model_tag} cannot be compiled and will run eagerly: "

@@ -537,3 +537,89 @@ def test_errors_of_aten_calls_keep_their_type():
             gather_rows(table, torch.tensor([0, 9]))
         with pytest.raises(IndexError, match="magi-compiler: .*embedding.* failed"):
             compiled(table, torch.tensor([0, 9]))
+
+
+@torch.library.custom_op("magitest::scale_by_sign", mutates_args=())
+def _scale_by_sign(x: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_scale_by_sign.register_fake
+def _(x: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _scale_by_sign_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1])
+
+
+def _scale_by_sign_backward(ctx, grad):
+    (sign,) = ctx.saved_tensors
+    if sign.tolist()[0] > 0:  # a value AOTAutograd's fake tensors do not have
+        return grad * 2, None
+    return -grad * 2, None
+
+
+_scale_by_sign.register_autograd(_scale_by_sign_backward, setup_context=_scale_by_sign_setup)
+
+
+class ValueReadingBackward(nn.Module):
+    """A custom operator whose Python backward reads a tensor's values (transformers' grouped
+    matmul of mixture-of-experts layers does): AOTAutograd cannot trace the training graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+        return torch.ops.magitest.scale_by_sign(x * self.w, sign)
+
+
+def test_a_backward_that_reads_values_falls_back_to_eager_once(counters):
+    model = ValueReadingBackward()
+    compiled = magi_compile(copy.copy(model))
+    x, sign = torch.randn(4, 8), torch.tensor([1])
+    with pytest.warns(UserWarning, match="cannot be compiled and will run eagerly") as caught:
+        compiled(x, sign).sum().backward()
+    message = str(caught[-1].message)
+    assert (
+        "tracing needs a tensor's value, known only at run time (GuardOnDataDependentSymNode"
+        in message
+    )
+    assert "in _scale_by_sign_backward" in message
+    grad = model.w.grad.clone()
+    model.w.grad = None
+    model(x, sign).sum().backward()
+    torch.testing.assert_close(grad, model.w.grad)
+    captures = get_counters().captures
+    compiled(x, sign).sum().backward()
+    assert get_counters().captures == captures  # the fallback is remembered
+
+
+class LayerDrop(Tiny):
+    """transformers' LayerDrop (OPT, BART, Whisper): in training, a random draw decides whether a
+    layer runs, a branch Dynamo cannot capture."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.rand([]) < 0.0:
+            return x
+        return super().forward(x)
+
+
+def test_a_training_fallback_leaves_eval_compiled(counters):
+    model = LayerDrop()
+    compiled = magi_compile(copy.copy(model))
+    x = inputs(2)
+    compiled.eval()
+    with torch.no_grad():
+        compiled(x)
+    compiled.train()
+    with pytest.warns(UserWarning, match="Data-dependent branching"):
+        compiled(x).sum().backward()
+    compiled.eval()
+    captures = get_counters().captures
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model.eval()(x))
+    assert get_counters().captures == captures
+    assert get_counters().direct_calls >= 1  # compiled calls, not the eager fallback
