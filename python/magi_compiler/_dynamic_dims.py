@@ -7,6 +7,8 @@ resolved (a name imported only under ``TYPE_CHECKING``), its text is matched ins
 Parameters annotated ``Tensor``, ``Tensor | None`` or ``Optional[Tensor]`` get the config's
 ``dynamic_dim_default`` (dim 0 unless changed). When no parameter is annotated as a tensor, that
 dim of every tensor argument is dynamic.
+
+Also the calls ``aot=True`` makes to capture ``compile_sizes`` along those dims.
 """
 
 from __future__ import annotations
@@ -93,3 +95,38 @@ def unmark_dynamic(t: torch.Tensor, dim: int) -> None:
     if ranges:
         for r in [r for r in ranges if getattr(r, "dim", None) == dim]:
             ranges.discard(r)
+
+
+def calls_of_sizes(
+    signature: inspect.Signature,
+    param_names: list[str],
+    args: tuple,
+    kwargs: dict,
+    values: list[Any],
+    dims: list[list[int]],
+    sizes: list[int],
+) -> list[tuple[tuple, dict]]:
+    """The calls that capture ``sizes`` (``aot=True``): this call's arguments with each tensor
+    that has dynamic dims replaced by one of that size along them (zeros; ones for integer and
+    bool tensors, so token ids and masks stay valid). Empty when no input has a dynamic dim."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    sized = [
+        (name, value, value_dims)
+        for name, value, value_dims in zip(param_names, values, dims, strict=False)
+        if isinstance(value, torch.Tensor) and value_dims
+    ]
+    if not sized:
+        return []
+    calls = []
+    for size in sorted(set(sizes)):
+        arguments = dict(bound.arguments)
+        for name, value, value_dims in sized:
+            shape = list(value.shape)
+            for dim in value_dims:
+                shape[dim] = size
+            fill = torch.ones if not value.is_floating_point() else torch.zeros
+            arguments[name] = fill(shape, dtype=value.dtype, device=value.device)
+        call = inspect.BoundArguments(signature, arguments)
+        calls.append((call.args, call.kwargs))
+    return calls

@@ -445,29 +445,17 @@ class _CompiledCallable:
         integer and bool tensors, valid token ids and masks), so every capture those sizes
         need happens now and goes to the compiled-module cache (and, with CUDA graphs, their
         graphs are captured)."""
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        sized = [
-            (name, value, value_dims)
-            for name, value, value_dims in zip(self.param_names, values, dims, strict=False)
-            if isinstance(value, torch.Tensor) and value_dims
-        ]
-        if not sized:
+        calls = _dynamic_dims.calls_of_sizes(
+            self.signature, self.param_names, args, kwargs, values, dims, self.config.compile_sizes
+        )
+        if not calls:
             logger.info(
                 "%s: aot: no input has a dynamic dim; nothing to precompile", self.model_tag
             )
             return
         start = time.perf_counter()
-        for size in sorted(set(self.config.compile_sizes)):
-            arguments = dict(bound.arguments)
-            for name, value, value_dims in sized:
-                shape = list(value.shape)
-                for dim in value_dims:
-                    shape[dim] = size
-                fill = torch.ones if not value.is_floating_point() else torch.zeros
-                arguments[name] = fill(shape, dtype=value.dtype, device=value.device)
-            call = inspect.BoundArguments(self.signature, arguments)
-            self.call(call.args, call.kwargs)
+        for call_args, call_kwargs in calls:
+            self.call(call_args, call_kwargs)
         logger.info(
             "%s: aot: precompiled batch sizes %s in %.1f s",
             self.model_tag, sorted(set(self.config.compile_sizes)), time.perf_counter() - start,
