@@ -415,7 +415,8 @@ def same_inputs(gathered: list[Any], seen: list[Any]) -> str:
 
 def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
     """How to turn the graph's output list into ``result``, when it is those outputs as they
-    are: one tensor, or a tuple or list of them in order."""
+    are: one tensor, or a tuple or list of them in order; or a structure made fresh by each
+    call (:func:`_template`)."""
     if isinstance(result, torch.Tensor):
         if len(outputs) == 1 and outputs[0] is result:
             return _first
@@ -436,6 +437,50 @@ def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
         ):
             kind = type(result)
             return lambda outs: kind(**dict(zip(present, outs, strict=True)))
+    return _template(result, {id(o): i for i, o in enumerate(outputs)})
+
+
+# Modules whose classes a direct call may rebuild attribute by attribute: transformers' caches
+# (a DynamicCache of DynamicLayers holding the graph's key and value outputs), made fresh by
+# each call of a model called with use_cache=True.
+_REBUILT_MODULES = ("transformers.cache_utils",)
+_IMMUTABLE = (bool, int, float, str, torch.dtype, torch.device, type(None))
+
+
+def _template(value: Any, index: dict[int, int]) -> Callable | None:
+    """A function of the graph's outputs that builds a new ``value`` of the same structure:
+    tensors are outputs (by position), plain immutable values are kept, and lists, tuples,
+    ModelOutputs and transformers' cache objects are built anew. None when ``value`` holds
+    anything else (a tensor that is not an output, an object the call did not make)."""
+    if isinstance(value, torch.Tensor):
+        i = index.get(id(value))
+        return None if i is None else (lambda outs: outs[i])
+    if isinstance(value, _IMMUTABLE):
+        return lambda outs: value
+    kind = type(value)
+    if kind in (list, tuple):
+        parts = [_template(v, index) for v in value]
+        if any(p is None for p in parts):
+            return None
+        return lambda outs: kind([p(outs) for p in parts])
+    if isinstance(value, dict) and dataclasses.is_dataclass(value):
+        fields = {
+            f.name: _template(getattr(value, f.name), index) for f in dataclasses.fields(value)
+        }
+        if any(f is None for f in fields.values()):
+            return None
+        return lambda outs: kind(**{n: f(outs) for n, f in fields.items()})
+    if kind.__module__ in _REBUILT_MODULES and type(getattr(value, "__dict__", None)) is dict:
+        attributes = {k: _template(v, index) for k, v in vars(value).items()}
+        if any(a is None for a in attributes.values()):
+            return None
+
+        def build(outs: list[Any]) -> Any:
+            obj = kind.__new__(kind)
+            obj.__dict__.update({k: a(outs) for k, a in attributes.items()})
+            return obj
+
+        return build
     return None
 
 

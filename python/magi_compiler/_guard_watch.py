@@ -80,6 +80,10 @@ _ARITHMETIC = re.compile(r"^(?:[\s\d()<>=!+\-*/%]|\band\b|\bor\b|\bnot\b|\bis\b)
 _CHAIN_STEPS = r"(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)*"
 _GLOBAL_CHAIN = re.compile(r"G(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)+")
 _CHAIN_STEP = re.compile(r"\['([^']*)'\]|\.([A-Za-z_][A-Za-z0-9_]*)")
+_BOUND_SELF = re.compile(
+    r"^(?P<a>\S+) is object\.__getattribute__\((?P<b>\S+), '(?P<name>[A-Za-z_][A-Za-z0-9_]*)'\)"
+    r"\.__self__$"
+)
 
 
 _NO_KEY = object()  # watch() with no key of its own: registers the dict's holder only
@@ -299,6 +303,11 @@ def _children(plan: _Plan, manager: Any, value: Any) -> None:
             elif name == "__class__" and _plain_class_attribute(type(value)):
                 _type_of(plan, child, value)
                 continue
+            elif type(value) is types.MethodType and name in ("__func__", "__self__"):
+                # A bound method's function and object cannot be reassigned; the path to the
+                # method (_generic_attribute) pins both.
+                _walk(plan, child, getattr(value, name))
+                continue
             elif _instance_attribute(value, name):
                 # Looked up through the type first: the type is pinned, and so is its content
                 # (a property or __getattribute__ added later would take over the lookup).
@@ -439,6 +448,14 @@ def _generic_attribute(plan: _Plan, manager: Any, value: Any, name: str) -> None
         own = vars(value)
     except TypeError as e:
         raise Unwatchable(f"a {cls.__name__} without __dict__") from e
+    if name not in own and isinstance(found, types.FunctionType):
+        # A method, read as a bound method of ``value`` (a new object per read): while the
+        # class is pinned and the instance dict does not gain the name, its function and
+        # its __self__ stay what the guards saw.
+        plan.pins.append((PIN_TYPE_UNCHANGED, value, cls))
+        plan.watch(own, name, holder=value)
+        _walk(plan, manager, found.__get__(value, cls))
+        return
     if name not in own and (found is _ABSENT or hasattr(type(found), "__get__")):
         raise Unwatchable(f"{cls.__name__}.{name} is neither an instance nor a class attribute")
     plan.pins.append((PIN_TYPE_UNCHANGED, value, cls))
@@ -543,28 +560,51 @@ def _epilogue_part(plan: _Plan, text: str, globals_: dict, owner: tuple[str, Any
         chain_of = re.compile(
             rf"{_GLOBAL_CHAIN.pattern}|L\['{re.escape(owner[0])}'\]{_CHAIN_STEPS}"
         )
+    bound = _BOUND_SELF.match(text)
+    if bound is not None and bound["a"] == bound["b"] and chain_of.fullmatch(bound["a"]):
+        # X is object.__getattribute__(X, 'm').__self__ (transformers reads a config's method
+        # to call it): true while m is a plain function of X's class, which is pinned, and
+        # X's own __dict__ does not hold m, which is watched.
+        value = _resolve_chain(plan, bound["a"], globals_, owner, text)
+        cls, name = type(value), bound["name"]
+        own = getattr(value, "__dict__", None)
+        plain = isinstance(inspect.getattr_static(cls, name, None), types.FunctionType)
+        if type(own) is not dict or name in own or not plain:
+            raise Unwatchable(f"epilogue guard {text!r}")
+        plan.pins.append((PIN_TYPE_UNCHANGED, value, cls))
+        plan.watch(own, name, holder=value)
+        return
     chains = [m[0] for m in chain_of.finditer(text)]
     leftover = chain_of.sub(" ", text)
     if not chains or not re.fullmatch(r"\s*is\s*(?:not\s*)?", leftover):
         raise Unwatchable(f"epilogue guard {text!r}")
     for chain in chains:
-        value: Any = globals_ if chain.startswith("G") else owner[1]
-        steps = chain[1:] if chain.startswith("G") else chain[len(f"L['{owner[0]}']") :]
-        for step in _CHAIN_STEP.finditer(steps):
-            if step[1] is not None:
-                plan.watch(value, step[1])
-                plan.reach(value, step[1])
-                value = value[step[1]]
-                continue
-            name = step[2]
-            if type(value) is not types.ModuleType or name not in vars(value):
-                if not _instance_attribute(value, name):
-                    raise Unwatchable(f"epilogue guard {text!r}")
-                # As for an attribute the tree reads (_children): the type is pinned too.
-                plan.pins.append((PIN_TYPE_UNCHANGED, value, type(value)))
-            plan.watch(vars(value), name, holder=value)
-            plan.reach(vars(value), name)
-            value = vars(value)[name]
+        _resolve_chain(plan, chain, globals_, owner, text)
+
+
+def _resolve_chain(
+    plan: _Plan, chain: str, globals_: dict, owner: tuple[str, Any] | None, text: str
+) -> Any:
+    """The object ``chain`` (``G['a'].b`` or the owner's ``L['self'].c['d']``) names, each
+    step's dict watched at its key."""
+    value: Any = globals_ if chain.startswith("G") else owner[1]
+    steps = chain[1:] if chain.startswith("G") else chain[len(f"L['{owner[0]}']") :]
+    for step in _CHAIN_STEP.finditer(steps):
+        if step[1] is not None:
+            plan.watch(value, step[1])
+            plan.reach(value, step[1])
+            value = value[step[1]]
+            continue
+        name = step[2]
+        if type(value) is not types.ModuleType or name not in vars(value):
+            if not _instance_attribute(value, name):
+                raise Unwatchable(f"epilogue guard {text!r}")
+            # As for an attribute the tree reads (_children): the type is pinned too.
+            plan.pins.append((PIN_TYPE_UNCHANGED, value, type(value)))
+        plan.watch(vars(value), name, holder=value)
+        plan.reach(vars(value), name)
+        value = vars(value)[name]
+    return value
 
 
 def plan(

@@ -108,13 +108,24 @@ def test_zoo_model_matches_eager_without_fallback(zoo, family, scenario, batch):
 
 
 # --- whole models on the direct path ----------------------------------------------------------
-@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
-def test_whole_model_calls_take_the_direct_path(name):
+@pytest.mark.parametrize(
+    "name, scenario",
+    [
+        ("llama", "whole"),
+        ("gpt2", "whole"),
+        ("bert", "whole"),
+        ("llama", "cache"),
+        ("gpt2", "cache"),
+    ],
+)
+def test_whole_model_calls_take_the_direct_path(name, scenario):
     """A whole model's forward is a ``(self, *args, **kwargs)`` wrapper (transformers'
     ``can_return_tuple``, ``check_model_inputs``): called as users call it,
     ``model(input_ids=..., attention_mask=...)``, each batch captures, learns the direct path on
     its next call, and from the third call on runs from C++ (one direct call per call), with
-    Dynamo's verdict reused while nothing its guards read moved; outputs equal eager's."""
+    Dynamo's verdict reused while nothing its guards read moved; outputs equal eager's. With
+    ``use_cache=True`` (``cache``) each call returns a new DynamicCache holding the graph's key
+    and value outputs, which the direct call builds anew."""
     import magi_compiler
     from magi_compiler import _C
 
@@ -123,14 +134,14 @@ def test_whole_model_calls_take_the_direct_path(name):
         ref = zm.build(family, SIZE, "cpu", torch.float32)
     except Exception as e:  # noqa: BLE001 - transformers' own failure, not ours
         pytest.skip(f"cannot build {family.model_class}: {type(e).__name__}: {e}")
-    model = zm.compiled(family, "whole", ref, SIZE)
+    model = zm.compiled(family, scenario, ref, SIZE)
     for batch in BATCHES:
         for i in range(4):
-            kwargs = zm.make_inputs(family, "whole", ref.config, batch, SIZE, "cpu", torch.float32)
+            kwargs = zm.make_inputs(family, scenario, ref.config, batch, SIZE, "cpu", torch.float32)
             mask = torch.ones_like(kwargs["input_ids"])
             mask[0, -2:] = 0  # the first sequence padded on the right
             kwargs = zm.call_arguments(
-                family, "whole", ref.config, {**kwargs, "attention_mask": mask}
+                family, scenario, ref.config, {**kwargs, "attention_mask": mask}
             )
             direct, native = magi_compiler.get_counters().direct_calls, _C.direct_entry_calls()
             with torch.no_grad():
@@ -144,5 +155,41 @@ def test_whole_model_calls_take_the_direct_path(name):
             assert len(got) == len(want)
             for a, e in zip(got, want, strict=True):
                 torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+            if scenario == "cache":  # a cache object of its own, usable as transformers' own
+                assert type(actual.past_key_values) is type(expected.past_key_values)
+                assert actual.past_key_values.get_seq_length() == kwargs["input_ids"].shape[1]
     paths = model._magi_compiled._direct.get(model).paths
     assert [p.native.guard_reuse for p in paths] == ["watched"] * len(BATCHES)
+
+
+def test_a_config_method_replaced_on_the_instance_leaves_the_direct_path():
+    """``use_cache=True`` makes transformers read ``config.get_text_config`` and Dynamo guard
+    that it is the config's own method; the direct call watches that the config's __dict__
+    does not gain the name. Replacing it on the instance must not be served by the old graph."""
+    import magi_compiler
+
+    family = zm.FAMILIES["llama"]
+    ref = zm.build(family, SIZE, "cpu", torch.float32)
+    model = zm.compiled(family, "cache", ref, SIZE)
+    kwargs = zm.call_arguments(
+        family,
+        "cache",
+        ref.config,
+        zm.make_inputs(family, "cache", ref.config, 1, SIZE, "cpu", torch.float32),
+    )
+    with torch.no_grad():
+        for _ in range(3):
+            model(**kwargs)
+        direct = magi_compiler.get_counters().direct_calls
+        model(**kwargs)
+        assert magi_compiler.get_counters().direct_calls == direct + 1
+        config = model.config
+        config.get_text_config = lambda *args, **kwargs: config  # no __self__ any more
+        try:
+            direct = magi_compiler.get_counters().direct_calls
+            actual, expected = model(**kwargs), ref(**kwargs)
+            assert magi_compiler.get_counters().direct_calls == direct
+        finally:
+            del config.get_text_config
+    for a, e in zip(zm.tensors(actual), zm.tensors(expected), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
