@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -386,6 +387,22 @@ def _restored(effects: Any, variable: Any) -> bool:
         if not isinstance(after, _PLAIN) or type(after) is not type(before) or after != before:
             return False
     return True
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pauses the cyclic garbage collector around a capture: Dynamo, AOTAutograd and our
+    passes allocate enough to set off full collections of the whole heap (torch, transformers
+    and the model included), a few tenths of a second each; what they leave is collected as
+    usual afterwards."""
+    if not gc.isenabled():  # paused by the caller or an outer capture
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):

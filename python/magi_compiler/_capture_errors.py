@@ -70,6 +70,15 @@ def _user_frame(e: BaseException) -> str:
     return ""
 
 
+def recompile_limit_hit(e: BaseException) -> bool:
+    """Whether Dynamo refused a capture for its limit of captures per code object."""
+    return any(
+        isinstance(c, torch._dynamo.exc.FailOnRecompileLimitHit)
+        or (isinstance(c, torch._dynamo.exc.Unsupported) and "recompile limit" in str(c))
+        for c in causes(e)
+    )
+
+
 def graph_break(e: BaseException) -> str:
     """What broke Dynamo's graph and where in the user's code: Dynamo's first line, its
     explanation, and the innermost user frame of the trace (file:line, function, source)."""

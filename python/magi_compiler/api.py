@@ -8,17 +8,15 @@ factory (``c = magi_compile(model_tag="x"); c(Model); c(model)``). See docs/api.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-import gc
 import inspect
 import logging
 import threading
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,18 +61,6 @@ def _opaque_call(entry: _CompiledCallable, args: tuple, kwargs: dict) -> Any:
 
 def _no_entry() -> None:
     return None
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    if not gc.isenabled():  # paused by the caller or an outer capture
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class _CompiledCallable:
@@ -312,9 +298,9 @@ class _CompiledCallable:
             or torch.is_autocast_enabled("cpu")
             or (paths is not None and id(sig) in paths.refused)
         ):
-            return self._run(args, kwargs)
+            return self._run_hit(args, kwargs)
         with _fast_dispatch.Observation() as seen:
-            result = self._run(args, kwargs)
+            result = self._run_hit(args, kwargs)
         path, why = self._direct_path(sig, args, kwargs, seen, result)
         if paths is None:
             paths = self._direct.fresh(owner)
@@ -392,6 +378,17 @@ class _CompiledCallable:
             sig, guards, gather, run, rebuild, native, gather.magi_routes
         ), ""
 
+    def _run_hit(self, args: tuple, kwargs: dict) -> Any:
+        """A call whose signature matched, which Dynamo may still capture again (a guard of
+        its own failed). Its limit of captures per code object, which every instance of the
+        class shares, must not refuse it: refused, the call is made again as a capture."""
+        try:
+            return self._run(args, kwargs)
+        except Exception as e:
+            if not _capture_errors.recompile_limit_hit(e):
+                raise
+            return self._capture(args, kwargs)
+
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1
         try:
@@ -462,10 +459,6 @@ class _CompiledCallable:
         )  # fmt: skip
 
     def _capture(self, args: tuple, kwargs: dict) -> Any:
-        # The cyclic garbage collector is paused while Dynamo, AOTAutograd and our passes
-        # run: they allocate enough to set off full collections of the whole heap (torch,
-        # transformers and the model included), a few tenths of a second each; what they
-        # leave is collected as usual afterwards.
         # Our guard decided that this call needs a capture; Dynamo's per-function limit
         # (8 by default) must not refuse it and turn the whole entry eager. torch._guards logs
         # a failing guard's traceback before raising it; it is silenced here because the
@@ -479,7 +472,7 @@ class _CompiledCallable:
             with (
                 dynamo.patch(recompile_limit=limit),
                 _dump.capture(self.model_tag),
-                _gc_paused(),
+                _backend.gc_paused(),
             ):
                 try:
                     return self._run(args, kwargs)

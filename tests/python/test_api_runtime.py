@@ -623,3 +623,27 @@ def test_a_training_fallback_leaves_eval_compiled(counters):
             torch.testing.assert_close(compiled(x), model.eval()(x))
     assert get_counters().captures == captures
     assert get_counters().direct_calls >= 1  # compiled calls, not the eager fallback
+
+
+def test_many_instances_of_one_class_all_compile():
+    """Dynamo keeps at most 8 captures per code object (``recompile_limit``), and every
+    instance of a decorated class shares the forward's code object: the ninth instance and
+    those after it must still compile rather than fail."""
+
+    @magi_compile
+    class PerInstance(nn.Module):
+        def __init__(self, scale: float) -> None:
+            super().__init__()
+            self.linear = nn.Linear(H, H)
+            self.scale = scale  # a Python constant each capture specialises on
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.linear(x)) * self.scale
+
+    x = inputs(2)
+    with torch.no_grad():
+        for i in range(12):
+            model = PerInstance(float(i + 1))
+            expected = torch.tanh(model.linear(x)) * float(i + 1)
+            for _ in range(2):
+                torch.testing.assert_close(model(x), expected)
