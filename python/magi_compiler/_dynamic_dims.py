@@ -130,3 +130,61 @@ def calls_of_sizes(
         call = inspect.BoundArguments(signature, arguments)
         calls.append((call.args, call.kwargs))
     return calls
+
+
+def shapes(values: list[Any]) -> list[tuple[Any, ...] | None]:
+    """(dtype, shape) of each tensor value, None for the others."""
+    return [(v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else None for v in values]
+
+
+def changed_dims(
+    earlier: list[list[tuple[Any, ...] | None]],
+    now: list[tuple[Any, ...] | None],
+    dims: list[list[int]],
+) -> list[tuple[int, int, int, int]]:
+    """(value index, dim, size before, size now) of the static dims whose size differs from
+    the closest earlier capture with the same tensors (dtypes and ranks), sizes 0 and 1 now
+    excepted (PyTorch specialises them). Empty when no earlier capture has the same tensors."""
+    best: list[tuple[int, int, int, int]] | None = None
+    for shapes_before in earlier:
+        if len(shapes_before) != len(now):
+            continue
+        changed = []
+        for index, (before, current) in enumerate(zip(shapes_before, now, strict=True)):
+            if (before is None) != (current is None):
+                break
+            if current is None:
+                continue
+            if before[0] != current[0] or len(before[1]) != len(current[1]):
+                break
+            for dim, (a, b) in enumerate(zip(before[1], current[1], strict=True)):
+                if a != b and b > 1 and dim not in dims[index]:
+                    changed.append((index, dim, a, b))
+        else:
+            if changed and (best is None or len(changed) < len(best)):
+                best = changed
+    return best or []
+
+
+def grow(
+    earlier: list[list[tuple[Any, ...] | None]],
+    values: list[Any],
+    dims: list[list[int]],
+    names: list[str],
+    grown: dict[str, set[int]],
+) -> list[list[int]]:
+    """Dims of this call's tensors whose size differs from an earlier capture of the same
+    dtypes and ranks become dynamic, for this capture and (recorded in ``grown``) every later
+    call: an attention mask that grows by a token per generated token would otherwise capture
+    once per token."""
+    from magi_compiler._logging import logger
+
+    for index, dim, before, now in changed_dims(earlier, shapes(values), dims):
+        grown.setdefault(names[index], set()).add(dim)
+        dims[index] = sorted(set(dims[index]) | {dim})
+        logger.info(
+            "dim %d of %r changed size since an earlier capture (%d, now %d): dynamic from now "
+            "on (dynamic_arg_dims names dynamic dims up front)",
+            dim, names[index], before, now,
+        )  # fmt: skip
+    return dims

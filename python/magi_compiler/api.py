@@ -89,6 +89,9 @@ class _CompiledCallable:
         # inferred ones (from annotations, or dim 0 of every tensor) are then left static
         # (_drop_fixed).
         self.dims_explicit = dynamic_arg_dims is not None
+        # Sizes that change between captures become dynamic (docs/api.md), unless the user
+        # said which dims are dynamic or that none are by default.
+        self.automatic_dynamic = not self.dims_explicit and config.dynamic_dim_default is not None
         self.static_dims: set[tuple[str, int]] = set()
         if dynamic_arg_dims is None and config.dynamic_dim_default is not None:
             dims = _dynamic_dims.infer_from_annotations(fn, is_method, config.dynamic_dim_default)
@@ -116,6 +119,11 @@ class _CompiledCallable:
         # number and branches on it) still runs compiled in eval.
         self._fallbacks: dict[tuple[bool, bool], str] = {}
         self._warned_bound = False
+        # Dims that changed size between captures, when no dynamic_arg_dims were given:
+        # dynamic from then on (maybe-dynamic: the code may fix them), as torch.compile's
+        # automatic dynamic does. {parameter or dotted path: dims}
+        self._grown: dict[str, set[int]] = {}
+        self._shapes: list[list[tuple[Any, ...] | None]] = []  # per signature: (dtype, shape)
         self._compiled: Callable | None = None
         self._seen_owners: set[int] = set()
 
@@ -135,13 +143,18 @@ class _CompiledCallable:
                 self._compiled = torch._dynamo.optimize(
                     _backend_for(self.config),
                     nopython=True,
-                    dynamic=False,
+                    # Automatic dynamic (Dynamo's, for tensors inside other arguments) unless
+                    # the user named the dynamic dims.
+                    dynamic=None if self.automatic_dynamic else False,
                     package=self._disk.package_for_compile(),
                     guard_filter_fn=_compile_cache.serializable_guards,
                 )(self.fn)
             else:
                 self._compiled = torch.compile(
-                    self.fn, fullgraph=True, dynamic=False, backend=_backend_for(self.config)
+                    self.fn,
+                    fullgraph=True,
+                    dynamic=None if self.automatic_dynamic else False,
+                    backend=_backend_for(self.config),
                 )
         return self._compiled
 
@@ -177,6 +190,8 @@ class _CompiledCallable:
                 dims.append([] if default is None or value.dim() == 0 else [default])
             else:
                 dims.append(list(self.dynamic_arg_dims.get(name, [])))
+            if self._grown and name in self._grown and isinstance(value, torch.Tensor):
+                dims[-1] = sorted(set(dims[-1]) | self._grown[name])
             if self.static_dims and dims[-1]:
                 rank = value.dim()
                 dims[-1] = [
@@ -379,9 +394,8 @@ class _CompiledCallable:
         ), ""
 
     def _run_hit(self, args: tuple, kwargs: dict) -> Any:
-        """A call whose signature matched, which Dynamo may still capture again (a guard of
-        its own failed). Its limit of captures per code object, which every instance of the
-        class shares, must not refuse it: refused, the call is made again as a capture."""
+        """A call whose signature matched, which Dynamo may still capture (its own guards
+        failed): refused by Dynamo's per-code-object limit, it is made again as a capture."""
         try:
             return self._run(args, kwargs)
         except Exception as e:
@@ -391,9 +405,14 @@ class _CompiledCallable:
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1
+        # Integer arguments stay specialised (each value its own capture, as the signature
+        # has it) under Dynamo's automatic dynamic, which is for sizes here.
+        dynamo, specialize_int = torch._dynamo.config, torch._dynamo.config.specialize_int
+        dynamo.specialize_int = True
         try:
             return self._compiled_fn()(*args, **kwargs)
         finally:
+            dynamo.specialize_int = specialize_int
             _tls.depth -= 1
             if self._disk is not None and _backend.captured_since_last_asked():
                 self._disk.explain_capture(args, kwargs)
@@ -417,6 +436,8 @@ class _CompiledCallable:
                     "dims dynamic (dynamic_arg_dims) or raise max_recaptures",
                     stacklevel=3,
                 )
+        if not first and self.automatic_dynamic:
+            dims = _dynamic_dims.grow(self._shapes, values, dims, self.param_names, self._grown)
         marked = self._mark_dynamic(values, dims, first)
         captures_before = _counters.captures()
         with _backend.recording_static_dims() as static_seen:
@@ -428,6 +449,7 @@ class _CompiledCallable:
         if not self.dims_explicit:
             marked = self._drop_fixed(values, marked, static_seen)
         self.signatures.append(_C.GuardSignature(values, marked, training))
+        self._shapes.append(_dynamic_dims.shapes(values))
         if owner is not None:
             self._seen_owners.add(id(owner))
         if _counters.captures() == captures_before and owner is not None and not first:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 import statistics
 import time
 import warnings
@@ -647,3 +648,35 @@ def test_many_instances_of_one_class_all_compile():
             expected = torch.tanh(model.linear(x)) * float(i + 1)
             for _ in range(2):
                 torch.testing.assert_close(model(x), expected)
+
+
+class MaskedMean(nn.Module):
+    """Reads a mask whose length grows by one per call, as a decoder's attention mask does
+    when Hugging Face's generate() runs it token by token."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x * mask.float().mean(-1, keepdim=True)
+
+
+def test_a_dim_that_changes_size_becomes_dynamic(counters, caplog):
+    model = MaskedMean()
+    compiled = magi_compile(copy.copy(model))
+    captures = []
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="magi_compiler"):
+        for length in range(5, 12):
+            x, mask = torch.randn(2, 4), (torch.rand(2, length) > 0.3).long()
+            torch.testing.assert_close(compiled(x, mask), model(x, mask))
+            captures.append(get_counters().captures)
+    # The first length is captured static; the second makes dim 1 dynamic; no more after.
+    assert captures == [1, 2, 2, 2, 2, 2, 2], captures
+    assert "dim 1 of 'mask' changed size since an earlier capture (5, now 6)" in caplog.text
+
+
+def test_dims_named_up_front_are_the_only_dynamic_ones(counters):
+    model = MaskedMean()
+    compiled = magi_compile(copy.copy(model), dynamic_arg_dims={"x": 0, "mask": 0})
+    with torch.no_grad():
+        for length in (5, 6, 7, 8):
+            x, mask = torch.randn(3, 4), torch.ones(3, length, dtype=torch.long)
+            torch.testing.assert_close(compiled(x, mask), model(x, mask))
+    assert get_counters().captures == 4  # the mask's length stays static: one capture each

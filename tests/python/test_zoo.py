@@ -193,3 +193,25 @@ def test_a_config_method_replaced_on_the_instance_leaves_the_direct_path():
             del config.get_text_config
     for a, e in zip(zm.tensors(actual), zm.tensors(expected), strict=True):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_generate_with_the_default_cache_does_not_capture_per_token():
+    """transformers' generate() with its default DynamicCache: the attention mask and the
+    cache grow by a token per step. Their growing dims become dynamic after the first change
+    (as torch.compile's automatic dynamic), so a generation captures a few graphs, not one
+    per token, and a prompt of another length reuses them."""
+    import magi_compiler
+
+    family = zm.FAMILIES["llama"]
+    ref = zm.build(family, SIZE, "cpu", torch.float32)
+    ref.generation_config.eos_token_id = None
+    ref.generation_config.pad_token_id = 0
+    model = zm.compiled(family, "whole", ref, SIZE)
+    captures = []
+    for prompt in (6, 9):
+        ids = torch.randint(1, ref.config.vocab_size, (1, prompt))
+        before = magi_compiler.get_counters().captures
+        tokens = model.generate(ids, max_new_tokens=10, do_sample=False)
+        captures.append(magi_compiler.get_counters().captures - before)
+        assert torch.equal(tokens, ref.generate(ids, max_new_tokens=10, do_sample=False))
+    assert captures[0] <= 3 and captures[1] <= 1, captures
