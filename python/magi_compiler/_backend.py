@@ -389,20 +389,33 @@ def _restored(effects: Any, variable: Any) -> bool:
     return True
 
 
+_gc_lock = threading.Lock()
+_gc_depth = 0  # captures in progress that paused the collector, all threads
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pauses the cyclic garbage collector around a capture: Dynamo, AOTAutograd and our
     passes allocate enough to set off full collections of the whole heap (torch, transformers
     and the model included), a few tenths of a second each; what they leave is collected as
-    usual afterwards."""
-    if not gc.isenabled():  # paused by the caller or an outer capture
-        yield
-        return
-    gc.disable()
+    usual afterwards. Only a collector that was on is paused, and it is turned back on when
+    the last capture in progress (on any thread) ends."""
+    global _gc_depth
+    with _gc_lock:
+        if _gc_depth == 0 and not gc.isenabled():
+            paused = False
+        else:
+            paused = True
+            _gc_depth += 1
+            gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if paused:
+            with _gc_lock:
+                _gc_depth -= 1
+                if _gc_depth == 0:
+                    gc.enable()
 
 
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):
@@ -442,7 +455,8 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
             fw_compiler=compiler("forward", bundled=bundled),
             partition_fn=partition,
             bw_compiler=compiler("backward", bundled=bundled),
-            inference_compiler=compiler("inference"),
+            # Bundled too: AOTAutograd may still choose inference (no output needs grad).
+            inference_compiler=compiler("inference", bundled=bundled),
             decompositions=decomposition_table(),
             keep_inference_input_mutations=True,
         )

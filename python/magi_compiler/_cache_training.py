@@ -90,7 +90,8 @@ def recording(on_entry: Callable[[Any], None]) -> Iterator[None]:
         return None
 
     def save(key: str, entry: Any, remote: bool) -> None:
-        on_entry(entry)
+        if getattr(entry, "compiled_bw", None) is not None:  # an inference graph: ours records it
+            on_entry(entry)
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(

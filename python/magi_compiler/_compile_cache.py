@@ -516,7 +516,7 @@ class EntryCache:
         except Exception as e:  # noqa: BLE001 - the model's call must not fail on the cache
             return self._failed(e)
         if job is not None:
-            _pending.append(_writer().submit(self._write, *job))
+            _submit(self._write, *job)
 
     def _prepare(self) -> tuple[bytes, dict[str, Any]] | None:
         """Dynamo's half of the entry, pickled, and the graphs to write; None when nothing is
@@ -616,22 +616,40 @@ def _refresh_dump(model_tag: str) -> None:
 
 # --- the writer thread -------------------------------------------------------------------------
 _pending: list[concurrent.futures.Future] = []
+_pending_lock = threading.Lock()
 
 
 @functools.cache
 def _writer() -> concurrent.futures.ThreadPoolExecutor:
     """One thread writes every entry, in order. Python waits for it at exit, so an entry
-    whose call returned is on disk when the process ends."""
+    whose call returned is on disk when the process ends (unless it ends by ``os._exit``)."""
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="magi-cache-writer")
 
 
+def _submit(job: Callable, *args: Any) -> None:
+    with _pending_lock:
+        _pending.append(_writer().submit(job, *args))
+
+
 def wait_for_writes() -> None:
-    """Returns once every entry handed to the writer so far is written (or has failed)."""
-    while _pending:
-        concurrent.futures.wait(list(_pending))
-        done = [f for f in _pending if f.done()]
-        for future in done:
-            _pending.remove(future)
+    """Returns once every entry handed to the writer so far is written (or has failed). On
+    the writer thread itself (a log handler reading the counters), returns at once."""
+    if threading.current_thread().name.startswith("magi-cache-writer"):
+        return
+    with _pending_lock:
+        pending, _pending[:] = list(_pending), []
+    concurrent.futures.wait(pending)
+
+
+def _after_fork_in_child() -> None:
+    # The writer thread does not exist in a forked child: a new one starts on demand, and
+    # the parent's pending writes are the parent's.
+    _writer.cache_clear()
+    _pending.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _entries: dict[tuple[Any, str], EntryCache] = {}

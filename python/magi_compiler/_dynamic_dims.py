@@ -13,11 +13,13 @@ Also the calls ``aot=True`` makes to capture ``compile_sizes`` along those dims.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
+import threading
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -188,3 +190,30 @@ def grow(
             dim, names[index], before, now,
         )  # fmt: skip
     return dims
+
+
+_ints_lock = threading.Lock()
+_ints_depth = 0  # calls into Dynamo in progress, all threads
+_ints_saved = True
+
+
+@contextlib.contextmanager
+def integers_specialised() -> Iterator[None]:
+    """Integer arguments stay specialised (each value its own capture, as the signature has
+    it) under Dynamo's automatic dynamic, which is for sizes here. Dynamo's setting is
+    process-wide: it is set while any call into Dynamo is in progress and put back when the
+    last one, on any thread, returns."""
+    global _ints_depth, _ints_saved
+    config = torch._dynamo.config
+    with _ints_lock:
+        if _ints_depth == 0:
+            _ints_saved = config.specialize_int
+            config.specialize_int = True
+        _ints_depth += 1
+    try:
+        yield
+    finally:
+        with _ints_lock:
+            _ints_depth -= 1
+            if _ints_depth == 0:
+                config.specialize_int = _ints_saved

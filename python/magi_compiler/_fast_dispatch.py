@@ -444,18 +444,20 @@ def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
 # (a DynamicCache of DynamicLayers holding the graph's key and value outputs), made fresh by
 # each call of a model called with use_cache=True.
 _REBUILT_MODULES = ("transformers.cache_utils",)
-_IMMUTABLE = (bool, int, float, str, torch.dtype, torch.device, type(None))
+# Values a rebuilt result keeps as they were: not numbers, which may be sizes that change per
+# call (a dynamic batch), and are refused.
+_CONSTANT = (bool, str, torch.dtype, torch.device, type(None))
 
 
 def _template(value: Any, index: dict[int, int]) -> Callable | None:
     """A function of the graph's outputs that builds a new ``value`` of the same structure:
-    tensors are outputs (by position), plain immutable values are kept, and lists, tuples,
+    tensors are outputs (by position), flags, strings, dtypes, devices and None are kept, and lists, tuples,
     ModelOutputs and transformers' cache objects are built anew. None when ``value`` holds
     anything else (a tensor that is not an output, an object the call did not make)."""
     if isinstance(value, torch.Tensor):
         i = index.get(id(value))
         return None if i is None else (lambda outs: outs[i])
-    if isinstance(value, _IMMUTABLE):
+    if isinstance(value, _CONSTANT):
         return lambda outs: value
     kind = type(value)
     if kind in (list, tuple):

@@ -405,14 +405,10 @@ class _CompiledCallable:
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1
-        # Integer arguments stay specialised (each value its own capture, as the signature
-        # has it) under Dynamo's automatic dynamic, which is for sizes here.
-        dynamo, specialize_int = torch._dynamo.config, torch._dynamo.config.specialize_int
-        dynamo.specialize_int = True
         try:
-            return self._compiled_fn()(*args, **kwargs)
+            with _dynamic_dims.integers_specialised():
+                return self._compiled_fn()(*args, **kwargs)
         finally:
-            dynamo.specialize_int = specialize_int
             _tls.depth -= 1
             if self._disk is not None and _backend.captured_since_last_asked():
                 self._disk.explain_capture(args, kwargs)

@@ -10,6 +10,7 @@ Usage: python _cache_driver.py SPEC_JSON, where SPEC holds
   fake:     {"torch": "...", "device": "..."}: what this process claims to run on
   op_flag:  registers cache_model's custom op with this is_compute_sensitive value
   train:    call with grad enabled (a training capture) and check the gradients too
+  grad:     call with grad enabled (default: train) without a backward
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 errors = []
 train = bool(spec.get("train"))
+grad = bool(spec.get("grad", train))
 for rows, cols in spec["shapes"]:
     x = torch.randn(rows, cols, dtype=dtype, requires_grad=train)
-    with torch.set_grad_enabled(train):
+    with torch.set_grad_enabled(grad):
         expected = cache_model.Model.forward(model, x)
         actual = compiled(x)
     errors.append(relative(actual, expected))

@@ -284,3 +284,16 @@ def test_the_dump_page_shows_what_the_cache_did(tmp_path):
     (changed_page,) = set(dumps.rglob("index.html")) - {cold_page}
     section = changed_page.read_text().split('id="cache"')[1]
     assert "key differs from the closest cached entry of this function in: config" in section
+
+
+def test_grad_mode_with_no_output_needing_grad_is_an_inference_entry(tmp_path):
+    # Grad is on and the weights require grad, but no output does: AOTAutograd compiles an
+    # inference graph although the capture looked like training.
+    _workdir(tmp_path, MODEL.replace(
+        "return self.down(torch.relu(h) * gate(h)) + x",
+        "return (self.down(torch.relu(h) * gate(h)) > 0).float() + x",
+    ))  # fmt: skip
+    cold = _run(tmp_path, grad=True, shapes=[[4, 16]])
+    assert cold["counters"]["captures"] == 1 and cold["counters"]["disk_cache_writes"] == 1
+    warm = _run(tmp_path, grad=True, shapes=[[5, 16]])
+    assert warm["counters"]["captures"] == 0 and warm["counters"]["cache_loaded_graphs"] == 1

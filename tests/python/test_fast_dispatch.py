@@ -480,3 +480,21 @@ def test_path_table_remembers_the_last_owner_without_keeping_it_alive():
     gc.collect()
     assert freed() is None
     assert table.get(second) is None
+
+
+class ReturnsASize(nn.Module):
+    """Returns a size beside its tensors: a number in the result may change per call."""
+
+    def forward(self, x: torch.Tensor):
+        y = torch.tanh(x)
+        return y, [y * 2, x.shape[0]]
+
+
+def test_a_number_in_the_result_is_not_frozen_by_a_direct_path():
+    compiled = magi_compile(ReturnsASize())
+    with torch.no_grad():
+        for batch in (4, 5, 6, 7, 8, 6):
+            x = torch.randn(batch, 3)
+            y, (y2, size) = compiled(x)
+            assert size == batch
+            torch.testing.assert_close(y2, torch.tanh(x) * 2)
