@@ -1,6 +1,7 @@
 """Shared by the CPU tier (tests/python) and the GPU tier (tests/gpu).
 
-- ``examples/`` goes on ``sys.path`` so tests can ``import blocks``.
+- ``examples/`` and the repository root go on ``sys.path``, so tests can ``import blocks``
+  and ``from benchmarks import zoo_models``.
 - :func:`assert_close_rel` (also a fixture of the same name): relative error of whole tensors.
 - ``counters``: resets Dynamo and magi's counters, so a test can count its own captures.
 - The compiled-module cache on disk is off in the test process (for fixtures of any scope too):
@@ -25,9 +26,10 @@ from magi_compiler import _compile_cache
 _compile_cache.entry_cache = lambda *args, **kwargs: None  # the disk cache is off here,
 os.environ.setdefault("MAGI_COMPILE_DISABLE_CACHE", "1")  # and in the scripts tests run
 
-_EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
-if _EXAMPLES not in sys.path:
-    sys.path.insert(0, _EXAMPLES)
+_ROOT = Path(__file__).resolve().parents[1]
+for _path in (str(_ROOT / "examples"), str(_ROOT)):  # import blocks; from benchmarks import ...
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 
 def _flatten(x) -> list:

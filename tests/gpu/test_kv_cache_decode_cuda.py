@@ -45,15 +45,10 @@ def example_decoder(dtype=torch.float32) -> LlamaDecoder:
 
 def tiny_llama():
     transformers = pytest.importorskip("transformers")
+    from benchmarks.zoo_models import FAMILIES
+
     config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
+        **FAMILIES["llama"].configs["tiny"],
         initializer_range=0.3,
         attn_implementation="sdpa",
     )
