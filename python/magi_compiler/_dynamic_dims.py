@@ -194,21 +194,65 @@ def grow(
 
 _ints_lock = threading.Lock()
 _ints_depth = 0  # calls into Dynamo in progress, all threads
-_ints_saved = True
+_ints_saved: tuple[Any, ...] = ()
+# Where Dynamo reads its rule for which integers stay constants (same function object in each).
+_INT_RULE_MODULES = ("torch._dynamo.utils", "torch._dynamo.variables.builder")
+_INT_RULE = "is_int_specialization_case"
+
+
+def _argument_integer(source: Any) -> bool:
+    """Whether Dynamo's ``source`` is an argument of the call or an item of one (``n``,
+    ``kwargs['n']``, ``sizes[1]``), not an attribute of an object reached from one."""
+    from torch._dynamo import source as sources
+
+    while isinstance(source, (sources.GetItemSource, sources.DictGetItemSource)):
+        source = source.base
+    return isinstance(source, sources.LocalSource) and source.is_input
+
+
+def _specialising(rule: Callable) -> Callable:
+    def is_int_specialization_case(value: Any, source: Any) -> bool:
+        return _argument_integer(source) or rule(value, source)
+
+    return is_int_specialization_case
+
+
+def _swap_int_rule() -> tuple[Any, ...]:
+    """Makes integer arguments constants in Dynamo's rule (or, where this torch has no such
+    rule, every integer); returns what to put back."""
+    import importlib
+
+    modules = [importlib.import_module(name) for name in _INT_RULE_MODULES]
+    rules = [getattr(m, _INT_RULE, None) for m in modules]
+    if callable(rules[0]) and all(r is rules[0] for r in rules):
+        wrapped = _specialising(rules[0])
+        for m in modules:
+            setattr(m, _INT_RULE, wrapped)
+        return ("rule", modules, rules[0])
+    saved = torch._dynamo.config.specialize_int
+    torch._dynamo.config.specialize_int = True
+    return ("config", saved)
+
+
+def _restore_int_rule(saved: tuple[Any, ...]) -> None:
+    if saved[0] == "rule":
+        for m in saved[1]:
+            setattr(m, _INT_RULE, saved[2])
+    else:
+        torch._dynamo.config.specialize_int = saved[1]
 
 
 @contextlib.contextmanager
 def integers_specialised() -> Iterator[None]:
-    """Integer arguments stay specialised (each value its own capture, as the signature has
-    it) under Dynamo's automatic dynamic, which is for sizes here. Dynamo's setting is
-    process-wide: it is set while any call into Dynamo is in progress and put back when the
-    last one, on any thread, returns."""
+    """Integer arguments (and items of list, tuple and dict arguments) stay specialised, each
+    value its own capture as the signature has it, while integers Dynamo reads from objects
+    (a cache's length counter) follow its automatic dynamic as under torch.compile: constant
+    first, symbolic once the value changes. The rule is process-wide: it is in place while any
+    call into Dynamo is in progress and put back when the last one, on any thread, returns."""
     global _ints_depth, _ints_saved
-    config = torch._dynamo.config
     with _ints_lock:
         if _ints_depth == 0:
-            _ints_saved = config.specialize_int
-            config.specialize_int = True
+            _ints_saved = _swap_int_rule()
         _ints_depth += 1
     try:
         yield
@@ -216,4 +260,4 @@ def integers_specialised() -> Iterator[None]:
         with _ints_lock:
             _ints_depth -= 1
             if _ints_depth == 0:
-                config.specialize_int = _ints_saved
+                _restore_int_rule(_ints_saved)

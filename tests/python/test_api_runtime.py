@@ -680,3 +680,33 @@ def test_dims_named_up_front_are_the_only_dynamic_ones(counters):
             x, mask = torch.randn(3, 4), torch.ones(3, length, dtype=torch.long)
             torch.testing.assert_close(compiled(x, mask), model(x, mask))
     assert get_counters().captures == 4  # the mask's length stays static: one capture each
+
+
+class Counter:
+    """A plain object holding a Python int it bumps per call, as a sliding-window static
+    cache keeps the number of tokens it has seen."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+
+def window_sum(x: torch.Tensor, state: Counter, n: int) -> torch.Tensor:
+    state.seen += 1
+    full = state.seen >= 4
+    return x * n + (x.sum() if full else x.mean()) + max(state.seen - 4, 0)
+
+
+def test_an_integer_read_from_an_object_becomes_symbolic_and_arguments_stay_constant(counters):
+    compiled, state, expected_state = magi_compile(window_sum), Counter(), Counter()
+    captures = []
+    with torch.no_grad():
+        for step in range(10):
+            x = torch.randn(3, 4)
+            n = 2 if step < 8 else 3
+            torch.testing.assert_close(compiled(x, state, n), window_sum(x, expected_state, n))
+            captures.append(get_counters().captures)
+    assert state.seen == expected_state.seen == 10
+    # The counter is constant in the first capture and symbolic from its second value on,
+    # both sides of the `>= 4` branch included (Dynamo guards the branch, not the value); the
+    # integer argument stays constant: its new value is one more capture.
+    assert captures == [1, 2, 2, 3, 3, 3, 3, 3, 4, 4], captures

@@ -15,6 +15,7 @@ batch-1 call first when it runs alone.
 
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 from pathlib import Path
@@ -215,3 +216,36 @@ def test_generate_with_the_default_cache_does_not_capture_per_token():
         captures.append(magi_compiler.get_counters().captures - before)
         assert torch.equal(tokens, ref.generate(ids, max_new_tokens=10, do_sample=False))
     assert captures[0] <= 3 and captures[1] <= 1, captures
+
+
+@pytest.mark.parametrize("family", ["Gemma2", "Mistral"])
+def test_generate_with_a_sliding_window_static_cache_does_not_capture_per_token(family):
+    """transformers' StaticCache keeps a sliding-window layer's length as a Python int on the
+    cache object, which Dynamo reads. As under torch.compile, that int is constant in the
+    prefill capture and symbolic from the first decode step on, so ten new tokens past a
+    window of four capture a few graphs, not one per token: two, or three when another model
+    went through transformers' shared forward wrapper in this process first (Dynamo's
+    automatic dynamic then starts from that model's sizes)."""
+    import magi_compiler
+    import transformers
+
+    config_class = getattr(transformers, f"{family}Config", None)
+    model_class = getattr(transformers, f"{family}ForCausalLM", None)
+    if config_class is None or model_class is None:
+        pytest.skip(f"this transformers has no {family}")
+    config = config_class(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=128,
+        sliding_window=4, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = model_class(config).eval()
+    ref.generation_config.eos_token_id = None
+    ref.generation_config.pad_token_id = 0
+    model = magi_compiler.magi_compile(copy.copy(ref))  # shares ref's weights
+    ids = torch.randint(1, config.vocab_size, (1, 6))
+    before = magi_compiler.get_counters().captures
+    run = dict(max_new_tokens=10, do_sample=False, cache_implementation="static")
+    tokens = model.generate(ids, **run)
+    assert magi_compiler.get_counters().captures - before <= 3
+    assert torch.equal(tokens, ref.generate(ids, **run))
