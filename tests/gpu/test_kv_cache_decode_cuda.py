@@ -113,8 +113,8 @@ def test_greedy_decode_replays_one_cuda_graph_per_token(which, lowered, monkeypa
         eager, compiled = new_lm(), magi_compile(new_lm(), config_patch=FULL)
     want = generate(eager, prompt_tokens(), NEW)
     warm_up(compiled)
-    calls = Recorder(compiled, lowered)
-    got = without_host_sync(monkeypatch, lambda: generate(calls, prompt_tokens(), NEW))
+    calls, prompt = Recorder(compiled, lowered), prompt_tokens()  # its copy to the GPU syncs
+    got = without_host_sync(monkeypatch, lambda: generate(calls, prompt, NEW))
     assert torch.equal(got.tokens, want.tokens), (got.tokens, want.tokens)
     assert len(set(want.tokens[0].tolist())) > NEW // 4
     assert get_counters().captures == 2  # prefill and decode
@@ -133,9 +133,9 @@ def test_context_buckets_get_a_cuda_graph_each(lowered, monkeypatch):
     for _ in range(2):  # graphs of both buckets captured
         generate(compiled, prompt_tokens(), NEW, context_buckets=buckets)
         compiled.reset()
-    calls = Recorder(compiled, lowered)
+    calls, prompt = Recorder(compiled, lowered), prompt_tokens()
     got = without_host_sync(
-        monkeypatch, lambda: generate(calls, prompt_tokens(), NEW, context_buckets=buckets)
+        monkeypatch, lambda: generate(calls, prompt, NEW, context_buckets=buckets)
     )
     assert torch.equal(got.tokens, want.tokens)
     assert get_counters().captures == 3  # prefill, decode in bucket 32, decode in bucket 80
@@ -146,8 +146,8 @@ def test_context_buckets_get_a_cuda_graph_each(lowered, monkeypatch):
 def test_bf16_decode_replays_without_host_sync(lowered, monkeypatch):
     compiled = magi_compile(example_decoder(torch.bfloat16), config_patch=FULL)
     warm_up(compiled)
-    calls = Recorder(compiled, lowered)
-    got = without_host_sync(monkeypatch, lambda: generate(calls, prompt_tokens(), NEW))
+    calls, prompt = Recorder(compiled, lowered), prompt_tokens()  # its copy to the GPU syncs
+    got = without_host_sync(monkeypatch, lambda: generate(calls, prompt, NEW))
     assert got.tokens.shape == (1, NEW)
     assert calls.after[-1][2] - calls.after[0][2] == NEW - 1
     assert calls.after[-1][0] - calls.after[0][0] == NEW - 1
