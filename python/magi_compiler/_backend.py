@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import sys
 import threading
 import time
 import types
@@ -416,6 +417,52 @@ def gc_paused() -> Iterator[None]:
                 _gc_depth -= 1
                 if _gc_depth == 0:
                     gc.enable()
+
+
+_MINIFIER_MODULE = "torch._dynamo.repro.after_dynamo"
+
+
+class _BackendWithoutMinifier:
+    """What Dynamo's ``wrap_backend_debug`` returns, the same attributes and call, for a
+    process with no minifier configured: the minifier is imported only if one is configured
+    by the time a graph reaches the backend."""
+
+    def __init__(self, backend: Callable, compiler_name: str | None) -> None:
+        functools.wraps(backend)(self)
+        self._torchdynamo_orig_backend = backend
+        self._compiler_name = compiler_name
+        self.__name__ = getattr(backend, "compiler_name", getattr(backend, "__name__", "magi"))
+        if hasattr(backend, "get_compiler_config"):
+            self.get_compiler_config = backend.get_compiler_config
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any):
+        if torch._dynamo.config.repro_after is not None:
+            from torch._dynamo.repro import after_dynamo
+
+            wrapped = after_dynamo.wrap_backend_debug(self._torchdynamo_orig_backend, None)
+            return wrapped(gm, example_inputs, **kwargs)
+        return self._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
+
+
+@contextlib.contextmanager
+def without_minifier_import() -> Iterator[None]:
+    """Around ``torch._dynamo.optimize``/``torch.compile``: Dynamo wraps every backend for its
+    minifier, and the minifier's module imports AOTAutograd, Inductor's code cache and
+    networkx, a third of a second with bytecode caches and a second without. A call served
+    from the compiled-module cache needs none of them; a capture imports AOTAutograd itself.
+    While no minifier is configured and that module is not loaded, Dynamo's import of it finds
+    ``_BackendWithoutMinifier`` instead, for the duration of the call only."""
+    if _MINIFIER_MODULE in sys.modules or torch._dynamo.config.repro_after is not None:
+        yield
+        return
+    stand_in = types.ModuleType(_MINIFIER_MODULE)
+    stand_in.wrap_backend_debug = _BackendWithoutMinifier
+    sys.modules[_MINIFIER_MODULE] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get(_MINIFIER_MODULE) is stand_in:
+            del sys.modules[_MINIFIER_MODULE]
 
 
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):

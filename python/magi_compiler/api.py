@@ -137,26 +137,28 @@ class _CompiledCallable:
         if self._compiled is None:
             if self.config.compile_mode == CompileMode.TORCH_COMPILE:
                 self._compiled = torch.compile(self.fn)
-            elif self._disk is not None:
-                # Dynamo records the guards and bytecode of each capture into the package
-                # (and, from a warm cache, starts with the cached ones installed).
-                self._compiled = torch._dynamo.optimize(
-                    _backend_for(self.config),
-                    nopython=True,
-                    # Automatic dynamic (Dynamo's, for tensors inside other arguments) unless
-                    # the user named the dynamic dims.
-                    dynamic=None if self.automatic_dynamic else False,
-                    package=self._disk.package_for_compile(),
-                    guard_filter_fn=_compile_cache.serializable_guards,
-                )(self.fn)
             else:
-                self._compiled = torch.compile(
-                    self.fn,
-                    fullgraph=True,
-                    dynamic=None if self.automatic_dynamic else False,
-                    backend=_backend_for(self.config),
-                )
+                with _backend.without_minifier_import():
+                    self._compiled = self._optimized()
         return self._compiled
+
+    def _optimized(self) -> Callable:
+        dynamic = None if self.automatic_dynamic else False
+        if self._disk is None:
+            # Automatic dynamic (Dynamo's, for tensors inside other arguments) unless the user
+            # named the dynamic dims.
+            return torch.compile(
+                self.fn, fullgraph=True, dynamic=dynamic, backend=_backend_for(self.config)
+            )
+        # Dynamo records the guards and bytecode of each capture into the package (and, from a
+        # warm cache, starts with the cached ones installed).
+        return torch._dynamo.optimize(
+            _backend_for(self.config),
+            nopython=True,
+            dynamic=dynamic,
+            package=self._disk.package_for_compile(),
+            guard_filter_fn=_compile_cache.serializable_guards,
+        )(self.fn)
 
     @functools.cached_property
     def _disk(self) -> _compile_cache.EntryCache | None:

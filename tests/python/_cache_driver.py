@@ -79,4 +79,7 @@ for rows, cols in spec["shapes"]:
 
 counters = magi_compiler.get_counters().as_dict()
 counters.update(magi_compiler._C.compiler_stats())
-print(json.dumps({"counters": counters, "errors": errors, "log": records}))
+# Modules a capture needs and a call served from the cache does not.
+capture_only = ("torch._functorch.aot_autograd", "torch._dynamo.repro.after_dynamo")
+imported = [name for name in capture_only if name in sys.modules]
+print(json.dumps({"counters": counters, "errors": errors, "log": records, "imported": imported}))

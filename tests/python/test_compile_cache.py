@@ -107,6 +107,8 @@ def test_a_warm_process_neither_captures_nor_compiles(tmp_path):
     assert counters["disk_cache_hits"] == 1
     assert counters["cache_loaded_graphs"] == 2
     assert counters["disk_cache_writes"] == 0
+    assert "torch._functorch.aot_autograd" in cold["imported"]
+    assert warm["imported"] == []  # neither AOTAutograd nor Dynamo's minifier is imported
     # Direct calls work from loaded entries: the second call of a signature learns the
     # direct path (as in a cold process), the calls after it take it.
     assert counters["direct_calls"] == 2

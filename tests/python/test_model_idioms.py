@@ -55,6 +55,40 @@ def test_no_global_module_hooks_of_ours():
     assert ours == []
 
 
+def test_dynamos_minifier_is_imported_only_when_configured(monkeypatch):
+    """Our compile keeps Dynamo from importing its minifier's module (and AOTAutograd with it)
+    while no minifier is configured: the backend gets a stand-in wrapper that calls it, and
+    sys.modules is left as it was. A minifier configured by the time a graph arrives is used."""
+    import sys
+
+    import torch._dynamo.repro.after_dynamo as real
+    from magi_compiler import _backend
+
+    name = "torch._dynamo.repro.after_dynamo"
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(len(example_inputs))
+        return gm
+
+    monkeypatch.delitem(sys.modules, name)  # as in a process that never loaded it
+    with _backend.without_minifier_import():
+        from torch._dynamo.repro.after_dynamo import wrap_backend_debug
+
+        wrapper = wrap_backend_debug(backend, None)
+    assert name not in sys.modules
+    assert wrapper._torchdynamo_orig_backend is backend
+    gm = torch.fx.symbolic_trace(nn.Tanh())
+    assert wrapper(gm, [torch.zeros(2)]) is gm and seen == [1]
+
+    monkeypatch.setitem(sys.modules, name, real)
+    minified = []
+    monkeypatch.setattr(real, "wrap_backend_debug", lambda fn, _: minified.append(fn) or fn)
+    with torch._dynamo.config.patch(repro_after="dynamo"):
+        assert wrapper(gm, [torch.zeros(2), torch.zeros(2)]) is gm
+    assert minified == [backend] and seen == [1, 2]
+
+
 class AssignsInForward(nn.Module):
     """Assigns a submodule and registers a buffer inside forward, as some models do lazily."""
 
