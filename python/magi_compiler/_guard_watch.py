@@ -80,6 +80,10 @@ _ARITHMETIC = re.compile(r"^(?:[\s\d()<>=!+\-*/%]|\band\b|\bor\b|\bnot\b|\bis\b)
 _CHAIN_STEPS = r"(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)*"
 _GLOBAL_CHAIN = re.compile(r"G(?:\['[^']*'\]|\.[A-Za-z_][A-Za-z0-9_]*)+")
 _CHAIN_STEP = re.compile(r"\['([^']*)'\]|\.([A-Za-z_][A-Za-z0-9_]*)")
+# Dynamo's read of a number attribute it made symbolic (a dropout's p, changed between models
+# that share a forward's code object): ``___as_tensor(<chain>).item() == 0.1``.
+_AS_TENSOR_ITEM = re.compile(r"___as_tensor\((?P<chain>[^()]*)\)\.item\(\)")
+_NUMBER = re.compile(r"(?<![\w.])(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _BOUND_SELF = re.compile(
     r"^(?P<a>\S+) is object\.__getattribute__\((?P<b>\S+), '(?P<name>[A-Za-z_][A-Za-z0-9_]*)'\)"
     r"\.__self__$"
@@ -574,12 +578,34 @@ def _epilogue_part(plan: _Plan, text: str, globals_: dict, owner: tuple[str, Any
         plan.pins.append((PIN_TYPE_UNCHANGED, value, cls))
         plan.watch(own, name, holder=value)
         return
+    if _number_guard(plan, text, chain_of, globals_, owner):
+        return
     chains = [m[0] for m in chain_of.finditer(text)]
     leftover = chain_of.sub(" ", text)
     if not chains or not re.fullmatch(r"\s*is\s*(?:not\s*)?", leftover):
         raise Unwatchable(f"epilogue guard {text!r}")
     for chain in chains:
         _resolve_chain(plan, chain, globals_, owner, text)
+
+
+def _number_guard(
+    plan: _Plan, text: str, chain_of: re.Pattern, globals_: dict, owner: tuple[str, Any] | None
+) -> bool:
+    """Whether ``text`` compares numbers read through chains (``G['a'].b``, the owner's
+    attributes) with constants; if so, every step of each chain is watched, which keeps the
+    verdict while no step is written, the numbers being immutable."""
+    plain = _AS_TENSOR_ITEM.sub(lambda m: m["chain"], text)
+    chains = [m[0] for m in chain_of.finditer(plain)]
+    leftover = _NUMBER.sub(" ", chain_of.sub(" ", plain))
+    if not chains or not _ARITHMETIC.match(leftover) or not re.search(r"[<>=]", leftover):
+        return False
+    probe = _Plan(plan.arg_index, set())  # nothing watched until every chain is a number
+    values = [_resolve_chain(probe, chain, globals_, owner, text) for chain in chains]
+    if not all(type(v) in (int, float, bool) for v in values):
+        return False
+    for chain in chains:
+        _resolve_chain(plan, chain, globals_, owner, text)
+    return True
 
 
 def _resolve_chain(

@@ -287,3 +287,30 @@ def test_an_empty_kwargs_is_watched_and_a_keyword_in_it_is_seen(assert_close_rel
     calls(model, eager, assert_close_rel, n=2, double=True)
     calls(model, eager, assert_close_rel, n=2)
     assert native.num_guard_checks > checks
+
+
+# --- a number Dynamo made symbolic: another instance of the class had another value --------
+class Dropped(nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(H, H)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.tanh(self.fc(x))) * (1 + self.drop.p)
+
+
+def test_a_number_read_as_a_symbolic_float_is_watched(assert_close_rel):
+    """The first instance captures with p = 0.0; the second, p = 0.1, shares the forward's
+    code object, so Dynamo's automatic dynamic reads its p as a symbolic float and guards
+    ``___as_tensor(L['self']._modules['drop'].p).item() == 0.1`` (as for a BERT compiled
+    after a ViT in one process). The direct call watches the attribute; a new p is seen."""
+    first, first_eager = compiled(Dropped(0.0).eval())
+    with torch.no_grad():
+        for b in (2, 3):
+            x = inputs(b)
+            assert_close_rel(first(x), first_eager(x), RTOL)
+    model, eager = compiled(Dropped(0.1).eval())
+    watched(model, eager, assert_close_rel)
+    model.drop.p = eager.drop.p = 0.3
+    calls(model, eager, assert_close_rel, n=3)
