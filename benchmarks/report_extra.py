@@ -480,7 +480,13 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
         "caches (Inductor's FX graph cache and AOTAutograd's cache; Dynamo traces again). "
         "The training step is a forward and the backward of the output's sum. "
         "*steady*: median of the next 20 calls; *error*: max |compiled − eager| over max "
-        "|eager| in the warm process; *captures/compiles*: magi's in the warm process.",
+        "|eager| in the warm process; *captures/compiles*: magi's in the warm process."
+        + (
+            " This machine's Python has no cached bytecode for torch (no .pyc): every module a "
+            "first call imports is compiled from source, in both compilers' columns."
+            if meta.get("bytecode_cached") is False
+            else ""
+        ),
         "",
     ]
     header = ["model", "compiler", "cold first call s", "warm first call s", "warm / cold",

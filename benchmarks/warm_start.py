@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -202,6 +203,9 @@ def _meta(device: str, size: str) -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "git_commit": commit or "?",
         "size": size,
+        # Whether torch's modules load from cached bytecode; without it every import of a
+        # fresh process compiles Python source, which each first call pays for what it imports.
+        "bytecode_cached": os.path.exists(importlib.util.cache_from_source(torch.__file__)),
         "complete": False,
     }
 
