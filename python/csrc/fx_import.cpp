@@ -87,6 +87,7 @@ class FxImporter {
     add(torch_.attr("sym_max"), ir::SymOp::kMax);
     add(torch_.attr("sym_min"), ir::SymOp::kMin);
     getitem_ = op.attr("getitem");
+    sym_sum_ = torch_.attr("sym_sum");
   }
 
   std::unique_ptr<ir::Graph> run(py::handle gm) {
@@ -404,6 +405,7 @@ class FxImporter {
     py::dict kwargs = node.attr("kwargs");
 
     if (target.is(getitem_)) return import_getitem(node, args);
+    if (target.is(sym_sum_)) return import_sym_sum(node, args);
     auto sym = python_sym_ops_.find(target.ptr());
     if (sym != python_sym_ops_.end()) {
       std::vector<ir::Value*> inputs;
@@ -479,6 +481,23 @@ class FxImporter {
       if (ir::is_list_kind(k)) n->output(i)->set_kind(k);
     }
     bind(node, n->outputs());
+  }
+
+  // torch.sym_sum([a, b, ...]), which Dynamo writes for a sum of several sizes: a chain of adds.
+  void import_sym_sum(py::handle node, py::tuple args) {
+    MAGI_CHECK(args.size() == 1 && py::isinstance<py::sequence>(args[0]), "FX node '",
+               py_str(node.attr("name")), "': sym_sum takes one list of integers");
+    std::vector<ir::Value*> terms;
+    for (py::handle a : args[0]) terms.push_back(convert(a, nullptr));
+    MAGI_CHECK(!terms.empty(), "FX node '", py_str(node.attr("name")), "': sym_sum of nothing");
+    if (terms.size() == 1) return bind(node, {terms[0]});
+    ir::Value* sum = terms[0];
+    for (size_t i = 1; i + 1 < terms.size(); ++i) {
+      ir::Node* n = graph_->add_sym(ir::SymOp::kAdd, {sum, terms[i]});
+      set_provenance(n, node);
+      sum = n->output();
+    }
+    finish_sym(node, ir::SymOp::kAdd, {sum, terms.back()});
   }
 
   void finish_sym(py::handle node, ir::SymOp op, std::vector<ir::Value*> inputs) {
@@ -704,7 +723,7 @@ class FxImporter {
 
   py::module_ torch_;
   py::object fx_node_type_, op_overload_type_, hop_type_, sym_int_type_, sym_float_type_,
-      sym_bool_type_, getitem_;
+      sym_bool_type_, getitem_, sym_sum_;
   std::unordered_map<PyObject*, std::pair<py::object, ir::SymOp>> python_sym_ops_;
   std::unique_ptr<ir::Graph> graph_;
   py::handle gm_;

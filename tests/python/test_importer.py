@@ -429,6 +429,24 @@ def test_sym_size_nodes_and_symbolic_results():
             assert torch.equal(o, e)
 
 
+def test_sym_sum_of_several_sizes():
+    """torch.sym_sum([...]), Dynamo's form of a sum of several sizes, imports as adds."""
+
+    def f(a, b, c):
+        n = torch.sym_sum([a.shape[0], b.shape[0], c.shape[0]])
+        return torch.cat([a, b, c]).view(n * 6)
+
+    gm = make_fx(f, tracing_mode="symbolic")(
+        torch.randn(3, 6), torch.randn(4, 6), torch.randn(5, 6)
+    )
+    assert any(n.target is torch.sym_sum for n in gm.graph.nodes)
+    exe = _C.Executable(_C.import_fx_graph(gm))
+    for sizes in ((2, 3, 4), (7, 1, 5)):
+        args = [torch.randn(k, 6) for k in sizes]
+        (out,) = exe.run(args)
+        assert torch.equal(out, f(*args))
+
+
 def test_printer_shows_constants():
     def f(x):
         return (
