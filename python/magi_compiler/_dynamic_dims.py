@@ -192,6 +192,31 @@ def grow(
     return dims
 
 
+def static_peers(
+    names: list[str], values: list[Any], marked: list[list[int]], fixed: list[tuple[str, int]]
+) -> str:
+    """The static dims of other tensor arguments whose size at this call equals a named dim
+    the code fixed (``dim 1 of 'position_ids' (6)``): the likeliest reason, when the code
+    relates the two, is that the other one was left static. Sizes 0 and 1 are too common to
+    tell anything."""
+    index = {name: i for i, name in enumerate(names)}
+    found: list[str] = []
+    for name, dim in fixed:
+        i = index.get(name)
+        if i is None or not isinstance(values[i], torch.Tensor) or dim >= values[i].dim():
+            continue
+        size = values[i].shape[dim]
+        if size < 2:
+            continue
+        for j, other in enumerate(values):
+            if not isinstance(other, torch.Tensor):
+                continue
+            for d, n in enumerate(other.shape):
+                if n == size and d not in marked[j] and (j, d) != (i, dim):
+                    found.append(f"dim {d} of {names[j]!r} ({n})")
+    return ", ".join(dict.fromkeys(found[:3]))
+
+
 _ints_lock = threading.Lock()
 _ints_depth = 0  # calls into Dynamo in progress, all threads
 _ints_saved: tuple[Any, ...] = ()

@@ -442,7 +442,8 @@ class _CompiledCallable:
             try:
                 result = self._capture(args, kwargs)
             except Exception as e:  # noqa: BLE001 - filtered in _raise_if_fixed / _capture_failed
-                self._raise_if_fixed(_capture_errors.constraint_violation(e), e)
+                violation = _capture_errors.constraint_violation(e)
+                self._raise_if_fixed(violation, e, values, marked)
                 return self._capture_failed(e, args, kwargs)
         if not self.dims_explicit:
             marked = self._drop_fixed(values, marked, static_seen)
@@ -560,7 +561,13 @@ class _CompiledCallable:
             out.setdefault(frame.to_bound(source) or source, set()).update(dims)
         return out
 
-    def _raise_if_fixed(self, violation: ConstraintViolationError | None, e: Exception) -> None:
+    def _raise_if_fixed(
+        self,
+        violation: ConstraintViolationError | None,
+        e: Exception,
+        values: list[Any],
+        marked: list[list[int]],
+    ) -> None:
         """A dim named in dynamic_arg_dims that the traced code fixed (Dynamo's
         ConstraintViolationError) is a ValueError saying which and what to do. Inferred dims
         never get here: they are only maybe-dynamic, and Dynamo specialises them without
@@ -573,11 +580,18 @@ class _CompiledCallable:
         fixed = [(name, int(dim)) for name, dim in _capture_errors.SPECIALISED.findall(text)]
         # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
         listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
+        peers = _dynamic_dims.static_peers(self.param_names, values, marked, fixed)
+        hint = (
+            f"; its size equals {peers}, which {'is' if ',' not in peers else 'are'} static: "
+            "if they always match, name those dims in dynamic_arg_dims too, else"
+            if peers
+            else ";"
+        )
         first = str(violation).strip().splitlines()[0]
         raise ValueError(
             f"{self.model_tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes "
-            "its size (e.g. a weight whose rows must match another tensor); leave it out of "
-            f"dynamic_arg_dims (Dynamo: {first})"
+            f"its size (e.g. a weight whose rows must match another tensor){hint} leave it out "
+            f"of dynamic_arg_dims (Dynamo: {first})"
         ) from e
 
 

@@ -274,6 +274,24 @@ def test_explicit_dynamic_dim_that_the_code_fixes_says_what_to_do():
         compiled(inputs(3), torch.randn(H, H), torch.randn(H))
 
 
+def test_a_fixed_dynamic_dim_names_the_static_dim_it_equals():
+    """HF generate() with dynamic_arg_dims on input_ids only: the model relates its length to
+    position_ids', left static, so Dynamo fixes it; the error names that dim."""
+
+    def shifted(ids, positions):
+        return ids + positions
+
+    compiled = magi_compile(shifted, dynamic_arg_dims={"ids": [0, 1]})
+    with pytest.raises(ValueError) as raised:
+        compiled(torch.ones(2, 6), torch.ones(1, 6))
+    assert "dynamic_arg_dims marks dim 1 of 'ids' dynamic" in str(raised.value)
+    assert "its size equals dim 1 of 'positions' (6), which is static: if they always match, name those dims in dynamic_arg_dims too" in str(raised.value)  # fmt: skip
+    named = magi_compile(shifted, dynamic_arg_dims={"ids": [0, 1], "positions": 1})
+    for n in (6, 9):
+        ids, positions = torch.randn(2, n), torch.randn(1, n)
+        torch.testing.assert_close(named(ids, positions), ids + positions)
+
+
 def test_explicit_dynamic_path_that_the_code_fixes_says_what_to_do():
     """A dotted path ("p.w", a dict argument's key) is named by Dynamo in its own words; the
     ValueError still points at dynamic_arg_dims and quotes them."""
