@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
@@ -105,3 +106,36 @@ def constraint_violation(e: BaseException) -> ConstraintViolationError | None:
     """The ConstraintViolationError in `e`'s chain of causes, if any: dims marked dynamic that
     the traced code fixed."""
     return next((c for c in causes(e) if isinstance(c, ConstraintViolationError)), None)
+
+
+def fixed_dim_error(
+    tag: str,
+    violation: ConstraintViolationError,
+    frame: Any,
+    names: list[str],
+    values: list[Any],
+    marked: list[list[int]],
+) -> ValueError:
+    """The error for dims named in dynamic_arg_dims that the traced code fixed: which, the
+    static dims of other arguments they equal (the likeliest cause), and Dynamo's words.
+    ``frame``: the entry's CallFrame (a wrapped forward's sources read as its parameters)."""
+    from magi_compiler import _dynamic_dims
+
+    text = str(violation)
+    text = (frame.to_bound(text) if frame is not None else None) or text
+    fixed = [(name, int(dim)) for name, dim in SPECIALISED.findall(text)]
+    # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
+    listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
+    peers = _dynamic_dims.static_peers(names, values, marked, fixed)
+    hint = (
+        f"; its size equals {peers}, which {'is' if ',' not in peers else 'are'} static: "
+        "if they always match, name those dims in dynamic_arg_dims too, else"
+        if peers
+        else ";"
+    )
+    first = str(violation).strip().splitlines()[0]
+    return ValueError(
+        f"{tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes its size (e.g. a "
+        f"weight whose rows must match another tensor){hint} leave it out of dynamic_arg_dims "
+        f"(Dynamo: {first})"
+    )

@@ -641,3 +641,60 @@ def _unpicklable(fn: Callable) -> Callable:
     not resolve is skipped instead."""
     fn.__qualname__ = f"magi_compiled_{fn.__name__}"
     return fn
+
+
+def direct_path(
+    fn: Callable,
+    is_method: bool,
+    signature: inspect.Signature,
+    param_names: list[str],
+    sig: Any,
+    call: tuple[tuple, dict],
+    seen: Observation,
+    result: Any,
+    memoize: bool,
+    tag: str,
+) -> tuple[DirectPath | None, str]:
+    """(DirectPath, "") for the call of ``fn`` just observed (``seen``, which returned
+    ``result``; ``sig`` its GuardSignature), or (None, why not). ``memoize``: Dynamo's guards
+    evaluated once per argument layout (fast_dispatch_guards='arguments')."""
+    args, kwargs = call
+    if len(seen.calls) != 1:
+        return None, f"the call ran {len(seen.calls)} compiled graphs, not one"
+    run, graph_inputs, outputs = seen.calls[0]
+    if getattr(run, "magi_kind", None) != "inference" or run.magi_sources is None:
+        return None, "the graph is not an inference graph with known input sources"
+    if not run.magi_side_effect_free:
+        return None, "the captured code has Python side effects Dynamo replays"
+    rebuild = rebuild_for(result, outputs or [])
+    if rebuild is None:
+        return None, "the result is not the graph's outputs as they are"
+    call_frame, why = CallFrame.of(fn, is_method)
+    if call_frame is None:
+        return None, why
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    owner_name = next(iter(signature.parameters)) if is_method else None
+    arguments = dict(bound.arguments)
+    gather, why = build_gatherer(
+        fn, param_names, run.magi_sources, owner_name, arguments, call_frame
+    )
+    if gather is None:
+        return None, why
+    try:
+        _, gathered, frame = gather(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure: no direct path
+        return None, f"the gatherer failed: {e}"
+    why = same_inputs(gathered, graph_inputs)
+    if why:
+        return None, why
+    guards = dynamo_guards(fn, frame)
+    if guards is None:
+        return None, "no Dynamo cache entry whose guards pass for this call"
+    native, why = build_native(
+        fn, run.magi_sources, owner_name, arguments, sig, guards, run, rebuild, call_frame,
+        memoize=memoize,
+    )  # fmt: skip
+    if native is None:
+        logger.debug("%s: direct calls stay in Python: %s", tag, why)
+    return DirectPath(sig, guards, gather, run, rebuild, native, gather.magi_routes), ""

@@ -333,67 +333,21 @@ class _CompiledCallable:
         return result
 
     def _direct_path(
-        self,
-        sig: Any,
-        args: tuple,
-        kwargs: dict,
-        seen: _fast_dispatch.Observation,
-        result: Any,
+        self, sig: Any, args: tuple, kwargs: dict, seen: Any, result: Any
     ) -> tuple[_fast_dispatch.DirectPath | None, str]:
         """(DirectPath, "") for the call just observed, or (None, why not)."""
-        if len(seen.calls) != 1:
-            return None, f"the call ran {len(seen.calls)} compiled graphs, not one"
-        run, graph_inputs, outputs = seen.calls[0]
-        if getattr(run, "magi_kind", None) != "inference" or run.magi_sources is None:
-            return None, "the graph is not an inference graph with known input sources"
-        if not run.magi_side_effect_free:
-            return None, "the captured code has Python side effects Dynamo replays"
-        rebuild = _fast_dispatch.rebuild_for(result, outputs or [])
-        if rebuild is None:
-            return None, "the result is not the graph's outputs as they are"
-        call_frame, why = _call_frame.CallFrame.of(self.fn, self.is_method)
-        if call_frame is None:
-            return None, why
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        owner_name = next(iter(self.signature.parameters)) if self.is_method else None
-        gather, why = _fast_dispatch.build_gatherer(
+        return _fast_dispatch.direct_path(
             self.fn,
+            self.is_method,
+            self.signature,
             self.param_names,
-            run.magi_sources,
-            owner_name,
-            dict(bound.arguments),
-            call_frame,
-        )
-        if gather is None:
-            return None, why
-        try:
-            _, gathered, frame = gather(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - any failure: no direct path
-            return None, f"the gatherer failed: {e}"
-        why = _fast_dispatch.same_inputs(gathered, graph_inputs)
-        if why:
-            return None, why
-        guards = _fast_dispatch.dynamo_guards(self.fn, frame)
-        if guards is None:
-            return None, "no Dynamo cache entry whose guards pass for this call"
-        native, why = _fast_dispatch.build_native(
-            self.fn,
-            run.magi_sources,
-            owner_name,
-            dict(bound.arguments),
             sig,
-            guards,
-            run,
-            rebuild,
-            call_frame,
+            (args, kwargs),
+            seen,
+            result,
             memoize=self.config.fast_dispatch_guards == "arguments",
+            tag=self.model_tag,
         )
-        if native is None:
-            logger.debug("%s: direct calls stay in Python: %s", self.model_tag, why)
-        return _fast_dispatch.DirectPath(
-            sig, guards, gather, run, rebuild, native, gather.magi_routes
-        ), ""
 
     def _run_hit(self, args: tuple, kwargs: dict) -> Any:
         """A call whose signature matched, which Dynamo may still capture (its own guards
@@ -574,24 +528,9 @@ class _CompiledCallable:
         raising (_drop_fixed)."""
         if violation is None or not self.dims_explicit:
             return
-        text = str(violation)
         frame, _ = _call_frame.CallFrame.of(self.fn, self.is_method)
-        text = (frame.to_bound(text) if frame is not None else None) or text
-        fixed = [(name, int(dim)) for name, dim in _capture_errors.SPECIALISED.findall(text)]
-        # Paths ("batch.x") and other sources are not parsed: Dynamo's words then name them.
-        listed = ", ".join(f"dim {d} of {n!r}" for n, d in fixed) or "a dim"
-        peers = _dynamic_dims.static_peers(self.param_names, values, marked, fixed)
-        hint = (
-            f"; its size equals {peers}, which {'is' if ',' not in peers else 'are'} static: "
-            "if they always match, name those dims in dynamic_arg_dims too, else"
-            if peers
-            else ";"
-        )
-        first = str(violation).strip().splitlines()[0]
-        raise ValueError(
-            f"{self.model_tag}: dynamic_arg_dims marks {listed} dynamic, but the code fixes "
-            f"its size (e.g. a weight whose rows must match another tensor){hint} leave it out "
-            f"of dynamic_arg_dims (Dynamo: {first})"
+        raise _capture_errors.fixed_dim_error(
+            self.model_tag, violation, frame, self.param_names, values, marked
         ) from e
 
 
