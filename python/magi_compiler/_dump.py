@@ -168,8 +168,11 @@ class Report:
         path = os.path.join(self.dir, relpath)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
+            # Whole or not at all: a page rewritten while it is open is never seen half-written.
+            partial = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"
+            with open(partial, "w", encoding="utf-8") as f:
                 f.write(text)
+            os.replace(partial, path)
         except OSError as e:
             if not self.write_failed:
                 self.write_failed = True
@@ -270,7 +273,12 @@ def refresh_page(model_tag: str) -> None:
     if report is not None and report.dir is not None:
         from magi_compiler import _dump_page
 
-        report.write("index.html", _dump_page.render(report))
+        try:
+            page = _dump_page.render(report)
+        except Exception as e:  # noqa: BLE001 - the dump must never fail a call; say why
+            logger.warning("%s: could not render the dump's index page again: %r", model_tag, e)
+            return
+        report.write("index.html", page)
 
 
 def recompute_plan(plan: dict[str, Any]) -> None:

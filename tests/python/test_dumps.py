@@ -117,6 +117,7 @@ def test_one_directory_per_compile_named_by_tag_rank_and_counter(dumped):
         "config.json",
     ):
         assert name in files, (name, sorted(files))
+    assert not [f for f in files if f.endswith(".partial")]  # each file written whole, renamed
     # The IR after each pass that changed it: splitting and fusion both change this model.
     assert any(re.fullmatch(r"ir/inference/\d\d_split_at_boundaries\.txt", f) for f in files)
     assert any(re.fullmatch(r"ir/inference/\d\d_fuse_groups\.dot", f) for f in files)
@@ -331,3 +332,25 @@ def test_a_dump_that_cannot_be_written_warns_and_the_model_still_compiles(tmp_pa
     assert any("no dump for this compile" in r.getMessage() for r in records)
     assert inspection.last_compiled().num_pieces == 2
     assert model is not None
+
+
+def test_a_page_that_cannot_be_rendered_again_warns_and_keeps_the_last_one(dumped, monkeypatch):
+    """The compiled-module cache rewrites the index page after its write; a failure to render
+    it again says why and leaves the page the compile wrote."""
+    from magi_compiler import _dump_page
+
+    directory, _, _ = dumped
+    before = open(os.path.join(directory, "index.html"), encoding="utf-8").read()
+
+    def broken(report):
+        raise RuntimeError("no page today")
+
+    monkeypatch.setattr(_dump_page, "render", broken)
+    with logs_at("warning") as records:
+        _dump.refresh_page("DumpModel")
+    assert any(
+        "could not render the dump's index page again: RuntimeError('no page today')"
+        in r.getMessage()
+        for r in records
+    )
+    assert open(os.path.join(directory, "index.html"), encoding="utf-8").read() == before
