@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import inspect
 import sys
 import threading
@@ -457,6 +458,17 @@ def without_minifier_import() -> Iterator[None]:
         return
     stand_in = types.ModuleType(_MINIFIER_MODULE)
     stand_in.wrap_backend_debug = _BackendWithoutMinifier
+
+    def anything_else(name: str) -> Any:
+        # A torch that reads more from the module gets the real one, loaded now. Dunders are
+        # what the import system probes (``__path__``): they are not there, as on any module.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if sys.modules.get(_MINIFIER_MODULE) is stand_in:
+            del sys.modules[_MINIFIER_MODULE]
+        return getattr(importlib.import_module(_MINIFIER_MODULE), name)
+
+    stand_in.__getattr__ = anything_else
     sys.modules[_MINIFIER_MODULE] = stand_in
     try:
         yield

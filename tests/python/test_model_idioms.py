@@ -59,6 +59,7 @@ def test_dynamos_minifier_is_imported_only_when_configured(monkeypatch):
     """Our compile keeps Dynamo from importing its minifier's module (and AOTAutograd with it)
     while no minifier is configured: the backend gets a stand-in wrapper that calls it, and
     sys.modules is left as it was. A minifier configured by the time a graph arrives is used."""
+    import importlib
     import sys
 
     import torch._dynamo.repro.after_dynamo as real
@@ -72,10 +73,17 @@ def test_dynamos_minifier_is_imported_only_when_configured(monkeypatch):
         return gm
 
     monkeypatch.delitem(sys.modules, name)  # as in a process that never loaded it
+    load = importlib.import_module
     with _backend.without_minifier_import():
         from torch._dynamo.repro.after_dynamo import wrap_backend_debug
 
         wrapper = wrap_backend_debug(backend, None)
+        # Anything else read from the module meanwhile comes from the real one, loaded then
+        # (faked here: executing the real module twice would register its backend twice).
+        with monkeypatch.context() as m:
+            m.setattr(importlib, "import_module", lambda n: real if n == name else load(n))
+            from torch._dynamo.repro.after_dynamo import WrapBackendDebug
+    assert WrapBackendDebug is real.WrapBackendDebug
     assert name not in sys.modules
     assert wrapper._torchdynamo_orig_backend is backend
     gm = torch.fx.symbolic_trace(nn.Tanh())
