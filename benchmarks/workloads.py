@@ -4,7 +4,7 @@ A :class:`Workload` is a recipe; :meth:`Workload.build` makes a :class:`Case` on
 module every variant compiles, a few sets of random inputs to rotate through, and how one
 timed step uses them. Three shape presets:
 
-- ``full``: the shapes of issue 8 (GPU, bfloat16);
+- ``full``: the headline shapes (GPU, bfloat16);
 - ``quick``: small shapes that keep the CPU suite under five minutes on two cores (float32);
 - ``smoke``: tiny shapes for the test suite (correctness only).
 

@@ -1,4 +1,4 @@
-"""The model zoo benchmark (issue 53, item 5): Hugging Face models as users bring them,
+"""The model zoo benchmark: Hugging Face models as users bring them,
 compiled with the default ``magi_compile`` and timed beside eager PyTorch and torch.compile.
 
     python benchmarks/zoo.py --device cuda --out benchmarks/results/zoo_cuda.json

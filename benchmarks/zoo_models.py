@@ -7,7 +7,7 @@ sizes: ``real`` (the published shapes: Llama-3.2-1B, Qwen3-0.6B, GPT-2 124M, BER
 ViT-base, T5-small) and ``tiny`` (2 layers, hidden 64, for the CPU tests). Each model is called
 as its users call it, with keyword arguments (``model(input_ids=..., use_cache=False)``).
 
-Scenarios (issue 53, item 5):
+Scenarios:
 
 - ``whole``: ``magi_compile(model)`` with the default settings; models with a cache are called
   with ``use_cache=False``.

@@ -1,4 +1,4 @@
-"""Fusion and code generation on CUDA (issue 5): the CPU tier's patterns
+"""Fusion and code generation on CUDA: the CPU tier's patterns
 (``tests/_fusion_patterns.py``) as NVRTC kernels, in float32 (TF32 off), bfloat16 and float16,
 against eager on fresh random inputs; plus the vector widths the launcher picks (16-byte
 accesses when the row length allows, scalar ones for odd rows) and rows too long for the

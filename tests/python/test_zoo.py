@@ -1,4 +1,4 @@
-"""The model zoo on the CPU (issue 53, item 5): Hugging Face models compiled as users compile
+"""The model zoo on the CPU: Hugging Face models compiled as users compile
 them, with the default settings, must capture without falling back and match eager.
 
 For each family of ``benchmarks/zoo_models.py`` (Llama, Qwen3, GPT-2, BERT, ViT, T5; the tiny
