@@ -220,7 +220,8 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("num_folded_values", &runtime::Executable::num_folded_values,
                              "Results of constant instructions kept by the first call.")
       .def("enable_piece_cuda_graphs", &runtime::Executable::enable_piece_cuda_graphs,
-           py::arg("max_graphs") = 64, py::arg("ladder") = std::vector<int64_t>{})
+           py::arg("max_graphs") = 64, py::arg("ladder") = std::vector<int64_t>{},
+           py::arg("keyed_inputs") = std::vector<bool>{})
       .def_property_readonly(
           "padding", [](const runtime::Executable& e) { return e.padding().str(); },
           "Whether calls may be padded along a dynamic batch dim into CUDA-graph buckets, "
@@ -243,6 +244,9 @@ void bind_runtime(py::module_& m) {
                              "(non-ATen) operator.")
       .def_property_readonly("num_piece_graph_captures",
                              without_gil(&runtime::Executable::num_piece_graph_captures))
+      .def_property_readonly("num_piece_graphs",
+                             without_gil(&runtime::Executable::num_piece_graphs),
+                             "CUDA graphs of the pieces captured now (PIECEWISE).")
       .def_property_readonly("num_fusions", &runtime::Executable::num_fusions,
                              "Fusion nodes (generated kernels) run per call, pieces included.")
       .def_property_readonly(
@@ -310,9 +314,10 @@ void bind_runtime(py::module_& m) {
         "Batch sizes CUDA graphs are captured for when compile_sizes is empty.");
   py::class_<runtime::CudaGraphRunner>(m, "CudaGraphRunner",
                                        "Captures and replays an Executable as CUDA graphs.")
-      .def(py::init<const runtime::Executable&, size_t, std::vector<int64_t>>(),
+      .def(py::init<const runtime::Executable&, size_t, std::vector<int64_t>, std::vector<bool>>(),
            py::arg("executable"), py::arg("max_graphs") = 64,
-           py::arg("ladder") = std::vector<int64_t>{}, py::keep_alive<1, 2>())
+           py::arg("ladder") = std::vector<int64_t>{}, py::arg("keyed") = std::vector<bool>{},
+           py::keep_alive<1, 2>())
       .def(
           "run",
           [](runtime::CudaGraphRunner& runner, py::sequence args, bool steal_inputs) {

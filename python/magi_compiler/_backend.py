@@ -12,6 +12,7 @@ import functools
 import gc
 import importlib
 import inspect
+import re
 import sys
 import threading
 import time
@@ -172,8 +173,9 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
         if executable.num_pieces == 0:
             return None
     ladder = bucket_ladder(config)
+    keyed = keyed_inputs(getattr(_capturing, "info", None))
     if mode == "PIECEWISE" and executable.num_pieces > 0:
-        executable.enable_piece_cuda_graphs(config.max_cuda_graphs, ladder)
+        executable.enable_piece_cuda_graphs(config.max_cuda_graphs, ladder, keyed)
         paddings = executable.piece_paddings
     else:
         paddings = [executable.padding]
@@ -189,7 +191,19 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
                 )
     if mode == "PIECEWISE" and executable.num_pieces > 0:
         return None
-    return _C.CudaGraphRunner(executable, config.max_cuda_graphs, ladder)
+    return _C.CudaGraphRunner(executable, config.max_cuda_graphs, ladder, keyed)
+
+
+_MODULE_STATE = re.compile(r"\._(?:parameters|buffers)\['[^']*'\]$")
+
+
+def keyed_inputs(capture: dict[str, Any] | None) -> list[bool]:
+    """Per graph input, whether Dynamo found it in a module's parameters or buffers: CUDA
+    graphs key those by identity (``runtime/cuda_graph.h``), so a layer compiled once and
+    called for each layer instance gets a graph per instance that reads its weights in place."""
+    if capture is None:
+        return []
+    return [bool(_MODULE_STATE.search(source)) for source in capture["sources"]]
 
 
 def bucket_ladder(config: CompileConfig) -> list[int]:

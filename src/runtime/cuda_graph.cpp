@@ -37,9 +37,16 @@ std::vector<int64_t> padded_strides(const at::Tensor& t) {
   return strides;
 }
 
+// The identity of a keyed input, as the signature holds it.
+int64_t identity_of(const at::Tensor& t) {
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+}
+
 // With padding, batched inputs enter as their padded selves: dim 0 (or the value) bucket * k,
-// padded_strides().
-Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, const Padding& pad) {
+// padded_strides(). The identities of the keyed tensor inputs follow all inputs, in input
+// order; `*identities` is their number.
+Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, const Padding& pad,
+                       const std::vector<bool>& keyed, size_t* identities) {
   Signature sig;
   sig.reserve(inputs.size() * 8);
   *all_cuda = true;
@@ -81,6 +88,13 @@ Signature signature_of(const std::vector<c10::IValue>& inputs, bool* all_cuda, c
     }
   }
   *all_cuda &= any_tensor;
+  *identities = 0;
+  for (size_t i = 0; i < inputs.size() && i < keyed.size(); ++i) {
+    if (keyed[i] && inputs[i].isTensor()) {
+      sig.push_back(identity_of(inputs[i].toTensor()));
+      ++*identities;
+    }
+  }
   return sig;
 }
 
@@ -184,7 +198,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::warm_up(Entry& e, std::vector<c1
 
 bool CudaGraphRunner::Impl::same_call(const Signature& key, const Entry& e,
                                       const std::vector<c10::IValue>& inputs,
-                                      const std::vector<bool>* steady) {
+                                      const std::vector<bool>* steady) const {
   size_t at = 0;
   auto next = [&](int64_t value) { return at < key.size() && key[at++] == value; };
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -227,7 +241,45 @@ bool CudaGraphRunner::Impl::same_call(const Signature& key, const Entry& e,
       return false;
     }
   }
+  for (size_t i = 0; i < inputs.size() && i < keyed.size(); ++i) {
+    if (!keyed[i] || !inputs[i].isTensor()) continue;
+    if (steady != nullptr && i < steady->size() && (*steady)[i]) {
+      ++at;
+    } else if (!next(identity_of(inputs[i].toTensor()))) {
+      return false;
+    }
+  }
   return at == key.size();
+}
+
+void CudaGraphRunner::Impl::erase_orphans() {
+  for (auto it = entries.begin(); it != entries.end();) {
+    const Entry& e = it->second;
+    bool orphan = false;
+    for (size_t i : e.keyed_tensors) {
+      if (e.graph != nullptr && e.in_place[i]) {
+        orphan = e.static_inputs[i].toTensor().use_count() == 1;
+      } else if (e.graph == nullptr && i < e.warmup_tensors.size()) {
+        orphan = e.warmup_tensors[i].expired();
+      }
+      if (orphan) break;
+    }
+    if (!orphan) {
+      ++it;
+      continue;
+    }
+    if (last_entry == &it->second) {
+      last_entry = nullptr;
+      last_key = nullptr;
+    }
+    // The identities are the key's tail; what precedes them is the entry's shape.
+    const Signature shape(it->first.begin(),
+                          it->first.end() - static_cast<long>(e.keyed_tensors.size()));
+    auto s = shapes.find(shape);
+    if (s != shapes.end() && --s->second == 0) shapes.erase(s);
+    MAGI_LOG_DEBUG("CUDA graphs: the weights of a graph were dropped; erasing it");
+    it = entries.erase(it);
+  }
 }
 
 std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValue>& inputs,
@@ -255,13 +307,16 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValu
     return replay(*last_entry, inputs, pad);
   }
   bool all_cuda = false;
-  Signature key = signature_of(inputs, &all_cuda, pad);
+  size_t identities = 0;
+  Signature key = signature_of(inputs, &all_cuda, pad, keyed, &identities);
   if (!all_cuda) return exe.run(take());
   clock.lap(0);
   auto it = entries.find(key);
   clock.lap(1);
   if (it == entries.end()) {
-    if (entries.size() >= max_graphs) {
+    if (identities > 0) erase_orphans();
+    Signature shape(key.begin(), key.end() - static_cast<long>(identities));
+    if (shapes.size() >= max_graphs && shapes.count(shape) == 0) {
       if (!warned_full) {
         warned_full = true;
         MAGI_LOG_WARN("CUDA graphs: ", max_graphs,
@@ -269,8 +324,12 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValu
       }
       return exe.run(take());
     }
+    ++shapes[std::move(shape)];
     Entry& e = entries[key];
     e.calls = 1;
+    for (size_t i = 0; i < inputs.size() && i < keyed.size(); ++i) {
+      if (keyed[i] && inputs[i].isTensor()) e.keyed_tensors.push_back(i);
+    }
     return warm_up(e, take(), pad);
   }
   Entry& e = it->second;
@@ -301,8 +360,8 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValu
 }
 
 CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t max_graphs,
-                                 std::vector<int64_t> ladder)
-    : impl_(std::make_unique<Impl>(executable, max_graphs, std::move(ladder))) {}
+                                 std::vector<int64_t> ladder, std::vector<bool> keyed)
+    : impl_(std::make_unique<Impl>(executable, max_graphs, std::move(ladder), std::move(keyed))) {}
 CudaGraphRunner::~CudaGraphRunner() = default;
 
 namespace {
@@ -398,7 +457,8 @@ bool CudaGraphRunner::available() { return true; }
 struct CudaGraphRunner::Impl {
   const Executable& exe;
 };
-CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t, std::vector<int64_t>)
+CudaGraphRunner::CudaGraphRunner(const Executable& executable, size_t, std::vector<int64_t>,
+                                 std::vector<bool>)
     : impl_(std::make_unique<Impl>(Impl{executable})) {}
 CudaGraphRunner::~CudaGraphRunner() = default;
 std::vector<c10::IValue> CudaGraphRunner::run(std::vector<c10::IValue> inputs,

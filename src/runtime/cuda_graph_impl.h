@@ -127,6 +127,8 @@ struct CudaGraphRunner::Impl {
 
   struct Entry {
     int calls = 0;
+    // The keyed tensor inputs whose identities end the entry's signature (signature_of).
+    std::vector<size_t> keyed_tensors;
     // The tensors of the warm-up call, held weakly: a weak reference keeps the TensorImpl's
     // memory from being reused, so "the same TensorImpl at capture" means the same tensor
     // object (a parameter or buffer), never a new activation that happens to land there.
@@ -173,8 +175,9 @@ struct CudaGraphRunner::Impl {
     }
   };
 
-  Impl(const Executable& executable, size_t max, std::vector<int64_t> sizes)
-      : exe(executable), max_graphs(max), ladder(std::move(sizes)) {
+  Impl(const Executable& executable, size_t max, std::vector<int64_t> sizes,
+       std::vector<bool> keyed_inputs)
+      : exe(executable), max_graphs(max), ladder(std::move(sizes)), keyed(std::move(keyed_inputs)) {
     std::sort(ladder.begin(), ladder.end());
     ladder.erase(std::unique(ladder.begin(), ladder.end()), ladder.end());
     const PaddingPlan& plan = exe.padding();
@@ -191,15 +194,19 @@ struct CudaGraphRunner::Impl {
   size_t max_graphs;
   std::vector<int64_t> ladder;
   const PaddingPlan* padding = nullptr;  // set when calls are padded into the ladder's buckets
+  std::vector<bool> keyed;               // per input: its identity is part of the signature
   std::map<Signature, Entry> entries;
+  // The signatures of the entries without their keyed inputs' identities (what max_graphs
+  // counts), with the number of entries of each.
+  std::map<Signature, size_t> shapes;
   size_t captures = 0, replays = 0, padded_calls = 0, direct_launches = 0;
   size_t fresh_buffers = 0;       // output buffers allocated because the caller held every set
   size_t input_retargets = 0;     // input copy nodes pointed at another tensor
   bool use_input_nodes = true;    // false: inputs copied on the stream (set_input_copy_nodes)
   bool use_steady = true;         // false: SteadyInputs ignored (set_steady_inputs)
   size_t slot_limit = kMaxSlots;  // slots a replay picks from (set_max_executables)
-  // The entry of the last unpadded replay found through the map, and its signature (entries
-  // are never erased, so both stay valid): run() tries it before building a signature.
+  // The entry of the last unpadded replay found through the map, and its signature (reset
+  // when erase_orphans erases it): run() tries it before building a signature.
   const Signature* last_key = nullptr;
   Entry* last_entry = nullptr;
   // The SteadyInputs generation of the last call that replayed last_entry, 0 when the last
@@ -397,9 +404,15 @@ struct CudaGraphRunner::Impl {
   // field by field without building it) and each input `e` uses in place is the tensor it
   // was at capture: the call replays `e` as it is. Inputs marked in `steady` are taken as
   // they were on the call that last passed this check (SteadyInputs) and not compared.
-  static bool same_call(const Signature& key, const Entry& e,
-                        const std::vector<c10::IValue>& inputs,
-                        const std::vector<bool>* steady = nullptr);
+  bool same_call(const Signature& key, const Entry& e, const std::vector<c10::IValue>& inputs,
+                 const std::vector<bool>* steady = nullptr) const;
+
+  bool is_keyed(size_t i) const { return i < keyed.size() && keyed[i]; }
+
+  // Erases the entries whose keyed tensors only the entry still holds (or, before a capture,
+  // nobody holds): the weights they were captured for are gone. Called before an entry is
+  // made, so a model that replaces its weights does not keep the old ones alive.
+  void erase_orphans();
 
   // CudaGraphRunner::run and run_borrowed: `owned`, when given, is `inputs` itself, which the
   // paths that run the executable may consume.

@@ -214,12 +214,54 @@ const Executable& Executable::piece(size_t i) const {
   return *this;
 }
 
-void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t> ladder) {
+namespace {
+
+// Per piece, per piece input: whether every call of the piece passes a keyed input of the
+// graph there (the register still holding it, not yet written by an instruction).
+std::vector<std::vector<bool>> keyed_piece_inputs(const std::vector<Instr>& instrs,
+                                                  const std::vector<Ref>& input_regs,
+                                                  const std::vector<bool>& keyed,
+                                                  size_t num_pieces) {
+  std::vector<std::vector<bool>> out(num_pieces);
+  std::vector<bool> called(num_pieces, false);
+  std::map<Ref, bool> holds_keyed;  // register -> holds a keyed input still
+  for (size_t i = 0; i < input_regs.size() && i < keyed.size(); ++i) {
+    if (keyed[i] && input_regs[i] != kUnused) holds_keyed[input_regs[i]] = true;
+  }
+  auto is_keyed = [&](Ref r) {
+    auto it = holds_keyed.find(r);
+    return it != holds_keyed.end() && it->second;
+  };
+  for (const Instr& instr : instrs) {
+    if (instr.kind == InstrKind::kCallPiece && instr.piece < num_pieces) {
+      std::vector<bool>& k = out[instr.piece];
+      if (!called[instr.piece]) {
+        called[instr.piece] = true;
+        k.assign(instr.in.size(), true);
+      }
+      for (size_t j = 0; j < instr.in.size() && j < k.size(); ++j) {
+        k[j] = k[j] && is_keyed(instr.in[j]);
+      }
+    }
+    for (Ref r : instr.out) {
+      if (r != kUnused) holds_keyed[r] = false;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t> ladder,
+                                          const std::vector<bool>& keyed_inputs) {
   Program& p = *program_;
   p.piece_graphs.clear();
-  for (const auto& piece : p.pieces) {
-    p.piece_graphs.push_back(piece ? std::make_unique<CudaGraphRunner>(*piece, max_graphs, ladder)
-                                   : nullptr);
+  const std::vector<std::vector<bool>> keyed =
+      keyed_piece_inputs(p.instrs, p.input_regs, keyed_inputs, p.pieces.size());
+  for (size_t i = 0; i < p.pieces.size(); ++i) {
+    p.piece_graphs.push_back(
+        p.pieces[i] ? std::make_unique<CudaGraphRunner>(*p.pieces[i], max_graphs, ladder, keyed[i])
+                    : nullptr);
   }
 }
 
@@ -266,6 +308,12 @@ bool Executable::calls_custom_ops() const { return program_->calls_custom_ops; }
 size_t Executable::num_piece_graph_captures() const {
   size_t n = 0;
   for (const auto& r : program_->piece_graphs) n += r ? r->num_captures() : 0;
+  return n;
+}
+
+size_t Executable::num_piece_graphs() const {
+  size_t n = 0;
+  for (const auto& r : program_->piece_graphs) n += r ? r->num_graphs() : 0;
   return n;
 }
 

@@ -590,3 +590,59 @@ def test_graphs_beside_reduce_overhead_keep_their_cublas_workspace(tmp_path):
     for name, r in workload["variants"].items():
         assert r["status"] == "ok", (name, r.get("phase"), (r.get("error") or "")[:500])
     assert workload["variants"]["magi_cg"]["correct"], workload["variants"]["magi_cg"]
+
+
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+def test_a_compiled_layer_class_gets_a_graph_per_instance(
+    mode, counters, lowered, assert_close_rel
+):
+    """The per-layer idiom: one compiled graph serves every instance of the decorated layer
+    class. Its CUDA graphs are keyed by the instance's weights, so each instance gets a graph
+    that reads its own weights in place (none copied per replay), and replacing one
+    instance's weights frees the graph captured for the old ones."""
+    import blocks
+
+    @magi_compile(config_patch={"cudagraph_mode": mode})
+    class Block(blocks.LlamaBlock):
+        pass
+
+    shape = dict(hidden=256, n_heads=8, n_kv_heads=4, intermediate=512)
+    n = 4
+    layers = [blocks.init_weights_(Block(**shape), seed=i).cuda().eval() for i in range(n)]
+    eagers = [
+        blocks.init_weights_(blocks.LlamaBlock(**shape), seed=i).cuda().eval() for i in range(n)
+    ]
+    with torch.no_grad():
+        for _ in range(4):  # warm-up, capture, two replays per instance
+            x = y = torch.randn(2, 16, 256, device="cuda")
+            for layer, eager in zip(layers, eagers, strict=True):
+                x, y = layer(x), eager(y)
+            assert_close_rel(x, y, 1e-4)
+    assert counters().captures == 1
+    runner, exe = lowered[0].magi_cuda_graphs, lowered[0].magi_executable
+    if mode == "FULL":
+        assert runner.num_graphs == n  # one per instance
+        assert runner.num_replays == 3 * n  # rounds 2 (the captures) to 4
+        graphs = lambda: runner.num_graphs  # noqa: E731
+    else:
+        assert runner is None and exe.num_pieces >= 2  # split at attention
+        # One graph per instance in each piece: each piece reads some of the layer's weights.
+        assert exe.num_piece_graphs == exe.num_pieces * n
+        assert exe.num_piece_graph_captures == exe.num_pieces * n
+        graphs = lambda: exe.num_piece_graphs  # noqa: E731
+    before = graphs()
+    # New weights loaded in place: the same graphs serve them.
+    fresh = blocks.init_weights_(blocks.LlamaBlock(**shape), seed=99).cuda().eval()
+    layers[1].load_state_dict(fresh.state_dict())
+    eagers[1].load_state_dict(fresh.state_dict())
+    # New Parameter objects for another instance: graphs are made for them, and those of the
+    # old weights, which nothing else holds now, are erased when they are.
+    layers[2] = blocks.init_weights_(Block(**shape), seed=98).cuda().eval()
+    eagers[2] = blocks.init_weights_(blocks.LlamaBlock(**shape), seed=98).cuda().eval()
+    with torch.no_grad():
+        for _ in range(3):
+            x = y = torch.randn(2, 16, 256, device="cuda")
+            for layer, eager in zip(layers, eagers, strict=True):
+                x, y = layer(x), eager(y)
+            assert_close_rel(x, y, 1e-4)
+    assert graphs() == before

@@ -12,6 +12,14 @@
 // a parameter-like input later arrives at a different address (the parameter was replaced),
 // the graph is dropped and captured again.
 //
+// Keyed inputs: inputs the caller marks `keyed` (a model's parameters and buffers) enter the
+// signature by identity (their TensorImpl) as well. One compiled layer called for each layer
+// instance of a model then gets a graph per instance, each reading its own weights in place,
+// rather than one graph that copies the weights of whichever instance calls into its static
+// buffers. `max_graphs` counts signatures without the identities. An entry whose keyed tensors
+// nobody else holds any more (the model dropped those weights) is erased when a new entry is
+// made, so replaced weights are not kept alive by their old graphs.
+//
 // Outputs: a graph ends by copying each dense output into a buffer of the runner (outside
 // the graphs' pool), and the caller gets a new tensor on that buffer's memory. Each graph has
 // two sets of buffers from its capture (two executables of the graph, each copying into its
@@ -82,8 +90,10 @@ class CudaGraphRunner {
  public:
   /// `max_graphs`: signatures captured at most; further ones run without graphs. `ladder`:
   /// batch sizes to pad up to (sorted here; empty or an unpaddable executable: exact sizes).
+  /// `keyed`: per input, whether its identity is part of the signature (see above; empty:
+  /// none).
   CudaGraphRunner(const Executable& executable, size_t max_graphs = 64,
-                  std::vector<int64_t> ladder = {});
+                  std::vector<int64_t> ladder = {}, std::vector<bool> keyed = {});
   ~CudaGraphRunner();
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const SteadyInputs& steady = {});

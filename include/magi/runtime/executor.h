@@ -111,9 +111,14 @@ class Executable {
   /// PIECEWISE CUDA graphs: run each piece through its own CudaGraphRunner (boundary ops stay
   /// eager between them). Not thread-safe: one caller at a time.
   /// `ladder`: batch sizes captured, smaller batches padded up to the next (padding.h); empty:
-  /// one graph per exact size.
-  void enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t> ladder = {});
+  /// one graph per exact size. `keyed_inputs`: per graph input, whether it is a parameter or
+  /// buffer; a piece input that every call of the piece takes from one is keyed by identity
+  /// (cuda_graph.h), so a piece called for each layer gets a graph per layer.
+  void enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t> ladder = {},
+                                const std::vector<bool>& keyed_inputs = {});
   size_t num_piece_graph_captures() const;
+  /// CUDA graphs of the pieces captured now (all pieces together).
+  size_t num_piece_graphs() const;
   /// Piece calls that ran in a larger bucket's CUDA graph (padded).
   size_t num_piece_padded_calls() const;
   /// Fusion nodes run per call (generated kernels), those inside pieces included.
