@@ -375,6 +375,7 @@ class EntryCache:
         self.loaded_graphs = 0
         self._written_ids: frozenset[str] = frozenset()
         self._refused: str | None = None  # why this entry is not written (logged once)
+        self._failure: str | None = None  # the last write's error (warned about once)
 
     # -- load ------------------------------------------------------------------------------
     def package_for_compile(self) -> Any:
@@ -593,11 +594,17 @@ class EntryCache:
         _refresh_dump(self.model_tag)
 
     def _failed(self, error: Exception) -> None:
-        logger.warning(
-            "%s: the compiled-module cache entry could not be written: %s: %s",
-            self.model_tag, type(error).__name__, error,
+        """A write failed. Each later capture tries again (a full disk may have room by then);
+        the same error again is logged at INFO, so a cache directory that cannot be written
+        warns once, not at every capture."""
+        why = f"{type(error).__name__}: {error}"
+        again = why == self._failure
+        self._failure = why
+        (logger.info if again else logger.warning)(
+            "%s: the compiled-module cache entry could not be written%s: %s",
+            self.model_tag, " again" if again else "", why,
         )  # fmt: skip
-        _event(self.model_tag, "not written", f"{type(error).__name__}: {error}")
+        _event(self.model_tag, "not written", why)
         _refresh_dump(self.model_tag)
 
     def _refuse(self, why: str) -> None:

@@ -592,32 +592,63 @@ def test_graphs_beside_reduce_overhead_keep_their_cublas_workspace(tmp_path):
     assert workload["variants"]["magi_cg"]["correct"], workload["variants"]["magi_cg"]
 
 
+@magi_register_custom_op(
+    name="magi_t_cg_cuda::doubled_gelu", infer_output_meta_fn=["x"], is_subgraph_boundary=True
+)
+def doubled_gelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x) * 2
+
+
+class _BoundaryLayer(torch.nn.Module):
+    """A residual MLP layer split into two pieces by a boundary op."""
+
+    def __init__(self, width: int = 256):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up, self.down = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.down(doubled_gelu(self.up(self.norm(x))))
+
+
+def _layers(cls, n, **shape):
+    out = []
+    for i in range(n):
+        torch.manual_seed(i)
+        layer = cls(**shape).cuda().eval()
+        for p in layer.parameters():
+            p.data.normal_(0, 0.05)
+        out.append(layer)
+    return out
+
+
 @pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
 def test_a_compiled_layer_class_gets_a_graph_per_instance(
     mode, counters, lowered, assert_close_rel
 ):
     """The per-layer idiom: one compiled graph serves every instance of the decorated layer
     class. Its CUDA graphs are keyed by the instance's weights, so each instance gets a graph
-    that reads its own weights in place (none copied per replay), and replacing one
-    instance's weights frees the graph captured for the old ones."""
+    (FULL) or a graph per piece (PIECEWISE) that reads its own weights in place, where one
+    graph copied the calling instance's weights into its buffers on every replay. Weights
+    loaded in place keep the graphs; new Parameter objects get new graphs, and those of the
+    weights nothing holds any more are freed."""
     import blocks
 
-    @magi_compile(config_patch={"cudagraph_mode": mode})
-    class Block(blocks.LlamaBlock):
-        pass
-
-    shape = dict(hidden=256, n_heads=8, n_kv_heads=4, intermediate=512)
+    base = blocks.LlamaBlock if mode == "FULL" else _BoundaryLayer
+    shape = dict(hidden=256, n_heads=8, n_kv_heads=4, intermediate=512) if mode == "FULL" else {}
+    compiled_class = magi_compile(type("Layer", (base,), {}), config_patch={"cudagraph_mode": mode})
     n = 4
-    layers = [blocks.init_weights_(Block(**shape), seed=i).cuda().eval() for i in range(n)]
-    eagers = [
-        blocks.init_weights_(blocks.LlamaBlock(**shape), seed=i).cuda().eval() for i in range(n)
-    ]
-    with torch.no_grad():
-        for _ in range(4):  # warm-up, capture, two replays per instance
-            x = y = torch.randn(2, 16, 256, device="cuda")
-            for layer, eager in zip(layers, eagers, strict=True):
-                x, y = layer(x), eager(y)
-            assert_close_rel(x, y, 1e-4)
+    layers, eagers = _layers(compiled_class, n, **shape), _layers(base, n, **shape)
+
+    def check(rounds):
+        with torch.no_grad():
+            for _ in range(rounds):
+                x = y = torch.randn(2, 16, 256, device="cuda")
+                for layer, eager in zip(layers, eagers, strict=True):
+                    x, y = layer(x), eager(y)
+                assert_close_rel(x, y, 1e-4)
+
+    check(4)  # warm-up, capture, two replays per instance
     assert counters().captures == 1
     runner, exe = lowered[0].magi_cuda_graphs, lowered[0].magi_executable
     if mode == "FULL":
@@ -625,24 +656,27 @@ def test_a_compiled_layer_class_gets_a_graph_per_instance(
         assert runner.num_replays == 3 * n  # rounds 2 (the captures) to 4
         graphs = lambda: runner.num_graphs  # noqa: E731
     else:
-        assert runner is None and exe.num_pieces >= 2  # split at attention
-        # One graph per instance in each piece: each piece reads some of the layer's weights.
-        assert exe.num_piece_graphs == exe.num_pieces * n
-        assert exe.num_piece_graph_captures == exe.num_pieces * n
+        assert runner is None and exe.num_pieces == 2  # split at the boundary op
+        assert exe.num_piece_graphs == exe.num_piece_graph_captures == 2 * n
         graphs = lambda: exe.num_piece_graphs  # noqa: E731
     before = graphs()
-    # New weights loaded in place: the same graphs serve them.
-    fresh = blocks.init_weights_(blocks.LlamaBlock(**shape), seed=99).cuda().eval()
-    layers[1].load_state_dict(fresh.state_dict())
-    eagers[1].load_state_dict(fresh.state_dict())
-    # New Parameter objects for another instance: graphs are made for them, and those of the
-    # old weights, which nothing else holds now, are erased when they are.
-    layers[2] = blocks.init_weights_(Block(**shape), seed=98).cuda().eval()
-    eagers[2] = blocks.init_weights_(blocks.LlamaBlock(**shape), seed=98).cuda().eval()
-    with torch.no_grad():
-        for _ in range(3):
-            x = y = torch.randn(2, 16, 256, device="cuda")
-            for layer, eager in zip(layers, eagers, strict=True):
-                x, y = layer(x), eager(y)
-            assert_close_rel(x, y, 1e-4)
+    layers[1].load_state_dict(eagers[0].state_dict())
+    eagers[1].load_state_dict(eagers[0].state_dict())
+    layers[2] = _layers(compiled_class, 3, **shape)[2]  # the same values, new Parameters
+    check(3)
     assert graphs() == before
+
+
+def test_a_piece_called_for_each_layer_gets_a_graph_per_layer(counters, lowered, assert_close_rel):
+    """A whole model in PIECEWISE mode: the piece between two layers' boundary ops is one
+    piece called for every layer with that layer's weights; it gets a CUDA graph per call
+    site, each reading its weights in place."""
+    eager = torch.nn.Sequential(*_layers(_BoundaryLayer, 4))
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "PIECEWISE"})
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 16, 256, device="cuda")
+            assert_close_rel(compiled(x), eager(x), 1e-4)
+    exe = lowered[0].magi_executable
+    assert exe.num_piece_calls == 5 and exe.num_pieces == 3  # the middle piece serves 3 calls
+    assert exe.num_piece_graphs == exe.num_piece_graph_captures == 5

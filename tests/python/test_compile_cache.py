@@ -299,3 +299,16 @@ def test_grad_mode_with_no_output_needing_grad_is_an_inference_entry(tmp_path):
     assert cold["counters"]["captures"] == 1 and cold["counters"]["disk_cache_writes"] == 1
     warm = _run(tmp_path, grad=True, shapes=[[5, 16]])
     assert warm["counters"]["captures"] == 0 and warm["counters"]["cache_loaded_graphs"] == 1
+
+
+def test_a_cache_that_cannot_be_written_warns_once(tmp_path):
+    """Each capture tries to write the entry again (a full disk may have room by then), but the
+    same error is a warning once and INFO after that; the calls compile and run."""
+    _workdir(tmp_path)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "modules").write_text("a file where the cache's folder belongs")
+    result = _run(tmp_path, shapes=[[1, 16], [4, 16], [6, 16]])  # batch 1 specialises
+    assert result["counters"]["captures"] == 2, result
+    first = _logged(result, "could not be written: ")
+    assert len(first) == 1 and "Error" in first[0], result["log"]
+    assert len(_logged(result, "could not be written again: ")) == 1, result["log"]
