@@ -3,7 +3,9 @@ eager, and dims marked dynamic that the traced code fixed (api.py)."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +71,24 @@ def _user_frame(e: BaseException) -> str:
         if "/torch/" not in path and "/magi_compiler/" not in path:
             return f" at {frame.filename}:{frame.lineno} in {frame.name}"
     return ""
+
+
+_OUR_FILES = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.sep.join(("torch", "nn", "modules", "")),
+)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller name the first frame
+    outside magi_compiler and torch's module-call machinery: the user's call."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_OUR_FILES[0])
+        or _OUR_FILES[1] in frame.f_code.co_filename
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def recompile_limit_hit(e: BaseException) -> bool:

@@ -351,13 +351,20 @@ class _CompiledCallable:
 
     def _run_hit(self, args: tuple, kwargs: dict) -> Any:
         """A call whose signature matched, which Dynamo may still capture (its own guards
-        failed): refused by Dynamo's per-code-object limit, it is made again as a capture."""
+        failed): refused by Dynamo's per-code-object limit, it is made again as a capture. A
+        capture that fails here (code only this call reaches, such as another instance's
+        branch, breaks the graph) is handled as a new signature's would be (_capture_failed)."""
         try:
             return self._run(args, kwargs)
         except Exception as e:
             if not _capture_errors.recompile_limit_hit(e):
-                raise
+                if _capture_errors.unsupported_reason(e) is None:
+                    raise
+                return self._capture_failed(e, args, kwargs)
+        try:
             return self._capture(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - filtered in _capture_failed
+            return self._capture_failed(e, args, kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         _tls.depth = _capture_depth() + 1
@@ -467,7 +474,7 @@ class _CompiledCallable:
 
     def _capture_failed(self, e: BaseException, args: tuple, kwargs: dict) -> Any:
         """Raises `e` (ours with their own type), or falls back to eager when it says the code
-        cannot be compiled and the config allows it."""
+        cannot be compiled and the config allows it (the warning names the user's call)."""
         reason = _capture_errors.unsupported_reason(e)
         if reason is None or self.config.strict:
             ours = _capture_errors.magi_error(e)
@@ -481,7 +488,7 @@ class _CompiledCallable:
         warnings.warn(
             f"magi_compiler: {self.model_tag} cannot be compiled and will run eagerly: "
             f"{reason} (set strict=True in its config to raise instead)",
-            stacklevel=4,
+            stacklevel=_capture_errors.user_stacklevel(),
         )
         return self.fn(*args, **kwargs)
 

@@ -347,6 +347,42 @@ def test_uncapturable_code_falls_back_to_eager_with_one_warning(cls, assert_clos
     capsys.readouterr()
 
 
+class BreaksInOneMode(Tiny):
+    def __init__(self, mode: int):
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == 1:
+            torch._dynamo.graph_break()  # graph break: BreaksInOneMode
+        return super().forward(x)
+
+
+def test_another_instance_that_breaks_the_graph_falls_back_with_the_users_line(
+    counters, assert_close_rel
+):
+    """An instance whose call matches a captured signature but whose Dynamo guards fail (a
+    Python attribute differs) is captured again; when that capture breaks the graph, the call
+    falls back to eager with the usual warning, which names the user's call and the line that
+    broke the graph, rather than raising Dynamo's error."""
+    compiled_class = magi_compile(type("Modal", (BreaksInOneMode,), {}))
+    torch.manual_seed(0)
+    first, second = compiled_class(0), compiled_class(1)
+    eager = BreaksInOneMode(1)
+    eager.load_state_dict(second.state_dict())
+    x = inputs(2)
+    with torch.no_grad():
+        first(x)
+        with pytest.warns(UserWarning, match="cannot be compiled and will run eagerly") as record:
+            line = inspect.currentframe().f_lineno + 1
+            out = second(x)
+        assert_close_rel(out, eager(x), RTOL)
+    (warning,) = [w for w in record if "magi_compiler" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    break_line = _break_line(BreaksInOneMode)
+    assert f"at {__file__}:{break_line} in forward" in str(warning.message), warning.message
+
+
 @pytest.mark.serial
 def test_fallback_costs_at_most_one_percent_over_eager():
     # A model that falls back runs the original forward; what is left of our wrapper is a
