@@ -173,7 +173,10 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
         if executable.num_pieces == 0:
             return None
     ladder = bucket_ladder(config)
-    keyed = keyed_inputs(getattr(_capturing, "info", None))
+    # Offloaded weights reach the graphs as views of the engine's streaming buffers, new
+    # tensors on every call: keyed by identity, each call would capture again.
+    offloaded = config.offload_config.model_cpu_offload
+    keyed = [] if offloaded else keyed_inputs(getattr(_capturing, "info", None))
     if mode == "PIECEWISE" and executable.num_pieces > 0:
         executable.enable_piece_cuda_graphs(config.max_cuda_graphs, ladder, keyed)
         paddings = executable.piece_paddings
