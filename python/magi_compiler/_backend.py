@@ -177,6 +177,8 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     # tensors on every call: keyed by identity, each call would capture again.
     offloaded = config.offload_config.model_cpu_offload
     keyed = [] if offloaded else keyed_inputs(getattr(_capturing, "info", None))
+    if len(keyed) != executable.num_inputs:
+        keyed = []  # the sources do not line up with the graph's inputs: key none
     if mode == "PIECEWISE" and executable.num_pieces > 0:
         executable.enable_piece_cuda_graphs(config.max_cuda_graphs, ladder, keyed)
         paddings = executable.piece_paddings

@@ -252,6 +252,21 @@ bool CudaGraphRunner::Impl::same_call(const Signature& key, const Entry& e,
   return at == key.size();
 }
 
+std::map<Signature, CudaGraphRunner::Impl::Entry>::iterator CudaGraphRunner::Impl::erase(
+    std::map<Signature, Entry>::iterator it) {
+  const Entry& e = it->second;
+  if (last_entry == &e) {
+    last_entry = nullptr;
+    last_key = nullptr;
+  }
+  // The identities are the key's tail; what precedes them is the entry's shape.
+  const Signature shape(it->first.begin(),
+                        it->first.end() - static_cast<long>(e.keyed_tensors.size()));
+  auto s = shapes.find(shape);
+  if (s != shapes.end() && --s->second == 0) shapes.erase(s);
+  return entries.erase(it);
+}
+
 void CudaGraphRunner::Impl::erase_orphans() {
   for (auto it = entries.begin(); it != entries.end();) {
     const Entry& e = it->second;
@@ -268,17 +283,18 @@ void CudaGraphRunner::Impl::erase_orphans() {
       ++it;
       continue;
     }
-    if (last_entry == &it->second) {
-      last_entry = nullptr;
-      last_key = nullptr;
-    }
-    // The identities are the key's tail; what precedes them is the entry's shape.
-    const Signature shape(it->first.begin(),
-                          it->first.end() - static_cast<long>(e.keyed_tensors.size()));
-    auto s = shapes.find(shape);
-    if (s != shapes.end() && --s->second == 0) shapes.erase(s);
     MAGI_LOG_DEBUG("CUDA graphs: the weights of a graph were dropped; erasing it");
-    it = entries.erase(it);
+    short_lived += e.graph == nullptr;
+    it = erase(it);
+  }
+}
+
+void CudaGraphRunner::Impl::drop_keys() {
+  MAGI_LOG_INFO("CUDA graphs: parameters arrive as new tensors call after call; graphs are ",
+                "no longer keyed by them (each replay copies them into the graph)");
+  keyed.clear();
+  for (auto it = entries.begin(); it != entries.end();) {
+    it = it->second.keyed_tensors.empty() ? std::next(it) : erase(it);
   }
 }
 
@@ -290,6 +306,7 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValu
   auto take = [&]() -> std::vector<c10::IValue> {
     return owned != nullptr ? std::move(*owned) : inputs;
   };
+  if (short_lived >= kMaxShortLived && !keyed.empty()) drop_keys();
   clock.start();
   const Padding pad = padding_of(inputs);
   // The steady inputs were checked against last_entry by the last call of this generation;
@@ -324,7 +341,9 @@ std::vector<c10::IValue> CudaGraphRunner::Impl::run(const std::vector<c10::IValu
       }
       return exe.run(take());
     }
-    ++shapes[std::move(shape)];
+    // More instances of one signature than any model has layers: weights the caller keeps
+    // making anew. The next call stops keying.
+    if (++shapes[std::move(shape)] > kMaxKeyedPerShape) short_lived = kMaxShortLived;
     Entry& e = entries[key];
     e.calls = 1;
     for (size_t i = 0; i < inputs.size() && i < keyed.size(); ++i) {

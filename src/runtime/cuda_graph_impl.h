@@ -408,11 +408,22 @@ struct CudaGraphRunner::Impl {
                  const std::vector<bool>* steady = nullptr) const;
 
   bool is_keyed(size_t i) const { return i < keyed.size() && keyed[i]; }
+  // Entries erased before their capture because their keyed tensors were gone: keyed inputs
+  // that are new tensors on every call (weights re-created per call). From kMaxShortLived on,
+  // identities leave the signature (drop_keys), as without keys.
+  size_t short_lived = 0;
+  static constexpr size_t kMaxShortLived = 4;
+  // Entries of one signature (identities aside) past which keying stops too.
+  static constexpr size_t kMaxKeyedPerShape = 512;
 
   // Erases the entries whose keyed tensors only the entry still holds (or, before a capture,
   // nobody holds): the weights they were captured for are gone. Called before an entry is
   // made, so a model that replaces its weights does not keep the old ones alive.
   void erase_orphans();
+  // Erases entry `it` (forgetting it as the last entry and in `shapes`); the next iterator.
+  std::map<Signature, Entry>::iterator erase(std::map<Signature, Entry>::iterator it);
+  // Stops keying: clears `keyed` and erases the entries made with identities.
+  void drop_keys();
 
   // CudaGraphRunner::run and run_borrowed: `owned`, when given, is `inputs` itself, which the
   // paths that run the executable may consume.

@@ -680,3 +680,24 @@ def test_a_piece_called_for_each_layer_gets_a_graph_per_layer(counters, lowered,
     exe = lowered[0].magi_executable
     assert exe.num_piece_calls == 5 and exe.num_pieces == 3  # the middle piece serves 3 calls
     assert exe.num_piece_graphs == exe.num_piece_graph_captures == 5
+
+
+def test_weights_made_anew_every_call_stop_the_keys(counters, lowered, assert_close_rel):
+    """A model that replaces a Parameter object before every call: the graphs keyed by the
+    old weights are erased before their capture; after four such, the runner stops keying by
+    identity and captures one graph that copies the weights in, replayed from then on."""
+    eager = _block(torch.float32)
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": "FULL"})
+    name = next(n for n, _ in eager.named_parameters() if n.endswith("weight"))
+    owner, attr = name.rsplit(".", 1)
+    x = torch.randn(2, 16, 256, device="cuda")
+    with torch.no_grad():
+        for _ in range(12):
+            new = torch.randn_like(eager.get_parameter(name)) * 0.05
+            setattr(eager.get_submodule(owner), attr, torch.nn.Parameter(new.clone()))
+            setattr(compiled.get_submodule(owner), attr, torch.nn.Parameter(new.clone()))
+            assert_close_rel(compiled(x), eager(x), 1e-4)
+    runner = lowered[-1].magi_cuda_graphs
+    assert runner.num_graphs == 1
+    assert runner.num_captures == 1
+    assert runner.num_replays >= 5

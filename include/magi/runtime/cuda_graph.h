@@ -18,7 +18,9 @@
 // rather than one graph that copies the weights of whichever instance calls into its static
 // buffers. `max_graphs` counts signatures without the identities. An entry whose keyed tensors
 // nobody else holds any more (the model dropped those weights) is erased when a new entry is
-// made, so replaced weights are not kept alive by their old graphs.
+// made, so replaced weights are not kept alive by their old graphs. Keyed inputs that are new
+// tensors call after call (entries erased before their capture, four times), or more than 512
+// instances of one signature, turn the keys off for the runner.
 //
 // Outputs: a graph ends by copying each dense output into a buffer of the runner (outside
 // the graphs' pool), and the caller gets a new tensor on that buffer's memory. Each graph has
