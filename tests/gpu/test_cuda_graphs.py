@@ -632,8 +632,9 @@ def test_a_compiled_layer_class_gets_a_graph_per_instance(
     (FULL) or a graph per piece (PIECEWISE) that reads its own weights in place, where one
     graph copied the calling instance's weights into its buffers on every replay. Weights
     loaded in place keep the graphs; a new instance gets graphs of its own. (The replaced
-    instance's graphs stay: something still holds that instance after gc.collect(), seen on
-    an H100. test_weights_made_anew_every_call_stop_the_keys covers freeing.)"""
+    instance's graphs stay here: its direct paths sit in reference cycles whose weights one
+    gc.collect() does not free, a second does; test_weights_made_anew_every_call_stop_the_keys
+    covers freeing.)"""
     import blocks
 
     base = blocks.LlamaBlock if mode == "FULL" else _BoundaryLayer
