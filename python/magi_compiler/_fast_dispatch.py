@@ -283,8 +283,11 @@ def build_gatherer(
         exec(compile(code, f"<magi gather for {fn.__qualname__}>", "exec"), namespace)  # noqa: S102
     except SyntaxError as e:
         return None, f"generated gatherer does not compile: {e}"
+    # Taken out of the namespace, which is their globals: a function and the dict holding it
+    # would be a reference cycle, and the parameter dicts in the namespace (a module's weights)
+    # would outlive the module until a second garbage collection.
     if frame.varargs:
-        values_of, frame_of = namespace["__magi_values"], namespace["__magi_frame"]
+        values_of, frame_of = namespace.pop("__magi_values"), namespace.pop("__magi_frame")
         _set_defaults(values_of, params)
 
         def gather(*args: Any, **kwargs: Any) -> tuple[list[Any], list[Any], dict[str, Any]]:
@@ -292,7 +295,7 @@ def build_gatherer(
             return guard_values, inputs, frame_of(*args, **kwargs)
 
     else:
-        gather = namespace["__magi_gather"]
+        gather = namespace.pop("__magi_gather")
         _set_defaults(gather, params)
     gather.magi_routes = module_routes(list(containers), {**namespace, **bound})
     return gather, ""

@@ -320,3 +320,35 @@ def test_an_attribute_left_changed_keeps_the_ordinary_path(assert_close_rel):
             assert COLLECTOR.active == "left"  # Dynamo replays the write on every call
     assert native_calls() == 0
     COLLECTOR.active = None
+
+
+def test_a_replaced_layer_frees_its_weights_at_the_first_collection(counters):
+    """Instances of a compiled layer class each learn a direct path whose gatherer reads their
+    parameter dicts. A layer replaced by a new one (a model surgery, a reload) frees its
+    weights as soon as the collector frees the module, not one collection later (a CUDA
+    graph keyed by those weights is erased only once they are gone)."""
+    import gc
+    import weakref
+
+    from blocks import LlamaBlock
+
+    compiled_class = magi_compile(type("Layer", (LlamaBlock,), {}))
+    shape = dict(hidden=H, n_heads=2, n_kv_heads=1, intermediate=2 * H)
+    layers = [compiled_class(**shape).eval() for _ in range(3)]
+
+    def run():
+        with torch.no_grad():
+            x = inputs(2)
+            for layer in layers:
+                x = layer(x)
+
+    for _ in range(3):
+        run()
+    assert get_counters().direct_calls > 0
+    module = weakref.ref(layers[1])
+    weight = weakref.ref(layers[1].q_proj.weight)
+    layers[1] = compiled_class(**shape).eval()
+    gc.collect()
+    assert module() is None
+    assert weight() is None
+    run()
