@@ -12,7 +12,6 @@ import functools
 import gc
 import importlib
 import inspect
-import re
 import sys
 import threading
 import time
@@ -199,16 +198,13 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     return _C.CudaGraphRunner(executable, config.max_cuda_graphs, ladder, keyed)
 
 
-_MODULE_STATE = re.compile(r"\._(?:parameters|buffers)\['[^']*'\]$")
-
-
 def keyed_inputs(capture: dict[str, Any] | None) -> list[bool]:
     """Per graph input, whether Dynamo found it in a module's parameters or buffers: CUDA
     graphs key those by identity (``runtime/cuda_graph.h``), so a layer compiled once and
     called for each layer instance gets a graph per instance that reads its weights in place."""
     if capture is None:
         return []
-    return [bool(_MODULE_STATE.search(source)) for source in capture["sources"]]
+    return [bool(_fast_dispatch.MODULE_STATE.match(source)) for source in capture["sources"]]
 
 
 def bucket_ladder(config: CompileConfig) -> list[int]:

@@ -103,13 +103,14 @@ def dynamo_guards(fn: Callable, frame_locals: dict[str, Any]) -> Any | None:
 
 # --- the generated gatherer ----------------------------------------------------------------
 _LOCAL = re.compile(r"\bL\['([A-Za-z_][A-Za-z0-9_]*)'\]")
-_OWNED = re.compile(r"^(.*\._(?:parameters|buffers))(\['[^']*'\])$")
+# A source reading a module's parameter or buffer dict: (dict expression, "['name']").
+MODULE_STATE = re.compile(r"^(.*\._(?:parameters|buffers))(\['[^']*'\])$")
 
 
 def _owned_entry(expr: str, owner_name: str | None) -> tuple[str, str] | None:
     """(dict expression, "['name']") when ``expr`` (a source with ``L[...]`` rewritten to
     names) reads a parameter or buffer dict of a module reached from ``owner_name``."""
-    owned = _OWNED.match(expr)
+    owned = MODULE_STATE.match(expr)
     if owned and owner_name and re.match(rf"{owner_name}\b", expr):
         return owned[1], owned[2]
     return None

@@ -206,7 +206,7 @@ struct CudaGraphRunner::Impl {
   bool use_steady = true;         // false: SteadyInputs ignored (set_steady_inputs)
   size_t slot_limit = kMaxSlots;  // slots a replay picks from (set_max_executables)
   // The entry of the last unpadded replay found through the map, and its signature (reset
-  // when erase_orphans erases it): run() tries it before building a signature.
+  // when erase() removes it): run() tries it before building a signature.
   const Signature* last_key = nullptr;
   Entry* last_entry = nullptr;
   // The SteadyInputs generation of the last call that replayed last_entry, 0 when the last
@@ -407,7 +407,6 @@ struct CudaGraphRunner::Impl {
   bool same_call(const Signature& key, const Entry& e, const std::vector<c10::IValue>& inputs,
                  const std::vector<bool>* steady = nullptr) const;
 
-  bool is_keyed(size_t i) const { return i < keyed.size() && keyed[i]; }
   // Entries erased before their capture because their keyed tensors were gone: keyed inputs
   // that are new tensors on every call (weights re-created per call). From kMaxShortLived on,
   // identities leave the signature (drop_keys), as without keys.

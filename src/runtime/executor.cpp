@@ -220,17 +220,16 @@ namespace {
 // graph there (the register still holding it, not yet written by an instruction).
 std::vector<std::vector<bool>> keyed_piece_inputs(const std::vector<Instr>& instrs,
                                                   const std::vector<Ref>& input_regs,
-                                                  const std::vector<bool>& keyed,
-                                                  size_t num_pieces) {
+                                                  const std::vector<bool>& keyed, size_t num_pieces,
+                                                  size_t num_registers) {
   std::vector<std::vector<bool>> out(num_pieces);
   std::vector<bool> called(num_pieces, false);
-  std::map<Ref, bool> holds_keyed;  // register -> holds a keyed input still
+  std::vector<bool> holds_keyed(num_registers, false);  // per register: a keyed input still
   for (size_t i = 0; i < input_regs.size() && i < keyed.size(); ++i) {
-    if (keyed[i] && input_regs[i] != kUnused) holds_keyed[input_regs[i]] = true;
+    if (keyed[i] && input_regs[i] >= 0) holds_keyed[input_regs[i]] = true;
   }
   auto is_keyed = [&](Ref r) {
-    auto it = holds_keyed.find(r);
-    return it != holds_keyed.end() && it->second;
+    return r >= 0 && static_cast<size_t>(r) < holds_keyed.size() && holds_keyed[r];
   };
   for (const Instr& instr : instrs) {
     if (instr.kind == InstrKind::kCallPiece && instr.piece < num_pieces) {
@@ -244,7 +243,7 @@ std::vector<std::vector<bool>> keyed_piece_inputs(const std::vector<Instr>& inst
       }
     }
     for (Ref r : instr.out) {
-      if (r != kUnused) holds_keyed[r] = false;
+      if (r >= 0 && static_cast<size_t>(r) < holds_keyed.size()) holds_keyed[r] = false;
     }
   }
   return out;
@@ -257,7 +256,7 @@ void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t
   Program& p = *program_;
   p.piece_graphs.clear();
   const std::vector<std::vector<bool>> keyed =
-      keyed_piece_inputs(p.instrs, p.input_regs, keyed_inputs, p.pieces.size());
+      keyed_piece_inputs(p.instrs, p.input_regs, keyed_inputs, p.pieces.size(), p.num_registers);
   for (size_t i = 0; i < p.pieces.size(); ++i) {
     p.piece_graphs.push_back(
         p.pieces[i] ? std::make_unique<CudaGraphRunner>(*p.pieces[i], max_graphs, ladder, keyed[i])

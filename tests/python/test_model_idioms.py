@@ -352,3 +352,29 @@ def test_a_replaced_layer_frees_its_weights_at_the_first_collection(counters):
     assert module() is None
     assert weight() is None
     run()
+
+
+def test_cuda_graph_keys_are_the_parameters_and_buffers_dynamo_read(lowered):
+    """CUDA graphs key a model's weights by identity (runtime/cuda_graph.h); which graph inputs
+    those are comes from Dynamo's source names. On this torch, the inputs marked are exactly
+    the parameters and buffers of the module, and no argument or size."""
+    from magi_compiler import _backend
+
+    class WithBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+            self.register_buffer("scale", torch.ones(H))
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    model = magi_compile(WithBuffer())
+    with torch.no_grad():
+        model(inputs(2))
+        model(inputs(3))
+    run = next(r for r in lowered if r.magi_sources is not None)
+    keyed = _backend.keyed_inputs({"sources": run.magi_sources})
+    assert len(keyed) == run.magi_executable.num_inputs
+    assert sum(keyed) == 3  # fc.weight, fc.bias, scale
+    assert not any(k for k, s in zip(keyed, run.magi_sources, strict=True) if "L['x']" in s)
