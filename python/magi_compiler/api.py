@@ -357,13 +357,13 @@ class _CompiledCallable:
         try:
             return self._run(args, kwargs)
         except Exception as e:
-            if not _capture_errors.recompile_limit_hit(e):
-                if _capture_errors.unsupported_reason(e) is None:
-                    raise
-                return self._capture_failed(e, args, kwargs)
-        try:
-            return self._capture(args, kwargs)
-        except Exception as e:  # noqa: BLE001 - filtered in _capture_failed
+            if _capture_errors.recompile_limit_hit(e):
+                try:
+                    return self._capture(args, kwargs)
+                except Exception as again:  # noqa: BLE001 - filtered in _capture_failed
+                    return self._capture_failed(again, args, kwargs)
+            if _capture_errors.unsupported_reason(e) is None:
+                raise
             return self._capture_failed(e, args, kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
