@@ -10,6 +10,10 @@
 #include "magi/common/log.h"
 #include "magi/runtime/executor.h"
 
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
+
 #ifdef MAGI_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_strided.h>
@@ -25,6 +29,18 @@ using detail::Signature;
 using detail::StageClock;
 
 namespace {
+
+// Whether the reference `t` is the only one that keeps its tensor alive. From torch 2.11 on, a
+// tensor's Python object is kept alive by the tensor's other C++ references and counts as one
+// itself: held by us and that object alone, the tensor is dropped once the object has no other
+// referent. Before, a dropped Python object gave its reference up.
+bool held_only_here(const at::Tensor& t) {
+  const auto n = t.use_count();
+#if defined(TORCH_VERSION_MAJOR) && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11)
+  if (n == 2) return t.unsafeGetTensorImpl()->pyobj_slot()->has_unique_reference();
+#endif
+  return n == 1;
+}
 
 // The strides of a batched input's bucket-sized buffer: its own, which do not depend on dim 0's
 // size when dim 0 is outermost, except that a size-1 dim's stride (meaningless, but possibly a
@@ -273,7 +289,7 @@ void CudaGraphRunner::Impl::erase_orphans() {
     bool orphan = false;
     for (size_t i : e.keyed_tensors) {
       if (e.graph != nullptr && e.in_place[i]) {
-        orphan = e.static_inputs[i].toTensor().use_count() == 1;
+        orphan = held_only_here(e.static_inputs[i].toTensor());
       } else if (e.graph == nullptr && i < e.warmup_tensors.size()) {
         orphan = e.warmup_tensors[i].expired();
       }
