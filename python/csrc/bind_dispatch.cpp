@@ -10,13 +10,13 @@ void bind_dispatch(py::module_& m) {
                          "C++ (_fast_dispatch.py).")
       .def(py::init<py::object, py::object, std::vector<std::string>,
                     std::vector<std::pair<std::string, py::object>>, py::object, const py::list&,
-                    const std::string&, bool, bool, py::object, py::object, py::object,
-                    py::object>(),
+                    const std::string&, bool, bool, py::object, py::object, py::object, py::object,
+                    const std::vector<size_t>&>(),
            py::arg("signature"), py::arg("guard_check"), py::arg("frame_names"), py::arg("cells"),
            py::arg("target"), py::arg("slots"), py::arg("result"), py::arg("method"),
            py::arg("memoize") = false, py::arg("planner") = py::none(),
            py::arg("routes") = py::none(), py::arg("builder") = py::none(),
-           py::arg("varargs") = py::none(),
+           py::arg("varargs") = py::none(), py::arg("through") = std::vector<size_t>(),
            "signature: the GuardSignature; guard_check: Dynamo's guard check of the cache "
            "entry, called with the frame's locals; frame_names: the function's parameters, "
            "self included; cells: (name, cell) of its closure; target: a CudaGraphRunner or "
@@ -30,7 +30,9 @@ void bind_dispatch(py::module_& m) {
            "through which the fixed inputs' dicts are reached, or None; builder: see result; "
            "varargs: None when Dynamo's frame holds the bound parameters (frame_names), else "
            "(owner, args, kwargs): the frame's names for the owner (None: it is args[0]), the "
-           "call's positional arguments and a copy of its keywords (None: no **kwargs).")
+           "call's positional arguments and a copy of its keywords (None: no **kwargs); through: "
+           "the graph inputs the result returns as they came in, given to builder after the "
+           "outputs in this order.")
       .def_property_readonly("arity", &DirectCall::arity)
       .def_property_readonly("num_guard_checks", &DirectCall::num_guard_checks,
                              "Calls that evaluated Dynamo's guards.")

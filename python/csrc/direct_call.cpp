@@ -206,7 +206,7 @@ DirectCall::DirectCall(py::object signature, py::object guard_check,
                        std::vector<std::pair<std::string, py::object>> cells, py::object target,
                        const py::list& slots, const std::string& result, bool method, bool memoize,
                        py::object planner, py::object routes, py::object builder,
-                       py::object varargs)
+                       py::object varargs, const std::vector<size_t>& through)
     : signature_obj_(std::move(signature)),
       guard_check_(std::move(guard_check)),
       cells_(std::move(cells)),
@@ -265,6 +265,15 @@ DirectCall::DirectCall(py::object signature, py::object guard_check,
               "DirectCall: unknown result kind ", result);
   MAGI_ASSERT((result_ == Result::kCall) == !builder_.is_none(),
               "DirectCall: a builder goes with the result kind 'call' and only with it");
+  MAGI_ASSERT(through.empty() || result_ == Result::kCall,
+              "DirectCall: inputs returned as they are need a builder");
+  through_at_.assign(slots_.size(), -1);
+  for (size_t k = 0; k < through.size(); ++k) {
+    MAGI_ASSERT(through[k] < slots_.size() && slots_[through[k]].kind != Slot::kSize,
+                "DirectCall: input ", through[k], " cannot be returned as it is");
+    through_at_[through[k]] = static_cast<int>(k);
+  }
+  num_through_ = through.size();
 }
 
 py::object DirectCall::call(const py::tuple& args) {
@@ -340,6 +349,8 @@ py::object DirectCall::call_argv(PyObject* const* argv, size_t n, const CallForm
   } else {
     inputs.reserve(slots_.size());
   }
+  // The inputs the result returns as they came in.
+  std::vector<py::object> through(num_through_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     PyObject* obj = slot.kind == Slot::kFixed ? fixed_input(slot) : argv[slot.arg];
@@ -348,6 +359,7 @@ py::object DirectCall::call_argv(PyObject* const* argv, size_t n, const CallForm
       if (!PyTuple_Check(obj) || slot.dim >= PyTuple_GET_SIZE(obj)) return py::none();
       obj = PyTuple_GET_ITEM(obj, slot.dim);
     }
+    if (through_at_[i] >= 0) through[through_at_[i]] = py::reinterpret_borrow<py::object>(obj);
     c10::IValue value;
     if (slot.kind == Slot::kSize) {
       if (!THPVariable_Check(obj)) return py::none();
@@ -425,8 +437,11 @@ py::object DirectCall::call_argv(PyObject* const* argv, size_t n, const CallForm
                 outputs.size());
     return to_python(outputs[0]);
   }
-  py::list list(outputs.size());
+  py::list list(outputs.size() + through.size());
   for (size_t i = 0; i < outputs.size(); ++i) list[i] = to_python(outputs[i]);
+  for (size_t k = 0; k < through.size(); ++k) {
+    list[outputs.size() + k] = std::move(through[k]);
+  }
   if (result_ == Result::kList) return std::move(list);
   if (result_ == Result::kCall) return builder_(list);
   return py::tuple(list);

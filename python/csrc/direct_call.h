@@ -103,7 +103,8 @@ class DirectCall {
   DirectCall(py::object signature, py::object guard_check, std::vector<std::string> frame_names,
              std::vector<std::pair<std::string, py::object>> cells, py::object target,
              const py::list& slots, const std::string& result, bool method, bool memoize,
-             py::object planner, py::object routes, py::object builder, py::object varargs);
+             py::object planner, py::object routes, py::object builder, py::object varargs,
+             const std::vector<size_t>& through);
 
   size_t arity() const { return frame_names_.size(); }
   size_t num_guard_checks() const { return guard_checks_; }
@@ -211,7 +212,11 @@ class DirectCall {
   py::object planner_;       // _guard_watch.planner's callable, or None
   py::object routes_obj_;    // keeps routes_ alive (None: no submodules to check)
   Routes* routes_ = nullptr;
-  py::object builder_;            // Result::kCall: builds the result from the output list
+  py::object builder_;  // Result::kCall: builds the result from the output list
+  // Per graph input, its place among the inputs the builder takes after the outputs (inputs
+  // the result returns as they came in), or -1.
+  std::vector<int> through_at_;
+  size_t num_through_ = 0;
   std::shared_ptr<Watch> watch_;  // replaced whole, never changed in place but for versions
   bool watching_ = false;
   size_t calls_ = 0;           // calls that ran directly

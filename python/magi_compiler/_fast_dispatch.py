@@ -133,6 +133,7 @@ class DirectPath:
         rebuild: Callable,
         native: Any,
         routes: Any,
+        through: list[int] = (),
     ):
         self.signature = signature
         self.guards = guards  # the Dynamo cache entry's guard manager
@@ -141,6 +142,13 @@ class DirectPath:
         self.rebuild = rebuild
         self.native = native
         self.routes = routes
+        self.through = list(through)  # graph inputs rebuild takes after the outputs
+
+    def result(self, inputs: list[Any]) -> Any:
+        """Runs the graph on ``inputs`` and rebuilds the call's result."""
+        through = [inputs[j] for j in self.through]  # before the run, which may consume them
+        outputs = self.run(inputs)
+        return self.rebuild([*outputs, *through] if through else outputs)
 
 
 _SUBMODULE = re.compile(r"\._modules\['([^']*)'\]")
@@ -318,12 +326,14 @@ def build_native(
     rebuild: Callable,
     frame: CallFrame,
     memoize: bool = False,
+    through: list[int] = (),
 ) -> tuple[Any, str]:
     """The C++ form of a direct path (``_C.DirectCall``), or (None, why not). Each graph input
     must come from an argument (``L['x']``), a size of one (``L['x'].size()[0]``), or a
     parameter or buffer dict of a module reached from ``owner_name`` (read on every call),
     once rewritten to the bound parameters (``frame``). ``memoize``: Dynamo's guards are
-    evaluated once per argument layout and process state (``fast_dispatch_guards="arguments"``)."""
+    evaluated once per argument layout and process state (``fast_dispatch_guards="arguments"``).
+    ``through``: the graph inputs ``rebuild`` takes after the outputs (:func:`rebuild_for`)."""
     from magi_compiler import _C
 
     parameters = inspect.signature(fn).parameters.values()
@@ -400,6 +410,7 @@ def build_native(
         module_routes(containers, namespace),
         builder,
         frame.native_spec(),
+        list(through),
     )
     return native, ""
 
@@ -417,19 +428,23 @@ def same_inputs(gathered: list[Any], seen: list[Any]) -> str:
     return ""
 
 
-def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
+def rebuild_for(
+    result: Any, outputs: list[Any], inputs: list[Any] = ()
+) -> tuple[Callable | None, list[int]]:
     """How to turn the graph's output list into ``result``, when it is those outputs as they
     are: one tensor, or a tuple or list of them in order; or a structure made fresh by each
-    call (:func:`_template`)."""
+    call (:func:`_template`), whose tensors may also be graph inputs returned as they came in
+    (a layer handing its attention bias on). With the indices of those inputs: the function
+    is then given the outputs followed by those inputs, in that order."""
     if isinstance(result, torch.Tensor):
         if len(outputs) == 1 and outputs[0] is result:
-            return _first
-        return None
+            return _first, []
+        return _template_for(result, outputs, inputs)
     if isinstance(result, (tuple, list)) and type(result) in (tuple, list):
         if len(result) == len(outputs) and all(
             r is o for r, o in zip(result, outputs, strict=True)
         ):
-            return tuple if type(result) is tuple else list
+            return (tuple if type(result) is tuple else list), []
     if isinstance(result, dict) and dataclasses.is_dataclass(result):
         # A dataclass that is also a dict (Hugging Face's ModelOutput): rebuilt from its
         # fields when the ones set are the outputs in order and the others are None.
@@ -440,8 +455,31 @@ def rebuild_for(result: Any, outputs: list[Any]) -> Callable | None:
             getattr(result, n) is o for n, o in zip(present, outputs, strict=True)
         ):
             kind = type(result)
-            return lambda outs: kind(**dict(zip(present, outs, strict=True)))
-    return _template(result, {id(o): i for i, o in enumerate(outputs)})
+            return (lambda outs: kind(**dict(zip(present, outs, strict=True)))), []
+    return _template_for(result, outputs, inputs)
+
+
+def _template_for(
+    result: Any, outputs: list[Any], inputs: list[Any]
+) -> tuple[Callable | None, list[int]]:
+    """:func:`_template` of ``result``; a tensor that is no output but a graph input takes the
+    next place after the outputs (the inputs so used are the second item)."""
+    by_id = {id(o): i for i, o in enumerate(outputs)}
+    input_at = {id(x): j for j, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+    through: list[int] = []
+
+    def place(tensor: torch.Tensor) -> int | None:
+        if id(tensor) in by_id:
+            return by_id[id(tensor)]
+        j = input_at.get(id(tensor))
+        if j is None:
+            return None
+        if j not in through:
+            through.append(j)
+        return len(outputs) + through.index(j)
+
+    build = _template(result, place)
+    return (build, through) if build is not None else (None, [])
 
 
 # Modules whose classes a direct call may rebuild attribute by attribute: transformers' caches
@@ -453,31 +491,32 @@ _REBUILT_MODULES = ("transformers.cache_utils",)
 _CONSTANT = (bool, str, torch.dtype, torch.device, type(None))
 
 
-def _template(value: Any, index: dict[int, int]) -> Callable | None:
+def _template(value: Any, place: Callable[[torch.Tensor], int | None]) -> Callable | None:
     """A function of the graph's outputs that builds a new ``value`` of the same structure:
-    tensors are outputs (by position), flags, strings, dtypes, devices and None are kept, and lists, tuples,
-    ModelOutputs and transformers' cache objects are built anew. None when ``value`` holds
-    anything else (a tensor that is not an output, an object the call did not make)."""
+    tensors are taken from the list by position (``place``), flags, strings, dtypes, devices
+    and None are kept, and lists, tuples, ModelOutputs and transformers' cache objects are
+    built anew. None when ``value`` holds anything else (a tensor with no place, an object the
+    call did not make)."""
     if isinstance(value, torch.Tensor):
-        i = index.get(id(value))
+        i = place(value)
         return None if i is None else (lambda outs: outs[i])
     if isinstance(value, _CONSTANT):
         return lambda outs: value
     kind = type(value)
     if kind in (list, tuple):
-        parts = [_template(v, index) for v in value]
+        parts = [_template(v, place) for v in value]
         if any(p is None for p in parts):
             return None
         return lambda outs: kind([p(outs) for p in parts])
     if isinstance(value, dict) and dataclasses.is_dataclass(value):
         fields = {
-            f.name: _template(getattr(value, f.name), index) for f in dataclasses.fields(value)
+            f.name: _template(getattr(value, f.name), place) for f in dataclasses.fields(value)
         }
         if any(f is None for f in fields.values()):
             return None
         return lambda outs: kind(**{n: f(outs) for n, f in fields.items()})
     if kind.__module__ in _REBUILT_MODULES and type(getattr(value, "__dict__", None)) is dict:
-        attributes = {k: _template(v, index) for k, v in vars(value).items()}
+        attributes = {k: _template(v, place) for k, v in vars(value).items()}
         if any(a is None for a in attributes.values()):
             return None
 
@@ -670,9 +709,9 @@ def direct_path(
         return None, "the graph is not an inference graph with known input sources"
     if not run.magi_side_effect_free:
         return None, "the captured code has Python side effects Dynamo replays"
-    rebuild = rebuild_for(result, outputs or [])
+    rebuild, through = rebuild_for(result, outputs or [], graph_inputs)
     if rebuild is None:
-        return None, "the result is not the graph's outputs as they are"
+        return None, "the result is not the graph's outputs (or inputs) as they are"
     call_frame, why = CallFrame.of(fn, is_method)
     if call_frame is None:
         return None, why
@@ -697,8 +736,8 @@ def direct_path(
         return None, "no Dynamo cache entry whose guards pass for this call"
     native, why = build_native(
         fn, run.magi_sources, owner_name, arguments, sig, guards, run, rebuild, call_frame,
-        memoize=memoize,
+        memoize=memoize, through=through,
     )  # fmt: skip
     if native is None:
         logger.debug("%s: direct calls stay in Python: %s", tag, why)
-    return DirectPath(sig, guards, gather, run, rebuild, native, gather.magi_routes), ""
+    return DirectPath(sig, guards, gather, run, rebuild, native, gather.magi_routes, through), ""

@@ -290,7 +290,7 @@ class _CompiledCallable:
                 training = bool(getattr(owner, "training", False))
                 if path.signature.matches(values, training) and path.guards.check(frame):
                     _counters.count_direct_call()
-                    return path.rebuild(path.run(inputs))
+                    return path.result(inputs)
         training = bool(getattr(owner, "training", False))
         values, dims = self._flat_inputs(args, kwargs)
         for sig in self.signatures:

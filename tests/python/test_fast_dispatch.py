@@ -211,6 +211,44 @@ def test_tuple_result_goes_direct(assert_close_rel):
     assert direct_calls() == 2
 
 
+class HandsBiasOn(Tiny):
+    """T5's block idiom: the attention bias a layer was given (and used) comes back in its
+    result, as it is, for the next layer."""
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor | None = None):
+        y = super().forward(x) + bias
+        if scale is None:
+            return y, bias
+        return y * scale, (bias, scale)
+
+
+@pytest.mark.parametrize("dumps", [False, True], ids=["cpp", "python"])
+def test_inputs_returned_as_they_are_go_direct(dumps, assert_close_rel, tmp_path, monkeypatch):
+    """Dynamo hands an input back from the frame, not from the graph: the direct call returns
+    the caller's own tensor there, in C++ and in the Python path (dumps on)."""
+    from magi_compiler import _dump
+
+    if dumps:
+        monkeypatch.setenv(_dump.ENABLE_ENV, "1")
+        monkeypatch.setenv(_dump.DIR_ENV, str(tmp_path))
+    model, eager = compiled_with_eager(HandsBiasOn())
+    with torch.no_grad():
+        for b in (2, 3, 4, 5):
+            x, bias, scale = inputs(b), torch.randn(H), torch.randn(H)
+            y, passed = model(x, bias)
+            assert passed is bias
+            assert_close_rel(y, eager(x, bias)[0], RTOL)
+            y, (passed, kept) = model(x, bias, scale=scale)
+            assert passed is bias and kept is scale
+            assert_close_rel(y, eager(x, bias, scale=scale)[0], RTOL)
+    paths = model._magi_compiled._direct.get(model).paths
+    assert len(paths) == 2 and all((p.native is None) is dumps for p in paths)
+    sources = [[p.run.magi_sources[j] for j in p.through] for p in paths]
+    assert sources == [["L['bias']"], ["L['bias']", "L['scale']"]]
+    # Two signatures (with and without scale), each direct from its third call.
+    assert direct_calls() == 2 * 2
+
+
 def test_dict_result_stays_ordinary(assert_close_rel):
     model, eager = compiled_with_eager(Named())
     with torch.no_grad():
