@@ -6,9 +6,9 @@ the output of one benchmark script (``run.py``'s suite, ``zoo.py``, ``bandwidth.
 ``host_overhead.py``, ``recompute.py`` or ``offload.py``) on one device; for every benchmark and
 device kind (the CPU, each GPU model) the latest complete run is reported, so adding a newer run
 there and rerunning this script is the whole update. Runs restricted with ``--only``,
-``--variants`` or ``--smoke`` are not complete and are skipped; a ``zoo.py`` file is complete once
-it has a result for each of its six models (its runs are split with ``--models`` and
-``--append``). ``--headline`` prints only the headline table (the one the README shows);
+``--variants`` or ``--smoke`` are not complete and are skipped; a ``zoo.py`` file is reported
+even when it lacks some of its six models or their scenarios (its runs are split with
+``--models`` and ``--append``): the one covering the most is chosen, and its gaps are listed. ``--headline`` prints only the headline table (the one the README shows);
 ``--plots DIR`` also writes PNG plots of the suite runs (needs matplotlib; the default folder
 ``benchmarks/plots`` is git-ignored).
 """
@@ -27,10 +27,9 @@ if str(HERE.parent) not in sys.path:  # run as a script: the repository root for
     sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.report_extra import (  # noqa: E402
-    ZOO_FAMILIES,
     other_section,
     table,
-    zoo_models_covered,
+    zoo_gaps,
 )
 
 LABELS = {
@@ -92,12 +91,16 @@ def stamp(doc: dict) -> dict[str, str]:
 
 
 def is_complete(doc: dict) -> bool:
-    if benchmark_of(doc) == "zoo":  # a --models subset written with --append is normal
-        return set(ZOO_FAMILIES) <= zoo_models_covered(doc)
     if benchmark_of(doc) == "warm_start":  # written after each row; complete at the end
         return bool(doc["meta"].get("complete"))
     command = str((doc.get("meta") or {}).get("command", ""))
     return not any(flag in command.split() for flag in PARTIAL_FLAGS)
+
+
+def _rank(doc: dict) -> tuple:
+    """Newer runs first; for the zoo, the one with fewer gaps first."""
+    gaps = -len(zoo_gaps(doc)) if benchmark_of(doc) == "zoo" else 0
+    return (gaps, stamp(doc)["sort_date"])
 
 
 def latest_runs(files: list[Path]) -> dict[tuple[str, str], tuple[dict, Path]]:
@@ -109,7 +112,7 @@ def latest_runs(files: list[Path]) -> dict[tuple[str, str], tuple[dict, Path]]:
         if bench is None or not is_complete(doc):
             continue
         key = (stamp(doc)["kind"], bench)
-        if key not in chosen or stamp(doc)["sort_date"] > stamp(chosen[key][0])["sort_date"]:
+        if key not in chosen or _rank(doc) > _rank(chosen[key][0]):
             chosen[key] = (doc, path)
     return chosen
 

@@ -289,6 +289,7 @@ def _recompute_section(doc: dict, kind: str, stamp: str) -> str:
 
 ZOO_FAMILIES = ("llama", "qwen3", "gpt2", "bert", "vit", "t5")  # zoo_models.FAMILIES
 ZOO_SCENARIOS = ("whole", "layers", "cache")
+ZOO_WITHOUT_CACHE = ("bert", "vit")  # zoo_models.FAMILIES' has_cache=False
 ZOO_LABELS = {
     "eager": "eager",
     "inductor": "torch.compile",
@@ -300,12 +301,22 @@ ZOO_LABELS = {
 ZOO_PAIRS = (("magi", "inductor"), ("magi_cg", "inductor_ro"))
 
 
-def zoo_models_covered(doc: dict) -> set[str]:
-    """The zoo families a ``zoo.py`` file has a result for: rows, or a recorded failure of the
-    whole model (which is a result too)."""
-    return {r.get("model") for r in doc.get("rows", [])} | {
-        f.get("model") for f in doc.get("failures", [])
-    }
+def zoo_gaps(doc: dict) -> list[str]:
+    """The family scenarios a ``zoo.py`` file has no row for (a family with no row at all and
+    no recorded failure: the whole family), in table order."""
+    done = {(r.get("model"), r.get("scenario")) for r in doc.get("rows", [])}
+    failed = {f.get("model") for f in doc.get("failures", [])}
+    gaps = []
+    for family in ZOO_FAMILIES:
+        if family in failed:
+            continue
+        wanted = [s for s in ZOO_SCENARIOS if s != "cache" or family not in ZOO_WITHOUT_CACHE]
+        missing = [s for s in wanted if (family, s) not in done]
+        if len(missing) == len(wanted):
+            gaps.append(f"{family} (every scenario)")
+        elif missing:
+            gaps.append(f"{family} {', '.join(missing)}")
+    return gaps
 
 
 def _line(text: object, limit: int = 200) -> str:
@@ -452,6 +463,9 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
     ]
     if summary:
         lines += ["; ".join(summary) + ".", ""]
+    gaps = zoo_gaps(doc)
+    if gaps:
+        lines += [f"Not measured in this run: {'; '.join(gaps)}.", ""]
     fails = _zoo_failures(doc, rows)
     lines += ["### Failures", ""]
     lines += [f"- {x}" for x in fails] if fails else ["- none in this run"]
@@ -485,6 +499,11 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
             " This machine's Python has no cached bytecode for torch (no .pyc): every module a "
             "first call imports is compiled from source, in both compilers' columns."
             if meta.get("bytecode_cached") is False
+            else ""
+        )
+        + (
+            f" This run measured {', '.join(sorted(labels[c] for c in compilers))} only."
+            if (compilers := {r["compiler"] for r in doc.get("rows", [])}) != set(labels)
             else ""
         ),
         "",
