@@ -1,5 +1,6 @@
 """Usage: python tools/profile.py --only llama_prefill,dit_block [--variants eager,inductor,magi]
     [--rows 14] [--json $OUT/profile.json] [--host]
+       python tools/profile.py --zoo gpt2:whole:8,vit:layers:1 --variants inductor_ro,magi_cg
 
 Where the GPU time of a benchmark workload (benchmarks/workloads.py, full shapes, bf16, CUDA)
 goes, per variant: the CUDA kernels of one step grouped by name (total time, calls), the kernel
@@ -9,6 +10,10 @@ torch.compile and magi_compile side by side.
 --host profiles the host too: the CUDA runtime calls that can block the host (synchronise,
 blocking copies, cudaMalloc/cudaFree) per step, and for the largest idle stretches of the GPU
 the longest host operations running during them (why the GPU waited).
+
+--zoo profiles models of the zoo benchmark instead (benchmarks/zoo.py, real size, bf16):
+family:scenario:batch, each variant built as the zoo builds it and called at batch 1 first,
+then warmed up and profiled at the given batch, as the zoo times it.
 """
 
 from __future__ import annotations
@@ -115,9 +120,68 @@ def kernel_table(case: workloads.Case, fn, hook, with_host: bool = False) -> dic
     }
 
 
+class ZooCase:
+    """A zoo model's call in the shape kernel_table expects of a workload's case."""
+
+    kind = "forward"
+
+    def __init__(self, kwargs: dict) -> None:
+        self.inputs = [(kwargs,)]
+
+    def step(self, fn, args: tuple, before_call) -> object:
+        before_call()
+        return fn(*args)
+
+
+def zoo_cases(
+    specs: str, variants: list[str], with_host: bool, size: str = "real", device: str = "cuda"
+) -> dict:
+    """kernel_table of each variant of each family:scenario:batch in ``specs``."""
+    from benchmarks import zoo
+    from benchmarks import zoo_models as zm
+
+    device = torch.device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    result = {}
+    for spec in specs.split(","):
+        family_name, scenario, batch = spec.split(":")
+        family = zm.FAMILIES[family_name]
+        ref = zm.build(family, "real", device, dtype)
+        first = zm.make_inputs(family, scenario, ref.config, 1, "real", device, dtype)
+        case = ZooCase(
+            zm.make_inputs(family, scenario, ref.config, int(batch), "real", device, dtype)
+        )
+        result[spec] = {}
+        for name in variants:
+            fn = zoo.make_variant(name, family, scenario, ref, size)
+            with torch.no_grad():
+                fn(first)
+                result[spec][name] = kernel_table(case, fn, lambda: None, with_host)
+            del fn
+            zoo.reset_compilers(device)
+        del ref
+    return result
+
+
+def report(label: str, table: dict, rows: int) -> None:
+    print(f"\n===== {label}: wall {table['wall_us'] / 1e3:.3f} ms, GPU busy "
+          f"{table['busy_us'] / 1e3:.3f} ms, idle between kernels {table['idle_us'] / 1e3:.3f} ms, "
+          f"host {table['host_us'] / 1e3:.3f} ms per step; {table['kernels_per_step']:.0f} kernels")  # fmt: skip
+    for g in table["largest_gaps"][:6]:
+        print(f"   gap {g['us']:8.1f} us after {g['after']} / before {g['before']}")
+    for k, v in sorted(table.get("blocking_calls", {}).items()):
+        print(f"   host {k}: {v['per_step']:.1f} calls, {v['us_per_step']:.1f} us per step")
+    for g in table.get("host_in_gaps", []):
+        busy = ", ".join(f"{h['name']} {h['us']}" for h in g["host"][:5])
+        print(f"   in the {g['gap_us']:.0f} us gap before {g['before'][:30]}: {busy}")
+    for k in table["kernels"][:rows]:
+        print(f"{k['us']:10.1f} us {k['calls']:6.1f}x  {k['name'][:110]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="llama_prefill,dit_block")
+    ap.add_argument("--zoo", help="family:scenario:batch,... of benchmarks/zoo.py instead")
     ap.add_argument("--variants", default="eager,inductor,magi")
     ap.add_argument("--rows", type=int, default=14)
     ap.add_argument("--json")
@@ -125,7 +189,12 @@ def main() -> None:
     args = ap.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
     result = {}
-    for w in workloads.select(args.only):
+    if args.zoo:
+        result = zoo_cases(args.zoo, args.variants.split(","), args.host)
+        for spec, tables in result.items():
+            for name, table in tables.items():
+                report(f"{spec} / {name}", table, args.rows)
+    for w in workloads.select(args.only) if not args.zoo else []:
         case = w.build("full", device, dtype)
         result[w.name] = {}
         for name in args.variants.split(","):
@@ -133,18 +202,7 @@ def main() -> None:
             with torch.no_grad() if case.kind != "train" else torch.enable_grad():
                 table = kernel_table(case, fn, hook, args.host)
             result[w.name][name] = table
-            print(f"\n===== {w.name} / {name}: wall {table['wall_us'] / 1e3:.3f} ms, GPU busy "
-                  f"{table['busy_us'] / 1e3:.3f} ms, idle between kernels {table['idle_us'] / 1e3:.3f} ms, "
-                  f"host {table['host_us'] / 1e3:.3f} ms per step; {table['kernels_per_step']:.0f} kernels")  # fmt: skip
-            for g in table["largest_gaps"][:6]:
-                print(f"   gap {g['us']:8.1f} us after {g['after']} / before {g['before']}")
-            for k, v in sorted(table.get("blocking_calls", {}).items()):
-                print(f"   host {k}: {v['per_step']:.1f} calls, {v['us_per_step']:.1f} us per step")
-            for g in table.get("host_in_gaps", []):
-                busy = ", ".join(f"{h['name']} {h['us']}" for h in g["host"][:5])
-                print(f"   in the {g['gap_us']:.0f} us gap before {g['before'][:30]}: {busy}")
-            for k in table["kernels"][: args.rows]:
-                print(f"{k['us']:10.1f} us {k['calls']:6.1f}x  {k['name'][:110]}")
+            report(f"{w.name} / {name}", table, args.rows)
             del fn
             harness.reset_compilers()
     if args.json:
