@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench (default: all)
-# On the GPU machine: builds into build/gpu, runs the CUDA tests, the quick start and the
-# benchmarks, writing logs and result JSON to $OUT. Needs .deps/ (tools/stage_deps.sh).
-# The other tools call `tools/run_gpu.sh build` first.
+# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo
+# (default: the first four). On the GPU machine: builds into build/gpu, runs the CUDA tests,
+# the quick start and the benchmarks, writing logs and result JSON to $OUT. Needs .deps/
+# (tools/stage_deps.sh). The other tools call `tools/run_gpu.sh build` first.
+# zoo: benchmarks/zoo.py one family per process (ZOO_MODELS, default all six; ZOO_ARGS more
+# options, ZOO_DEADLINE: no family starts later than that many seconds after this script did,
+# default 540; each family ends by then too), each appended to $OUT/zoo.json as
+# it finishes, which starts as a copy of benchmarks/results/cuda_<gpu>_zoo.json when one exists
+# for this GPU: a run cut short keeps the families done, and the next one adds the rest.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
+t0=$(date +%s)
 has() { [[ " $phases " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
@@ -36,4 +42,16 @@ if has bench; then
   done
   echo "== benchmarks/run.py"
   timeout 480 python benchmarks/run.py --device cuda --out "$OUT/suite.json" 2>&1 | tee "$OUT/suite.log" | tail -40
+fi
+if has zoo; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
+  kept="benchmarks/results/cuda_${gpu}_zoo.json"
+  [[ -e "$kept" && ! -e "$OUT/zoo.json" ]] && cp "$kept" "$OUT/zoo.json"
+  for m in ${ZOO_MODELS:-llama qwen3 gpt2 bert vit t5}; do
+    left=$(( ${ZOO_DEADLINE:-540} - ($(date +%s) - t0) ))
+    (( left < 60 )) && { echo "== zoo: $m not run ($left s left)"; continue; }
+    echo "== zoo $m ($left s left)"
+    timeout "$left" python benchmarks/zoo.py --device cuda --models "$m" ${ZOO_ARGS:-} \
+      --out "$OUT/zoo.json" --append 2>&1 | tee -a "$OUT/zoo.log" | grep "^| $m "
+  done
 fi
