@@ -57,7 +57,11 @@ CUDA_ONLY = ("magi_cg", "inductor_ro")
 
 def git_commit() -> str | None:
     """The repository's short commit, with "+dirty" when the code a run measures (python, src,
-    include, kernels, benchmarks) has uncommitted changes; None outside a git checkout."""
+    include, kernels, benchmarks) has uncommitted changes; None outside a git checkout.
+    ``MAGI_GIT_COMMIT`` overrides it: for a copy of a working tree whose git metadata is not
+    the tree's own (the GPU machine's copy of this checkout), the caller names the commit."""
+    if os.environ.get("MAGI_GIT_COMMIT"):
+        return os.environ["MAGI_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[1]
     try:
         git = ["git", "-C", str(root)]

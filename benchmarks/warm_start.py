@@ -188,12 +188,10 @@ def _summary(result: dict) -> str:
 def _meta(device: str, size: str) -> dict:
     import torch
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # harness imports the example blocks
+    from benchmarks.harness import git_commit
+
+    commit = git_commit()
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     return {
         "benchmark": "warm_start",

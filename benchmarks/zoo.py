@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -55,9 +54,11 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (str(ROOT / "examples"), str(ROOT)):  # harness imports the example blocks
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
+from benchmarks import harness  # noqa: E402
 from benchmarks import zoo_models as zm  # noqa: E402
 
 VARIANTS = ("eager", "inductor", "inductor_ro", "magi", "magi_cg")
@@ -365,18 +366,6 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "python",
-                                "src", "include", "kernels", "benchmarks"],
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        return rev + ("-dirty" if dirty else "")
-    except Exception:  # noqa: BLE001 - not a git checkout
-        return "unknown"
-
-
 def prewarm(device: torch.device, dtype: torch.dtype, variants: list[str]) -> None:
     """One-time process costs (imports, Inductor's workers, the CUDA context) before any
     first call is timed."""
@@ -467,7 +456,7 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(),
+            "git_commit": harness.git_commit() or "unknown",
             "command": " ".join(
                 ["python", "benchmarks/zoo.py", *(sys.argv[1:] if argv is None else argv)]
             ),

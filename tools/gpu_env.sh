@@ -1,6 +1,7 @@
 # Usage: source tools/gpu_env.sh   (from the other tools; sets up a shell on the GPU machine)
 # Moves to the repository root and sets what every run on the GPU machine shares. $OUT (default
-# /tmp/magi_out) receives logs and JSON.
+# /tmp/magi_out) receives logs and JSON. The copy of the checkout there may carry older git
+# metadata than its files: pass MAGI_GIT_COMMIT=<this commit> so results name the right one.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/magi_out}"
 mkdir -p "$OUT"
