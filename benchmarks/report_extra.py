@@ -463,6 +463,19 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
     ]
     if summary:
         lines += ["; ".join(summary) + ".", ""]
+    commits: dict[str, list[str]] = {}
+    for r in rows:
+        where = f"{r.get('model')} {r.get('scenario')}"
+        seen = commits.setdefault(r.get("git_commit") or meta.get("git_commit") or "?", [])
+        if where not in seen:
+            seen.append(where)
+    if len(commits) > 1:
+        lines += [
+            "Rows measured at different commits: "
+            + "; ".join(f"{c}: {', '.join(w)}" for c, w in commits.items())
+            + ".",
+            "",
+        ]
     gaps = zoo_gaps(doc)
     if gaps:
         lines += [f"Not measured in this run: {'; '.join(gaps)}.", ""]

@@ -446,6 +446,9 @@ def main(argv: list[str] | None = None) -> dict:
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = platform.processor() or platform.machine()
+    commit = harness.git_commit() or "unknown"
+    for row in rows:  # with --append, rows of several runs share a file
+        row["git_commit"] = commit
     # report.py reads "benchmark" and "meta"; with --append, the meta is this write's.
     doc = {
         "benchmark": "zoo",
@@ -456,7 +459,7 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": harness.git_commit() or "unknown",
+            "git_commit": commit,
             "command": " ".join(
                 ["python", "benchmarks/zoo.py", *(sys.argv[1:] if argv is None else argv)]
             ),

@@ -201,9 +201,11 @@ def _zoo_row(model: str, scenario: str, batch: int, **variants: dict) -> dict:
 
 
 def test_report_renders_the_model_zoo(tmp_path):
-    """A zoo.py file is reported once its rows (or failures) cover the six families, whatever
-    --models/--append wrote it; the table has magi's captures, fallbacks, error and first call,
-    every variant's ms and the ratios to torch.compile, marking where magi is slower."""
+    """Of the zoo.py files of a device kind, the one with the fewest family scenarios not
+    measured is reported (a failed family counts as measured), whatever --models/--append
+    wrote it, with those gaps listed; the table has magi's captures, fallbacks, error and first
+    call, every variant's ms and the ratios to torch.compile, marking where magi is slower;
+    rows appended by runs of different commits say which."""
     from benchmarks import report
 
     def magi(ms: float | None, **extra) -> dict:
@@ -246,8 +248,7 @@ def test_report_renders_the_model_zoo(tmp_path):
     (tmp_path / "zoo_five.json").write_text(json.dumps(_zoo_doc("2026-04-01T00:00:00", rows, [])))
     runs = report.latest_runs(sorted(tmp_path.glob("*.json")))
     assert {key: path.name for key, (_, path) in runs.items()} == {("H100", "zoo"): "zoo_full.json"}
-    t5_row = _zoo_row("t5", "cache", 1, eager={"ms": 1.0})
-    assert report.is_complete(_zoo_doc("2026-04-01T00:00:00", rows + [t5_row], []))
+    assert "t5 (every scenario)" in report.zoo_gaps(_zoo_doc("2026-04-01T00:00:00", rows, []))
 
     text = report.render(runs)
     assert "## H100: model zoo" in text
@@ -274,3 +275,15 @@ def test_report_renders_the_model_zoo(tmp_path):
     assert "- **gpt2** reduce-overhead (layers b8): `timing: RuntimeError: cudagraph boom`" in lines
     assert "- **gpt2** magi CUDA graphs (layers b8): `build: ValueError: no graphs`" in lines
     assert "- **t5** could not be run: `RuntimeError: t5 out of memory`" in lines
+    # BERT and ViT have no cache scenario; a failed family is no gap.
+    assert (
+        "Not measured in this run: llama layers, cache; qwen3 layers, cache; gpt2 whole, cache; "
+        "bert layers; vit layers."
+    ) in lines
+    assert not any(ln.startswith("Rows measured at different commits") for ln in lines)
+    rows[1]["git_commit"] = "def5678"  # gpt2 layers appended by a later run
+    text = report.render({("H100", "zoo"): (_zoo_doc("2026-03-01", rows, t5_failed), Path("z"))})
+    assert (
+        "Rows measured at different commits: abc1234: llama whole, qwen3 whole, bert whole, "
+        "vit whole; def5678: gpt2 layers."
+    ) in text.splitlines()
