@@ -278,13 +278,28 @@ class FxImporter {
   }
 
   // --- types --------------------------------------------------------------------------------
+  // A size: an int, a SymInt, or (in a graph from the compiled-module cache) a sympy
+  // expression.
   ir::SymExpr sym_of(py::handle x) {
     if (py::isinstance(x, sym_int_type_)) return from_sympy(x.attr("node").attr("expr"));
-    return ir::SymExpr(x.cast<int64_t>());
+    if (py::isinstance<py::int_>(x)) return ir::SymExpr(x.cast<int64_t>());
+    return from_sympy(x);
+  }
+
+  // The kind of record (_compile_cache.TensorRecord / SymRecord) `val` is, or "" for none:
+  // a graph from the compiled-module cache describes its values with those.
+  static std::string record_kind(py::handle val) {
+    if (THPVariable_Check(val.ptr()) || !py::hasattr(val, "magi_record")) return "";
+    return py::str(val.attr("magi_record")).cast<std::string>();
+  }
+
+  // A fake tensor, or its record.
+  static bool is_tensor_value(py::handle val) {
+    return THPVariable_Check(val.ptr()) || record_kind(val) == "tensor";
   }
 
   std::optional<ir::TensorType> tensor_type_of(py::handle val) {
-    if (!THPVariable_Check(val.ptr())) return std::nullopt;
+    if (!is_tensor_value(val)) return std::nullopt;
     ir::TensorType t;
     t.dtype = reinterpret_cast<THPDtype*>(val.attr("dtype").ptr())->scalar_type;
     t.device = reinterpret_cast<THPDevice*>(val.attr("device").ptr())->device;
@@ -304,6 +319,12 @@ class FxImporter {
     if (auto t = tensor_type_of(val)) {
       v->set_kind(ir::ValueKind::kTensor);
       v->set_tensor_type(std::move(*t));
+    } else if (record_kind(val) == "sym") {
+      const std::string kind = py::str(val.attr("kind")).cast<std::string>();
+      v->set_kind(kind == "int"     ? ir::ValueKind::kInt
+                  : kind == "float" ? ir::ValueKind::kFloat
+                                    : ir::ValueKind::kBool);
+      if (kind == "int") v->set_sym(sym_of(val.attr("expr")));
     } else if (py::isinstance(val, sym_int_type_) || py::isinstance<py::int_>(val)) {
       if (py::isinstance<py::bool_>(val)) {
         v->set_kind(ir::ValueKind::kBool);
@@ -671,7 +692,7 @@ class FxImporter {
   // when the base itself starts at offset 0 (as fresh tensors and ordinary inputs do).
   void check_base_offset(py::handle fx_base) {
     py::object val = meta_val(fx_base);
-    if (!THPVariable_Check(val.ptr())) return;
+    if (!is_tensor_value(val)) return;
     py::object offset = val.attr("storage_offset")();
     if (py::isinstance<py::int_>(offset) && offset.cast<int64_t>() == 0) return;
     MAGI_UNSUPPORTED("FX node '", py_str(current_.attr("name")),

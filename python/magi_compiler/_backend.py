@@ -144,10 +144,12 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     mode = config.cudagraph_mode.name
     if mode == "NONE" or kind != "inference":
         return None
+    from magi_compiler._compile_cache import TensorRecord  # a cached graph's fake tensors
+
     devices = {
         n.meta["val"].device.type
         for n in gm.graph.nodes
-        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), (torch.Tensor, TensorRecord))
     }
     if devices != {"cuda"} or not _C.CudaGraphRunner.available():
         if not _warned_cpu_cudagraphs:

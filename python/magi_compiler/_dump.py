@@ -572,7 +572,7 @@ def _readable(gm: Any) -> str:
     try:
         return gm.print_readable(print_output=False)
     except Exception:  # noqa: BLE001 - a picture of the graph must not fail the compile
-        return gm.code
+        return str(gm.graph)  # the node list (a graph from the cache has no compiled code)
 
 
 def config_json(config: Any) -> str:
