@@ -144,7 +144,7 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     mode = config.cudagraph_mode.name
     if mode == "NONE" or kind != "inference":
         return None
-    from magi_compiler._compile_cache import TensorRecord  # a cached graph's fake tensors
+    from magi_compiler._cached_graph import TensorRecord  # a cached graph's fake tensors
 
     devices = {
         n.meta["val"].device.type

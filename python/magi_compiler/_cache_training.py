@@ -29,7 +29,7 @@ from unittest import mock
 import torch
 from torch._inductor.output_code import OutputCode
 
-from magi_compiler import _backend, _compile_cache
+from magi_compiler import _backend, _cached_graph
 
 _loading = threading.local()  # .config: the config of the training entry being loaded
 
@@ -51,12 +51,12 @@ class LoweredGraph(OutputCode):
 
     def prepare_for_serialization(self) -> None:
         # Called on a shallow copy (AOTAutograd's pre_save): the running one keeps its run.
-        self._graph = _compile_cache.pickle_graph(self._gm)
+        self._graph = _cached_graph.pickle_graph(self._gm)
         self._gm = self._run = None
 
     def post_compile(self, example_inputs: Any, constants: Any, graph_kwargs: Any) -> None:
         if self._run is None:  # loaded from disk
-            gm = _compile_cache.unpickle_graph(self._graph)
+            gm = _cached_graph.unpickle_graph(self._graph)
             self._run = _backend.lower_graph(
                 gm, self.kind, _loading.config, from_cache=True, saved_from=self.saved_from
             )

@@ -320,7 +320,7 @@ def test_a_cached_graph_describes_its_values_without_fake_tensors():
     expressions where symbolic) instead of fake tensors, which were most of a warm start's
     loading time to rebuild; lowering imports it exactly as it imports the original."""
     import torch
-    from magi_compiler import _C, _compile_cache
+    from magi_compiler import _C, _cached_graph
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(x, w):
@@ -328,12 +328,12 @@ def test_a_cached_graph_describes_its_values_without_fake_tensors():
         return h.sum(-1), h[:, : x.shape[1] // 2].t(), x.shape[0] * 2
 
     gm = make_fx(f, tracing_mode="symbolic")(torch.randn(6, 8), torch.randn(8, 8))
-    loaded = _compile_cache.unpickle_graph(_compile_cache.pickle_graph(gm))
+    loaded = _cached_graph.unpickle_graph(_cached_graph.pickle_graph(gm))
     vals = [n.meta.get("val") for n in loaded.graph.nodes]
     assert not any(isinstance(v, torch.Tensor) for v in vals)
-    records = [v for v in vals if isinstance(v, _compile_cache.TensorRecord)]
+    records = [v for v in vals if isinstance(v, _cached_graph.TensorRecord)]
     assert len(records) >= 5 and any(not isinstance(s, int) for r in records for s in r.shape)
-    assert any(isinstance(v, _compile_cache.SymRecord) for v in vals)
+    assert any(isinstance(v, _cached_graph.SymRecord) for v in vals)
     original = _C.import_fx_graph(gm).to_string()
     # Symbolic sizes, strides and ints are part of what is compared.
     assert re.search(r"f32\[\((s\d+)//2\), (s\d+)\]\{1, \1\}", original), original
