@@ -66,9 +66,9 @@ Level level() {
 void set_level(Level l) { g_level.store(static_cast<int>(l), std::memory_order_relaxed); }
 
 void write(Level l, std::string_view message) {
-  static constexpr spdlog::level::level_enum kMap[] = {
-      spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
-      spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
+  static constexpr spdlog::level::level_enum kMap[] = {spdlog::level::trace, spdlog::level::debug,
+                                                       spdlog::level::info,  spdlog::level::warn,
+                                                       spdlog::level::err,   spdlog::level::off};
   logger().log(kMap[static_cast<int>(l)], "{}", message);
 }
 

@@ -19,7 +19,7 @@ struct SymExpr::Rep {
   int64_t value = 0;  // kConst
   std::string name;   // kSymbol
   std::vector<SymExpr> operands;
-  std::string text;   // printed form, cached: equality and ordering use it
+  std::string text;  // printed form, cached: equality and ordering use it
 };
 
 int64_t py_floor_div(int64_t a, int64_t b) {
@@ -40,9 +40,7 @@ namespace {
 
 std::string print(SymExpr::Op op, const std::vector<SymExpr>& operands) {
   using Op = SymExpr::Op;
-  auto wrap = [](const SymExpr& e) {
-    return (e.op() == Op::kAdd) ? "(" + e.str() + ")" : e.str();
-  };
+  auto wrap = [](const SymExpr& e) { return (e.op() == Op::kAdd) ? "(" + e.str() + ")" : e.str(); };
   switch (op) {
     case Op::kAdd: {
       std::string s;

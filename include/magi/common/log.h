@@ -24,10 +24,9 @@ void write(Level level, std::string_view message);
 
 }  // namespace magi::log
 
-#define MAGI_LOG_AT(lvl, ...)                                                     \
-  do {                                                                            \
-    if (::magi::log::enabled(lvl))                                                \
-      ::magi::log::write(lvl, ::magi::detail::str_cat(__VA_ARGS__));              \
+#define MAGI_LOG_AT(lvl, ...)                                                                     \
+  do {                                                                                            \
+    if (::magi::log::enabled(lvl)) ::magi::log::write(lvl, ::magi::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 #define MAGI_LOG_TRACE(...) MAGI_LOG_AT(::magi::log::Level::kTrace, __VA_ARGS__)
 #define MAGI_LOG_DEBUG(...) MAGI_LOG_AT(::magi::log::Level::kDebug, __VA_ARGS__)

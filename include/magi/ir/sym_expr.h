@@ -24,13 +24,13 @@ class SymExpr {
  public:
   enum class Op : uint8_t { kConst, kSymbol, kAdd, kMul, kFloorDiv, kMod, kMax, kMin };
 
-  SymExpr();                // the constant 0
-  SymExpr(int64_t value);   // NOLINT(google-explicit-constructor): constants read naturally
+  SymExpr();               // the constant 0
+  SymExpr(int64_t value);  // NOLINT(google-explicit-constructor): constants read naturally
   static SymExpr symbol(const std::string& name);
 
   Op op() const;
   bool is_constant() const { return op() == Op::kConst; }
-  int64_t constant_value() const;      ///< requires is_constant()
+  int64_t constant_value() const;          ///< requires is_constant()
   const std::string& symbol_name() const;  ///< requires op() == kSymbol
   const std::vector<SymExpr>& operands() const;
 
