@@ -8,8 +8,9 @@ device kind (the CPU, each GPU model) the latest complete run is reported, so ad
 there and rerunning this script is the whole update. Runs restricted with ``--only``,
 ``--variants`` or ``--smoke`` are not complete and are skipped; a ``zoo.py`` file is reported
 even when it lacks some of its six models or their scenarios (its runs are split with
-``--models`` and ``--append``): the one covering the most is chosen, and its gaps are listed. ``--headline`` prints only the headline table (the one the README shows);
-``--plots DIR`` also writes PNG plots of the suite runs (needs matplotlib; the default folder
+``--models`` and ``--append``): the one covering the most is chosen, and its gaps are listed.
+``--headline`` prints only the headline table (the one the README shows); ``--plots DIR`` also
+writes PNG plots of the suite runs (needs matplotlib; the default folder
 ``benchmarks/plots`` is git-ignored).
 """
 

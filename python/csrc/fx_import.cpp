@@ -286,7 +286,7 @@ class FxImporter {
     return from_sympy(x);
   }
 
-  // The kind of record (_compile_cache.TensorRecord / SymRecord) `val` is, or "" for none:
+  // The kind of record (_cached_graph.TensorRecord / SymRecord) `val` is, or "" for none:
   // a graph from the compiled-module cache describes its values with those.
   static std::string record_kind(py::handle val) {
     if (THPVariable_Check(val.ptr()) || !py::hasattr(val, "magi_record")) return "";
