@@ -50,7 +50,7 @@ COLORS = {
 # Each magi variant against its torch.compile counterpart: plain, and with CUDA graphs.
 PAIRS = (("magi", "inductor"), ("magi_cg", "inductor_ro"))
 # Section order within a device kind.
-BENCHMARKS = ("suite", "zoo", "warm_start", "bandwidth", "host_overhead", "recompute", "offload")
+BENCHMARKS = ("suite", "zoo", "zoo_profile", "warm_start", "bandwidth", "host_overhead", "recompute", "offload")
 PARTIAL_FLAGS = ("--only", "--variants", "--smoke", "--no-bandwidth")
 
 
@@ -94,6 +94,8 @@ def stamp(doc: dict) -> dict[str, str]:
 def is_complete(doc: dict) -> bool:
     if benchmark_of(doc) == "warm_start":  # written after each row; complete at the end
         return bool(doc["meta"].get("complete"))
+    if benchmark_of(doc) == "zoo_profile":  # profiles the rows and variants it names
+        return True
     command = str((doc.get("meta") or {}).get("command", ""))
     return not any(flag in command.split() for flag in PARTIAL_FLAGS)
 

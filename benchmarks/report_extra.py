@@ -23,6 +23,7 @@ def other_section(bench: str, doc: dict, kind: str, stamp: str) -> str:
         "recompute": _recompute_section,
         "offload": _offload_section,
         "zoo": _zoo_section,
+        "zoo_profile": _zoo_profile_section,
         "warm_start": _warm_start_section,
     }
     return sections[bench](doc, kind, stamp)
@@ -482,6 +483,58 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
     fails = _zoo_failures(doc, rows)
     lines += ["### Failures", ""]
     lines += [f"- {x}" for x in fails] if fails else ["- none in this run"]
+    return "\n".join(lines) + "\n"
+
+
+PROFILE_KINDS = ("GEMM", "attention", "generated", "copy", "other")
+
+
+def _short_kernel(name: str, limit: int = 60) -> str:
+    """A kernel's name without template arguments and namespaces, for a table cell."""
+    base = name.split("<", 1)[0].split("(", 1)[0].strip()
+    base = base.rsplit("::", 1)[-1] or name
+    return _line(base.replace("|", "/"), limit)
+
+
+def _zoo_profile_section(doc: dict, kind: str, stamp: str) -> str:
+    """tools/profile.py --zoo: where the GPU time of zoo rows goes, per variant."""
+    meta = doc.get("meta", {})
+    lines = [
+        f"## {kind}: model zoo, where the GPU time goes",
+        "",
+        stamp,
+        "",
+        f"`{meta.get('command')}` · torch.profiler over {meta.get('steps', '?')} calls of the "
+        "zoo's call at that batch, after a warm-up, per call. *Wall*: CUDA events around one "
+        "call; *GPU busy*: the sum of kernel times; *idle*: gaps of more than 3 µs between "
+        "kernels. GPU ms per kernel kind by name: *GEMM* (cuBLAS/CUTLASS), *attention* (SDPA's "
+        "flash, memory-efficient and cuDNN kernels), *generated* (magi_compile's fused kernels, "
+        "Inductor's Triton kernels), *copy*, *other* (ATen's own elementwise, reduction, index "
+        "and norm kernels). A call whose wall time is well above its GPU busy time is waiting "
+        "on the host.",
+        "",
+    ]
+    header = ["model", "scenario", "batch", "variant", "wall ms", "GPU busy ms", "idle ms",
+              "kernels"] + [f"{k} ms" for k in PROFILE_KINDS] + ["largest kernel"]  # fmt: skip
+    body = []
+    for r in doc.get("rows", []):
+        for name, t in r.get("variants", {}).items():
+            kinds = t.get("kinds_us", {})
+            top = (t.get("kernels") or [{}])[0]
+            largest = (
+                f"{_short_kernel(top['name'])} {top['us'] / 1e3:.3f} ms × {top['calls']:.0f}"
+                if top
+                else "–"
+            )
+            body.append(
+                [str(r.get("model")), str(r.get("scenario")), str(r.get("batch")),
+                 ZOO_LABELS.get(name, name), f"{t['wall_us'] / 1e3:.3f}",
+                 f"{t['busy_us'] / 1e3:.3f}", f"{t['idle_us'] / 1e3:.3f}",
+                 f"{t['kernels_per_step']:.0f}"]
+                + [f"{kinds.get(k, 0.0) / 1e3:.3f}" for k in PROFILE_KINDS]
+                + [largest]
+            )  # fmt: skip
+    lines.append(table(header, body))
     return "\n".join(lines) + "\n"
 
 

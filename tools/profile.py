@@ -13,7 +13,10 @@ the longest host operations running during them (why the GPU waited).
 
 --zoo profiles models of the zoo benchmark instead (benchmarks/zoo.py, real size, bf16):
 family:scenario:batch, each variant built as the zoo builds it and called at batch 1 first,
-then warmed up and profiled at the given batch, as the zoo times it.
+then warmed up and profiled at the given batch, as the zoo times it. Its --json file is a
+``zoo_profile`` result (device, torch version, date, commit): saved as
+benchmarks/results/cuda_<gpu>_zoo_profile.json, benchmarks/report.py shows it after the zoo
+table (GPU time per kernel kind, the largest kernels).
 """
 
 from __future__ import annotations
@@ -36,6 +39,25 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from benchmarks import harness, workloads  # noqa: E402
 
 STEPS = 5
+
+
+# Kernel kinds by name, first match wins: generated kernels (ours are named fused_*, Inductor's
+# triton_*), attention, matrix multiplies (cuBLAS's nvjet/xmma/cutlass kernels) and copies;
+# the rest (ATen's own elementwise, reduction, index and norm kernels) is "other".
+KERNEL_KINDS = (
+    ("generated", ("fused_", "triton_", "magi_")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("GEMM", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk", "wgmma")),
+    ("copy", ("copy", "memcpy", "memset", "catarray")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, marks in KERNEL_KINDS:
+        if any(m in low for m in marks):
+            return kind
+    return "other"
 
 
 BLOCKING = ("Synchronize", "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaMemcpy", "cudaMemset")
@@ -116,8 +138,17 @@ def kernel_table(case: workloads.Case, fn, hook, with_host: bool = False) -> dic
         "idle_us": sum(g[0] for g in gaps) / STEPS,
         "largest_gaps": [{"us": g[0], "after": g[3], "before": g[4]} for g in gaps[:12]],
         "kernels_per_step": sum(v[1] for v in totals.values()),
+        "kinds_us": kinds_of(rows),
         "kernels": [{"name": k, "us": v[0], "calls": v[1]} for k, v in rows],
     }
+
+
+def kinds_of(rows: list) -> dict[str, float]:
+    """GPU microseconds per step of each kernel kind (KERNEL_KINDS), from (name, [us, calls])."""
+    kinds: dict[str, float] = defaultdict(float)
+    for name, (us, _calls) in rows:
+        kinds[kernel_kind(name)] += us
+    return dict(kinds)
 
 
 class ZooCase:
@@ -163,6 +194,29 @@ def zoo_cases(
     return result
 
 
+def zoo_document(cases: dict, device: torch.device) -> dict:
+    """The --zoo result as benchmarks/report.py reads it: one row per family:scenario:batch."""
+    import datetime
+
+    rows = []
+    for spec, tables in cases.items():
+        family, scenario, batch = spec.split(":")
+        rows.append({"model": family, "scenario": scenario, "batch": int(batch), "variants": tables})
+    return {
+        "benchmark": "zoo_profile",
+        "meta": {
+            "device_type": device.type,
+            "device_name": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": harness.git_commit() or "unknown",
+            "command": " ".join(["python", "tools/profile.py", *sys.argv[1:]]),
+            "steps": STEPS,
+        },
+        "rows": rows,
+    }
+
+
 def report(label: str, table: dict, rows: int) -> None:
     print(f"\n===== {label}: wall {table['wall_us'] / 1e3:.3f} ms, GPU busy "
           f"{table['busy_us'] / 1e3:.3f} ms, idle between kernels {table['idle_us'] / 1e3:.3f} ms, "
@@ -188,12 +242,13 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="profile the host's blocking calls too")
     args = ap.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
-    result = {}
+    result: dict = {}
     if args.zoo:
-        result = zoo_cases(args.zoo, args.variants.split(","), args.host)
-        for spec, tables in result.items():
+        cases = zoo_cases(args.zoo, args.variants.split(","), args.host)
+        for spec, tables in cases.items():
             for name, table in tables.items():
                 report(f"{spec} / {name}", table, args.rows)
+        result = zoo_document(cases, device)
     for w in workloads.select(args.only) if not args.zoo else []:
         case = w.build("full", device, dtype)
         result[w.name] = {}

@@ -287,3 +287,59 @@ def test_report_renders_the_model_zoo(tmp_path):
         "Rows measured at different commits: abc1234: llama whole, qwen3 whole, bert whole, "
         "vit whole; def5678: gpt2 layers."
     ) in text.splitlines()
+
+
+def test_report_shows_where_the_gpu_time_of_zoo_rows_goes():
+    """tools/profile.py --zoo's file (kernel kinds by name) is reported after the zoo table:
+    per row and variant the wall, busy and idle times, kernels per call, ms per kernel kind
+    and the largest kernel without its template arguments."""
+    import importlib.util
+
+    from benchmarks import report
+
+    spec = importlib.util.spec_from_file_location("magi_profile_tool", ROOT / "tools/profile.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    names = {
+        "fused_add_native_layer_norm_1b3e756b_ccll_v1": "generated",
+        "triton_per_fused_add_mean_0": "generated",
+        "nvjet_tst_128x64_64x4_1x1_v_bz_coopA_TNT": "GEMM",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "GEMM",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128> >(Flash_fwd_params)":
+            "attention",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)":
+            "attention",
+        "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>(int, F)": "copy",
+        "Memcpy DtoD (Device -> Device)": "copy",
+        "void at::native::index_elementwise_kernel<128, 4>(long, F)": "other",
+    }  # fmt: skip
+    assert {n: tool.kernel_kind(n) for n in names} == names
+    rows = [(n, [10.0 * (i + 1), 2.0]) for i, n in enumerate(names)]
+    kinds = tool.kinds_of(rows)
+    assert kinds == {"generated": 30.0, "GEMM": 70.0, "attention": 110.0, "copy": 150.0,
+                     "other": 90.0}  # fmt: skip
+
+    def table(wall: float, busy: float, kernels: list[tuple[str, float]]) -> dict:
+        return {"wall_us": wall, "busy_us": busy, "idle_us": wall - busy, "kernels_per_step": 7,
+                "kinds_us": tool.kinds_of([(n, [us, 1.0]) for n, us in kernels]),
+                "kernels": [{"name": n, "us": us, "calls": 1.0} for n, us in kernels]}  # fmt: skip
+
+    flash = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128> >(Flash_fwd_params)"
+    doc = {
+        "benchmark": "zoo_profile",
+        "meta": {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0",
+                 "date": "2026-12-07T10:00:00", "git_commit": "abc1234", "steps": 5,
+                 "command": "python tools/profile.py --zoo gpt2:whole:8 --variants magi_cg"},
+        "rows": [{"model": "gpt2", "scenario": "whole", "batch": 8, "variants": {
+            "magi_cg": table(1700.0, 1500.0, [(flash, 900.0), ("nvjet_tst_x", 600.0)]),
+            "inductor_ro": table(920.0, 900.0, [("nvjet_tst_x", 600.0), ("triton_poi_0", 300.0)]),
+        }}],
+    }  # fmt: skip
+    assert report.is_complete(doc)  # --variants does not make a profile partial
+    text = report.render({("H100", "zoo_profile"): (doc, Path("p.json"))})
+    lines = text.splitlines()
+    assert "## H100: model zoo, where the GPU time goes" in lines
+    assert ("| gpt2 | whole | 8 | magi CUDA graphs | 1.700 | 1.500 | 0.200 | 7 | 0.600 | 0.900 "
+            "| 0.000 | 0.000 | 0.000 | flash_fwd_kernel 0.900 ms × 1 |") in lines  # fmt: skip
+    assert ("| gpt2 | whole | 8 | reduce-overhead | 0.920 | 0.900 | 0.020 | 7 | 0.600 | 0.000 "
+            "| 0.300 | 0.000 | 0.000 | nvjet_tst_x 0.600 ms × 1 |") in lines  # fmt: skip
