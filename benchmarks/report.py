@@ -50,7 +50,16 @@ COLORS = {
 # Each magi variant against its torch.compile counterpart: plain, and with CUDA graphs.
 PAIRS = (("magi", "inductor"), ("magi_cg", "inductor_ro"))
 # Section order within a device kind.
-BENCHMARKS = ("suite", "zoo", "zoo_profile", "warm_start", "bandwidth", "host_overhead", "recompute", "offload")
+BENCHMARKS = (
+    "suite",
+    "zoo",
+    "zoo_profile",
+    "warm_start",
+    "bandwidth",
+    "host_overhead",
+    "recompute",
+    "offload",
+)
 PARTIAL_FLAGS = ("--only", "--variants", "--smoke", "--no-bandwidth")
 
 

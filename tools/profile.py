@@ -201,7 +201,9 @@ def zoo_document(cases: dict, device: torch.device) -> dict:
     rows = []
     for spec, tables in cases.items():
         family, scenario, batch = spec.split(":")
-        rows.append({"model": family, "scenario": scenario, "batch": int(batch), "variants": tables})
+        rows.append(
+            {"model": family, "scenario": scenario, "batch": int(batch), "variants": tables}
+        )
     return {
         "benchmark": "zoo_profile",
         "meta": {

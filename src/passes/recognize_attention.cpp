@@ -19,20 +19,26 @@
 //         group_query_attention hands grouped key/value heads.
 //
 // Recognised between the two matmuls, in any order: scale factors (mul or div by a positive
-// constant, on the scores or on q), at most one causal mask, one upcast to float32 before the
-// softmax with its downcast after. A mask is causal when the graph builds it from a constant
-// fill (ones, full) with tril (diagonal 0, the kept entries) or triu (diagonal 1, the masked
+// constant, on the scores or on q), at most one mask, one upcast to float32 before the softmax
+// with its downcast after. A mask is causal when the graph builds it from a constant fill
+// (ones, full) with tril (diagonal 0, the kept entries) or triu (diagonal 1, the masked
 // entries), through comparisons with 0, logical negation, casts and views that keep its last
 // two dims, and applies it as masked_fill with -inf (or the lowest finite value, as Hugging
-// Face writes it) or adds a -inf bias built so; it is then SDPA's is_causal, for L == S. Keys
-// and values repeated for grouped-query attention (repeat_kv: expand then reshape) are read as
-// the repeated tensors; group_query_attention removes the copies where the backend allows.
+// Face writes it) or adds a -inf bias built so; it is then SDPA's is_causal, for L == S. Any
+// other mask that broadcasts to the scores (a padding mask passed in, a per-head bias, Hugging
+// Face's eager-attention mask) becomes SDPA's attn_mask: a boolean one applied as
+// masked_fill(-inf) is handed over negated (SDPA keeps the true entries), an additive one in
+// the scores' dtype as it is when every scale applies before it. Such calls go through
+// aten::scaled_dot_product_attention, which picks the kernel that takes the mask. Keys and
+// values repeated for grouped-query attention (repeat_kv: expand then reshape) are read as the
+// repeated tensors; group_query_attention removes the copies where the backend allows.
 //
 // Left alone, with the reason logged: a scores value, mask step or softmax with another reader
-// (the rewrite would have to keep it anyway); a mask the graph does not build from constants
-// (an input tensor: padding, a per-head bias) or that is not causal; a softmax over another dim;
-// a scale that is not a positive constant; shapes or dtypes the fused kernel does not take.
-// Nothing is approximated: a rewritten chain computes eager's result within rounding.
+// (the rewrite would have to keep it anyway); a mask that does not broadcast to the scores, a
+// masked_fill of a mask that is not causal with a finite value, an additive mask in another
+// dtype or scaled after it is added; a softmax over another dim; a scale that is not a
+// positive constant; shapes or dtypes the fused kernel does not take. Nothing is approximated:
+// a rewritten chain computes eager's result within rounding.
 //
 // Meant for inference graphs. Training is out of scope for now: the rewrite never changes what
 // a graph returns, so a training forward whose softmax output or scores are saved for the
@@ -302,15 +308,65 @@ struct Chain {
   ir::Value* result = nullptr;  ///< the [b, h, L, d] output of the second matmul's view
   double scale = 1.0;
   bool causal = false;
+  ir::Value* mask = nullptr;  ///< SDPA's attn_mask (a mask that is not causal), or null
+  bool negate_mask = false;   ///< a masked_fill condition: SDPA keeps the entries it masks
 };
+
+// Does a tensor of type `m` broadcast to `scores` (rank at most 4, each dim equal or 1)?
+bool broadcasts_to(const ir::TensorType& m, const ir::TensorType& scores) {
+  if (m.rank() > scores.rank()) return false;
+  const size_t offset = scores.rank() - m.rank();
+  for (size_t i = 0; i < m.rank(); ++i) {
+    if (!(m.sizes[i] == scores.sizes[offset + i]) && !(m.sizes[i] == ir::SymExpr(1))) return false;
+  }
+  return true;
+}
+
+// The mask applied to the scores by `mask_node` (masked_fill or add): is_causal when it is the
+// causal mask, SDPA's attn_mask otherwise. Returns the reason it can be neither, or "".
+std::string match_mask(ir::Value* mask, const ir::Node* mask_node, bool scaled_after_mask,
+                       const ir::TensorType& scores, Chain& chain) {
+  std::string mask_why;
+  const Mask m = classify_mask(mask, &mask_why);
+  const bool fill =
+      is_op(mask_node, "aten::masked_fill.Scalar") || is_op(mask_node, "aten::masked_fill.Tensor");
+  const ir::TensorType* mt = type_of(mask);
+  if (fill ? m == Mask::kMaskUpper : m == Mask::kNegInfUpper) {
+    const auto& s = scores.sizes;
+    if (mt == nullptr || mt->rank() > 4 || last_two(*mt) != last_two(scores)) {
+      return "the mask's last two dims are not the scores'";
+    }
+    if (!(s[2] == s[3])) return "a causal mask with query length != key length";
+    chain.causal = true;
+    return "";
+  }
+  // Any other mask: SDPA's attn_mask, which it broadcasts to [b, h, L, S].
+  if (mt == nullptr || !broadcasts_to(*mt, scores))
+    return "the mask does not broadcast to the scores";
+  if (fill) {
+    const auto value = constant_number(*mask_node, 2);
+    if (mt->dtype != c10::kBool) return "a masked_fill whose mask is not boolean";
+    if (!value || !std::isinf(*value)) {
+      return "a masked_fill of a mask that is not causal with a finite value (SDPA masks with "
+             "-inf)";
+    }
+    chain.negate_mask = true;
+  } else {
+    if (mt->dtype != scores.dtype) return "an additive mask in another dtype than the scores";
+    if (scaled_after_mask) return "a scale applied after the additive mask";
+  }
+  chain.mask = mask;
+  return "";
+}
 
 // Walks back from the softmax's input to the first bmm. Returns the reason it is not an
 // attention chain, or "" with `chain` filled; `candidate` says whether a bmm feeds the softmax.
 std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upcast,
                          c10::ScalarType& scores_dtype) {
   std::string why;
-  const ir::Value* mask = nullptr;
+  ir::Value* mask = nullptr;
   const ir::Node* mask_node = nullptr;
+  bool scaled_after_mask = false;  // a scale between the mask and the softmax
   for (int steps = 0; steps < 16; ++steps) {
     ir::Node* node = x->producer();
     if (node == nullptr || !node->is_operator()) break;
@@ -349,22 +405,7 @@ std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upca
       }
       chain.query = q;
       scores_dtype = scores->dtype;
-      if (mask != nullptr) {
-        std::string mask_why;
-        const Mask m = classify_mask(mask, &mask_why);
-        const bool fill = is_op(mask_node, "aten::masked_fill.Scalar") ||
-                          is_op(mask_node, "aten::masked_fill.Tensor");
-        if (!(fill ? m == Mask::kMaskUpper : m == Mask::kNegInfUpper)) {
-          return mask_why.empty() ? "the mask is not causal" : mask_why;
-        }
-        const ir::TensorType* mt = type_of(mask);
-        const auto& s = scores->sizes;
-        if (mt == nullptr || mt->rank() > 4 || last_two(*mt) != last_two(*scores)) {
-          return "the mask's last two dims are not the scores'";
-        }
-        if (!(s[2] == s[3])) return "a causal mask with query length != key length";
-        chain.causal = true;
-      }
+      if (mask != nullptr) return match_mask(mask, mask_node, scaled_after_mask, *scores, chain);
       return "";
     }
     if (node->inputs().empty()) break;
@@ -378,6 +419,7 @@ std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upca
     if (const auto f = scale_of(node)) {
       chain.scale *= f->factor;
       next = node->input(f->operand);
+      scaled_after_mask = scaled_after_mask || mask == nullptr;
     } else if (is_op(node, "aten::masked_fill.Scalar") || is_op(node, "aten::masked_fill.Tensor")) {
       const auto value = constant_number(*node, 2);
       if (why.empty() &&
@@ -431,6 +473,15 @@ std::string match_output(Chain& chain, bool upcast, c10::ScalarType scores_dtype
     return "the softmax changes the dtype";
   }
   if (p->users().size() != 1) return "the attention weights have another reader";
+  // Dropout in eval mode (or at p = 0) is captured as a clone of the weights.
+  for (ir::Node* copy = only_user(p); is_op(copy, "aten::clone") || is_op(copy, "aten::alias");
+       copy = only_user(p)) {
+    if (type_of(copy->output()) == nullptr || type_of(copy->output())->sizes != type_of(p)->sizes ||
+        copy->output()->users().size() != 1) {
+      return "the attention weights are copied and read twice";
+    }
+    p = copy->output();
+  }
   ir::Node* wrap = only_user(p);
   if (is_op(wrap, "aten::expand")) {
     if (type_of(wrap->output()) == nullptr || type_of(wrap->output())->sizes != type_of(p)->sizes ||
@@ -489,6 +540,23 @@ std::string choose_operator(const Chain& c, std::string* why) {
     }
   }
   const c10::ScalarType dtype = q->dtype;
+  if (c.mask != nullptr) {
+    const ir::TensorType* m = type_of(c.mask);
+    if (m == nullptr || m->device != q->device) {
+      *why = "the mask is on another device than the query";
+      return "";
+    }
+    if (!c.negate_mask && m->dtype != dtype) {
+      *why = "an additive mask in another dtype than the query";
+      return "";
+    }
+    if (c10::isFloatingType(dtype) && (q->device.is_cpu() || q->device.is_cuda())) {
+      return "aten::scaled_dot_product_attention";
+    }
+    *why = std::string("no attention with a mask for ") + c10::toString(dtype) + " on " +
+           q->device.str();
+    return "";
+  }
   if (q->device.is_cpu()) {
     if (dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 ||
         dtype == c10::kHalf) {
@@ -548,28 +616,49 @@ void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
   ir::Value* dropout = constant(0.0, ir::ValueKind::kFloat);
   ir::Value* causal = constant(c.causal, ir::ValueKind::kBool);
   ir::Value* scale = constant(c.scale, ir::ValueKind::kFloat);
-  std::vector<ir::Value*> inputs = {c.query, c.key, c.value, dropout, causal};
+  std::vector<ir::Value*> inputs = {c.query, c.key, c.value};
   const bool cpu = op_name == "aten::_scaled_dot_product_flash_attention_for_cpu";
-  if (cpu) {
-    inputs.push_back(constant(c10::IValue(), ir::ValueKind::kNone));  // attn_mask
+  const bool masked = c.mask != nullptr;
+  if (masked) {
+    // scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, *, scale, enable_gqa)
+    ir::Value* attn_mask = c.mask;
+    if (c.negate_mask) {
+      ir::Node* keep = graph.add_op(
+          c10::Dispatcher::singleton().findSchemaOrThrow("aten::logical_not", ""), {c.mask});
+      keep->provenance() = c.softmax->provenance();
+      keep->output()->set_tensor_type(*type_of(c.mask));
+      keep->output()->set_name(graph.unique_name("attention_keep"));
+      attn_mask = keep->output();
+    }
+    inputs.insert(inputs.end(), {attn_mask, dropout, causal, scale});
+    inputs.push_back(constant(false, ir::ValueKind::kBool));  // enable_gqa
   } else {
-    inputs.push_back(constant(false, ir::ValueKind::kBool));  // return_debug_mask
+    inputs.insert(inputs.end(), {dropout, causal});
+    if (cpu) {
+      inputs.push_back(constant(c10::IValue(), ir::ValueKind::kNone));  // attn_mask
+    } else {
+      inputs.push_back(constant(false, ir::ValueKind::kBool));  // return_debug_mask
+    }
+    inputs.push_back(scale);
   }
-  inputs.push_back(scale);
   ir::Node* call = graph.add_op(op, std::move(inputs));
   call->provenance() = c.softmax->provenance();
   call->output(0)->set_name(graph.unique_name("attention"));
-  // The output's layout: the CPU kernel allocates it like the query; flash on CUDA as
-  // [b, L, h, d] seen through a transpose. Kernels read it with its actual strides either way.
+  // The output's layout: the CPU kernel allocates it like the query; flash on CUDA (and the
+  // kernels scaled_dot_product_attention picks for a mask) as [b, L, h, d] seen through a
+  // transpose. Kernels read it with its actual strides either way, and a reader that needs a
+  // layout gets a contiguous copy below.
   ir::TensorType out = *type_of(c.result);
   const ir::TensorType* q = type_of(c.query);
   out.strides = cpu ? q->strides : strides_in_order(out.sizes, {0, 2, 1, 3});
   call->output(0)->set_tensor_type(out);
-  ir::TensorType lse = out;
-  lse.dtype = c10::kFloat;
-  lse.sizes = {q->sizes[0], q->sizes[1], q->sizes[2]};
-  lse.strides = ir::TensorType::contiguous_strides(lse.sizes);
-  call->output(1)->set_tensor_type(lse);
+  if (!masked) {
+    ir::TensorType lse = out;
+    lse.dtype = c10::kFloat;
+    lse.sizes = {q->sizes[0], q->sizes[1], q->sizes[2]};
+    lse.strides = ir::TensorType::contiguous_strides(lse.sizes);
+    call->output(1)->set_tensor_type(lse);
+  }
   ir::Value* result = call->output(0);
   if (!read_in_any_layout(c.result)) {
     ir::Node* copy = graph.add_op(c10::Dispatcher::singleton().findSchemaOrThrow("aten::clone", ""),
@@ -648,7 +737,11 @@ bool recognize_attention(ir::Graph& graph) {
   for (const auto& [chain, op_name] : found) {
     rewrite(graph, chain, op_name);
     MAGI_LOG_INFO("recognize_attention: ", where(*chain.softmax), ": rewritten as ", op_name, " (",
-                  chain.causal ? "causal, " : "", "scale ", chain.scale, ")");
+                  chain.causal ? "causal, " : "",
+                  chain.mask == nullptr ? ""
+                  : chain.negate_mask   ? "boolean mask, "
+                                        : "additive mask, ",
+                  "scale ", chain.scale, ")");
   }
   if (found.empty()) return false;
   eliminate_dead_code(graph);  // the scores chains and the masks no one reads now

@@ -30,12 +30,15 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // What the written-out attention of one test does between its two matmuls.
 struct Form {
-  bool scale_on_q = false;       // q * 0.25 before the matmul instead of the scores * 0.25
-  bool causal_fill = false;      // masked_fill(tril(ones(8, 8)) == 0, -inf)
-  bool causal_bias = false;      // + triu(full((8, 8), -inf), 1)
-  bool grouped = false;          // 2 key/value heads repeated for 4 query heads (repeat_kv)
-  bool mask_input = false;       // masked_fill with a boolean graph input
-  bool scores_returned = false;  // the scores are also a graph output
+  bool scale_on_q = false;   // q * 0.25 before the matmul instead of the scores * 0.25
+  bool causal_fill = false;  // masked_fill(tril(ones(8, 8)) == 0, -inf)
+  bool causal_bias = false;  // + triu(full((8, 8), -inf), 1)
+  bool grouped = false;      // 2 key/value heads repeated for 4 query heads (repeat_kv)
+  bool mask_input = false;   // masked_fill with a boolean graph input
+  double mask_fill = -std::numeric_limits<double>::infinity();  // its fill value
+  bool bias_input = false;                   // + a [2, 1, 8, 8] float graph input, after the scale
+  bool bias_before_scale = false;            // the same bias added before the scale
+  bool scores_returned = false;              // the scores are also a graph output
   const char* normalise = "aten::_softmax";  // or another row reduction
 };
 
@@ -45,6 +48,7 @@ struct AttentionGraph {
   Value* q = nullptr;
   Value* key = nullptr;    // the [2, 4, 8, 16] key the first matmul transposes
   Value* value = nullptr;  // the [2, 4, 8, 16] value the second matmul reads
+  Value* bias = nullptr;   // the additive mask input, if any
 
   explicit AttentionGraph(const Form& f) {
     test::Builder b(g);
@@ -52,6 +56,7 @@ struct AttentionGraph {
     Value* k = input(b, "k", f.grouped ? 2 : 4);
     Value* v = input(b, "v", f.grouped ? 2 : 4);
     Value* mask_in = f.mask_input ? b.input("mask", {8, 8}, c10::kBool) : nullptr;
+    bias = f.bias_input || f.bias_before_scale ? b.input("bias", {2, 1, 8, 8}) : nullptr;
     key = f.grouped ? repeat(b, k, "k") : k;
     value = f.grouped ? repeat(b, v, "v") : v;
 
@@ -63,6 +68,7 @@ struct AttentionGraph {
     Value* kt =
         b.op("aten::transpose", "int", {key, b.integer(-2), b.integer(-1)}, kt_type, "key_t", 10);
     Value* scores = matmul(b, qs, kt, 16, 8, "scores", 10);
+    if (f.bias_before_scale) scores = b.add(scores, bias, "biased_first", 10);
     if (!f.scale_on_q) {
       scores = b.op("aten::mul", "Tensor", {scores, b.number(0.25)}, *scores->tensor_type(),
                     "scaled", 10);
@@ -79,9 +85,11 @@ struct AttentionGraph {
         fill = b.op("aten::eq", "Scalar", {tril, b.scalar(0)},
                     test::tensor_type({8, 8}, c10::kBool), "eq", 12);
       }
-      scores = b.op("aten::masked_fill", "Scalar", {scores, fill, b.scalar(kNegInf)},
+      scores = b.op("aten::masked_fill", "Scalar",
+                    {scores, fill, b.scalar(f.causal_fill ? kNegInf : f.mask_fill)},
                     *scores->tensor_type(), "masked", 12);
     }
+    if (f.bias_input) scores = b.add(scores, bias, "biased_input", 12);
     if (f.causal_bias) {
       Value* full =
           b.op("aten::full", "",
@@ -108,9 +116,9 @@ struct AttentionGraph {
     }
   }
 
-  Node* attention() const {
+  Node* attention(const char* name = kCpuAttention) const {
     for (Node* n : g.nodes()) {
-      if (n->is_operator() && n->op_name() == kCpuAttention) return n;
+      if (n->is_operator() && n->op_name() == name) return n;
     }
     return nullptr;
   }
@@ -246,9 +254,58 @@ TEST(RecognizeAttention, LeavesANonSoftmaxReductionAlone) {
   expect_untouched(f);
 }
 
-TEST(RecognizeAttention, LeavesAMaskThatIsAnInputAlone) {
+// A mask that is not causal: scaled_dot_product_attention(q, k, v, attn_mask, 0, false, scale).
+const Node* expect_masked_call(const AttentionGraph& a) {
+  const Node* call = a.attention("aten::scaled_dot_product_attention");
+  EXPECT_NE(call, nullptr) << ir::to_string(a.g);
+  if (call == nullptr) return nullptr;
+  EXPECT_EQ(call->input(0), a.q);
+  EXPECT_EQ(call->input(1), a.key);
+  EXPECT_EQ(call->input(2), a.value);
+  EXPECT_DOUBLE_EQ(ir::constant_input(*call, 4)->toDouble(), 0.0);
+  EXPECT_FALSE(ir::constant_input(*call, 5)->toBool());
+  EXPECT_DOUBLE_EQ(ir::constant_input(*call, 6)->toDouble(), 0.25);
+  for (const char* gone : {"aten::bmm", "aten::_softmax", "aten::masked_fill", "aten::add"}) {
+    EXPECT_EQ(count_ops(a.g, gone), 0u) << gone << " left in\n" << ir::to_string(a.g);
+  }
+  EXPECT_TRUE(ir::verify_errors(a.g).empty()) << ir::to_string(a.g);
+  return call;
+}
+
+TEST(RecognizeAttention, ABooleanMaskInputIsHandedOverNegated) {
   Form f;
   f.mask_input = true;
+  AttentionGraph a(f);
+  ASSERT_TRUE(recognize_attention(a.g));
+  const Node* call = expect_masked_call(a);
+  ASSERT_NE(call, nullptr);
+  // SDPA keeps the true entries; masked_fill masked them.
+  const Node* keep = call->input(3)->producer();
+  ASSERT_TRUE(keep->is_operator());
+  EXPECT_EQ(keep->op_name(), "aten::logical_not");
+  EXPECT_EQ(keep->input(0)->name(), "mask");
+}
+
+TEST(RecognizeAttention, AnAdditiveMaskInputIsTheAttnMask) {
+  Form f;
+  f.bias_input = true;
+  AttentionGraph a(f);
+  ASSERT_TRUE(recognize_attention(a.g));
+  const Node* call = expect_masked_call(a);
+  ASSERT_NE(call, nullptr);
+  EXPECT_EQ(call->input(3), a.bias);
+}
+
+TEST(RecognizeAttention, LeavesAMaskInputFilledWithAFiniteValueAlone) {
+  Form f;
+  f.mask_input = true;
+  f.mask_fill = -1e4;  // SDPA would mask with -inf: a fully masked row would differ
+  expect_untouched(f);
+}
+
+TEST(RecognizeAttention, LeavesABiasScaledAfterItIsAddedAlone) {
+  Form f;
+  f.bias_before_scale = true;  // (scores + bias) * 0.25: SDPA would not scale the bias
   expect_untouched(f);
 }
 

@@ -1,14 +1,16 @@
 """The recognize_attention pass end to end on CPU in float32: attention written out as research
 code writes it (``q @ k.transpose(-2, -1) * scale``, a ``torch.tril(torch.ones(...))`` causal
 mask applied with ``masked_fill``, the softmax in float32 then cast back, ``@ v``; a
-grouped-query variant with ``repeat_kv``) compiles to one fused attention call without the
-sequence x sequence scores, and matches eager; a variant the pass must not touch (a padding
-mask passed in) is left as written and still matches."""
+grouped-query variant with ``repeat_kv``; a padding mask passed in; Hugging Face's eager
+attention with its additive mask) compiles to one fused attention call without the sequence x
+sequence scores, and matches eager; a variant the pass must not touch (a padding mask filled
+with a finite value) is left as written and still matches."""
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -23,10 +25,10 @@ ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 
 class WrittenOutAttention(nn.Module):
-    def __init__(self, dim=64, heads=4, kv_heads=4, causal=True, padding_mask=False):
+    def __init__(self, dim=64, heads=4, kv_heads=4, causal=True, fill=float("-inf")):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.causal, self.padding_mask = causal, padding_mask
+        self.causal, self.fill = causal, fill
         self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -50,7 +52,7 @@ class WrittenOutAttention(nn.Module):
             mask = torch.tril(torch.ones(t, t, device=x.device))
             att = att.masked_fill(mask == 0, float("-inf"))
         if keep is not None:
-            att = att.masked_fill(~keep[:, None, None, :], float("-inf"))
+            att = att.masked_fill(~keep[:, None, None, :], self.fill)
         att = F.softmax(att.float(), dim=-1).type_as(q)
         y = att @ v
         return self.o(y.transpose(1, 2).contiguous().view(b, t, -1))
@@ -89,10 +91,34 @@ def test_disabled_by_name_keeps_the_written_out_chain(assert_close_rel):
     assert ATTENTION not in text and "aten::bmm" in text, text
 
 
-def test_a_padding_mask_passed_in_is_left_alone(assert_close_rel):
-    """The mask is an input: its contents are unknown at compile time, so the chain stays."""
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_a_padding_mask_passed_in_becomes_the_attn_mask(causal, assert_close_rel):
+    """A boolean mask input applied with masked_fill(-inf) is SDPA's attn_mask, negated (SDPA
+    keeps the true entries); with a causal mask too, the two are one (the causal mask is a
+    constant the graph builds, then combined)."""
     torch.manual_seed(2)
-    eager = WrittenOutAttention(causal=False).eval()
+    eager = WrittenOutAttention(causal=causal).eval()
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, SEQ, 64)
+            keep = torch.rand(batch, SEQ) > 0.3
+            keep[:, 0] = True  # no row without a key (eager gives NaN there, SDPA zeros)
+            assert_close_rel(compiled(x, keep), eager(x, keep), 1e-5)
+    text = _graph_text()
+    if causal:  # two masks: the pass takes one
+        assert "aten::bmm" in text and "aten::scaled_dot_product_attention" not in text, text
+        return
+    assert text.count("aten::scaled_dot_product_attention(") == 1, text
+    assert "aten::logical_not(" in text, text
+    assert "aten::bmm" not in text and "aten::_softmax" not in text, text
+
+
+def test_a_padding_mask_filled_with_a_finite_value_is_left_alone(assert_close_rel):
+    """masked_fill(mask, -1e4) of a mask the pass cannot read: SDPA would fill -inf (a row
+    with every key masked would differ), so the chain stays."""
+    torch.manual_seed(3)
+    eager = WrittenOutAttention(causal=False, fill=-1e4).eval()
     compiled = magi_compile(copy.deepcopy(eager))
     with torch.no_grad():
         x = torch.randn(2, SEQ, 64)
@@ -100,4 +126,35 @@ def test_a_padding_mask_passed_in_is_left_alone(assert_close_rel):
         keep[0, -3:] = False
         assert_close_rel(compiled(x, keep), eager(x, keep), 1e-5)
     text = _graph_text()
-    assert ATTENTION not in text and "aten::bmm" in text, text
+    assert "scaled_dot_product" not in text and "aten::bmm" in text, text
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_hugging_face_eager_attention_becomes_one_call(padded, assert_close_rel):
+    """A transformers Llama with attn_implementation="eager" (scores * scaling + its additive
+    float mask, softmax in float32, @ v) runs every layer's attention as one SDPA call with the
+    mask as attn_mask, and matches eager, with and without padding."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(4)
+    eager = transformers.LlamaForCausalLM(config).eval()
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for batch in (2, 3):
+            ids = torch.randint(0, 128, (batch, SEQ))
+            mask = torch.ones(batch, SEQ, dtype=torch.long)
+            if padded:
+                mask[0, :4] = 0  # left padding of the first sequence
+            want = eager(input_ids=ids, attention_mask=mask).logits
+            got = compiled(input_ids=ids, attention_mask=mask).logits
+            keep = mask.bool()  # padded query rows attend to nothing in eager: compare the rest
+            assert_close_rel(got[keep], want[keep], 1e-5)
+    text = _graph_text()
+    assert text.count("aten::scaled_dot_product_attention(") == 2, text
+    assert "aten::_softmax" not in text, text
+    assert not re.search(rf"{SEQ}, {SEQ}\] = aten::bmm", text), (
+        text
+    )  # no scores (rotary's bmm stays)
