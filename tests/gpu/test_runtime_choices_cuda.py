@@ -339,3 +339,31 @@ def test_grouped_query_training_reads_the_unrepeated_heads(backend, assert_close
         assert re.search(grouped, call), call
     assert "aten::select.int" not in backward, backward
     assert not re.search(r"\[s\d+, 2, 4, 256, 32\] = aten::clone", backward), backward  # repeats
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+def test_hugging_face_eager_attention_runs_as_one_sdpa_call(mode, assert_close_rel):
+    """transformers' Llama with attn_implementation="eager" in bf16: recognize_attention turns
+    each layer's written-out attention (scores + the additive mask) into one
+    scaled_dot_product_attention call with the mask as attn_mask; it matches eager, also
+    replayed from CUDA graphs, with left padding."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": mode})
+    with torch.no_grad():
+        for batch in (1, 4):
+            ids = torch.randint(0, 512, (batch, 64), device="cuda")
+            mask = torch.ones(batch, 64, dtype=torch.long, device="cuda")
+            mask[0, :9] = 0
+            want = eager(input_ids=ids, attention_mask=mask).logits
+            got = compiled(input_ids=ids, attention_mask=mask).logits
+            keep = mask.bool()
+            assert_close_rel(got[keep].float(), want[keep].float(), RTOL)
+    text = str(inspection.last_compiled().graph)
+    assert text.count("aten::scaled_dot_product_attention(") == 2, text
+    assert "aten::_softmax" not in text, text
