@@ -19,26 +19,27 @@
 //         group_query_attention hands grouped key/value heads.
 //
 // Recognised between the two matmuls, in any order: scale factors (mul or div by a positive
-// constant, on the scores or on q), at most one mask, one upcast to float32 before the softmax
-// with its downcast after. A mask is causal when the graph builds it from a constant fill
-// (ones, full) with tril (diagonal 0, the kept entries) or triu (diagonal 1, the masked
-// entries), through comparisons with 0, logical negation, casts and views that keep its last
-// two dims, and applies it as masked_fill with -inf (or the lowest finite value, as Hugging
-// Face writes it) or adds a -inf bias built so; it is then SDPA's is_causal, for L == S. Any
-// other mask that broadcasts to the scores (a padding mask passed in, a per-head bias, Hugging
-// Face's eager-attention mask) becomes SDPA's attn_mask: a boolean one applied as
-// masked_fill(-inf) is handed over negated (SDPA keeps the true entries), an additive one in
-// the scores' dtype as it is when every scale applies before it. Such calls go through
+// constant, on the scores or on q), up to four masks, one upcast to float32 before the
+// softmax with its downcast after, a clone of the weights (eval-mode dropout). A mask is causal
+// when the graph builds it from a constant fill (ones, full) with tril (diagonal 0, the kept
+// entries) or triu (diagonal 1, the masked entries), through comparisons with 0, logical negation,
+// casts and views that keep its last two dims, and applies it as masked_fill with -inf (or the
+// lowest finite value, as Hugging Face writes it) or adds a -inf bias built so; alone, it is then
+// SDPA's is_causal, for L == S. Other masks that broadcast to the scores (a padding mask passed in,
+// a per-head bias, Hugging Face's eager-attention mask, a causal mask with another one) become
+// SDPA's attn_mask: boolean ones applied as masked_fill(-inf) combined (logical_or) and handed over
+// negated (SDPA keeps the true entries), one additive mask in the scores' dtype as it is when every
+// scale applies before it (with the boolean ones filled in as -inf). Such calls go through
 // aten::scaled_dot_product_attention, which picks the kernel that takes the mask. Keys and
 // values repeated for grouped-query attention (repeat_kv: expand then reshape) are read as the
 // repeated tensors; group_query_attention removes the copies where the backend allows.
 //
 // Left alone, with the reason logged: a scores value, mask step or softmax with another reader
 // (the rewrite would have to keep it anyway); a mask that does not broadcast to the scores, a
-// masked_fill of a mask that is not causal with a finite value, an additive mask in another
-// dtype or scaled after it is added; a softmax over another dim; a scale that is not a
-// positive constant; shapes or dtypes the fused kernel does not take. Nothing is approximated:
-// a rewritten chain computes eager's result within rounding.
+// masked_fill with a finite value other than of the only, causal, mask, two additive masks, an
+// additive mask in another dtype or scaled after it is added; a softmax over another dim; a scale
+// that is not a positive constant; shapes or dtypes the fused kernel does not take. Nothing is
+// approximated: a rewritten chain computes eager's result within rounding.
 //
 // Meant for inference graphs. Training is out of scope for now: the rewrite never changes what
 // a graph returns, so a training forward whose softmax output or scores are saved for the
@@ -308,8 +309,16 @@ struct Chain {
   ir::Value* result = nullptr;  ///< the [b, h, L, d] output of the second matmul's view
   double scale = 1.0;
   bool causal = false;
-  ir::Value* mask = nullptr;  ///< SDPA's attn_mask (a mask that is not causal), or null
-  bool negate_mask = false;   ///< a masked_fill condition: SDPA keeps the entries it masks
+  std::vector<ir::Value*> masked;  ///< boolean masks applied with masked_fill(-inf)
+  ir::Value* bias = nullptr;       ///< an additive mask
+  bool has_mask() const { return !masked.empty() || bias != nullptr; }
+};
+
+// A mask step found between the matmul and the softmax.
+struct MaskStep {
+  ir::Value* mask = nullptr;
+  const ir::Node* node = nullptr;  // masked_fill or add
+  bool scaled_after = false;       // a scale applies after this step
 };
 
 // Does a tensor of type `m` broadcast to `scores` (rank at most 4, each dim equal or 1)?
@@ -322,40 +331,49 @@ bool broadcasts_to(const ir::TensorType& m, const ir::TensorType& scores) {
   return true;
 }
 
-// The mask applied to the scores by `mask_node` (masked_fill or add): is_causal when it is the
-// causal mask, SDPA's attn_mask otherwise. Returns the reason it can be neither, or "".
-std::string match_mask(ir::Value* mask, const ir::Node* mask_node, bool scaled_after_mask,
-                       const ir::TensorType& scores, Chain& chain) {
-  std::string mask_why;
-  const Mask m = classify_mask(mask, &mask_why);
-  const bool fill =
-      is_op(mask_node, "aten::masked_fill.Scalar") || is_op(mask_node, "aten::masked_fill.Tensor");
-  const ir::TensorType* mt = type_of(mask);
-  if (fill ? m == Mask::kMaskUpper : m == Mask::kNegInfUpper) {
-    const auto& s = scores.sizes;
-    if (mt == nullptr || mt->rank() > 4 || last_two(*mt) != last_two(scores)) {
-      return "the mask's last two dims are not the scores'";
+// The masks applied to the scores: is_causal when the only one is the causal mask, SDPA's
+// attn_mask otherwise. Returns the reason they can be neither, or "".
+std::string match_masks(const std::vector<MaskStep>& steps, const ir::TensorType& scores,
+                        Chain& chain) {
+  const auto is_fill = [](const ir::Node* n) {
+    return is_op(n, "aten::masked_fill.Scalar") || is_op(n, "aten::masked_fill.Tensor");
+  };
+  if (steps.size() == 1) {
+    std::string ignored;
+    const Mask m = classify_mask(steps[0].mask, &ignored);
+    if (is_fill(steps[0].node) ? m == Mask::kMaskUpper : m == Mask::kNegInfUpper) {
+      const ir::TensorType* mt = type_of(steps[0].mask);
+      if (mt == nullptr || mt->rank() > 4 || last_two(*mt) != last_two(scores)) {
+        return "the mask's last two dims are not the scores'";
+      }
+      if (!(scores.sizes[2] == scores.sizes[3])) {
+        return "a causal mask with query length != key length";
+      }
+      chain.causal = true;
+      return "";
     }
-    if (!(s[2] == s[3])) return "a causal mask with query length != key length";
-    chain.causal = true;
-    return "";
   }
-  // Any other mask: SDPA's attn_mask, which it broadcasts to [b, h, L, S].
-  if (mt == nullptr || !broadcasts_to(*mt, scores))
-    return "the mask does not broadcast to the scores";
-  if (fill) {
-    const auto value = constant_number(*mask_node, 2);
-    if (mt->dtype != c10::kBool) return "a masked_fill whose mask is not boolean";
-    if (!value || !std::isinf(*value)) {
-      return "a masked_fill of a mask that is not causal with a finite value (SDPA masks with "
-             "-inf)";
+  // Otherwise every mask goes into SDPA's attn_mask, which it broadcasts to [b, h, L, S].
+  for (const MaskStep& step : steps) {
+    const ir::TensorType* mt = type_of(step.mask);
+    if (mt == nullptr || !broadcasts_to(*mt, scores)) {
+      return "a mask that does not broadcast to the scores";
     }
-    chain.negate_mask = true;
-  } else {
-    if (mt->dtype != scores.dtype) return "an additive mask in another dtype than the scores";
-    if (scaled_after_mask) return "a scale applied after the additive mask";
+    if (is_fill(step.node)) {
+      const auto value = constant_number(*step.node, 2);
+      if (mt->dtype != c10::kBool) return "a masked_fill whose mask is not boolean";
+      if (!value || !std::isinf(*value)) {
+        return "a masked_fill of a mask that is not the only causal one with a finite value "
+               "(SDPA masks with -inf)";
+      }
+      chain.masked.push_back(step.mask);
+    } else {
+      if (chain.bias != nullptr) return "two additive masks";
+      if (mt->dtype != scores.dtype) return "an additive mask in another dtype than the scores";
+      if (step.scaled_after) return "a scale applied after the additive mask";
+      chain.bias = step.mask;
+    }
   }
-  chain.mask = mask;
   return "";
 }
 
@@ -364,9 +382,8 @@ std::string match_mask(ir::Value* mask, const ir::Node* mask_node, bool scaled_a
 std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upcast,
                          c10::ScalarType& scores_dtype) {
   std::string why;
-  ir::Value* mask = nullptr;
-  const ir::Node* mask_node = nullptr;
-  bool scaled_after_mask = false;  // a scale between the mask and the softmax
+  std::vector<MaskStep> masks;
+  bool scaled = false;  // a scale seen so far, i.e. applied after the steps found later
   for (int steps = 0; steps < 16; ++steps) {
     ir::Node* node = x->producer();
     if (node == nullptr || !node->is_operator()) break;
@@ -405,8 +422,7 @@ std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upca
       }
       chain.query = q;
       scores_dtype = scores->dtype;
-      if (mask != nullptr) return match_mask(mask, mask_node, scaled_after_mask, *scores, chain);
-      return "";
+      return masks.empty() ? "" : match_masks(masks, *scores, chain);
     }
     if (node->inputs().empty()) break;
     if (x->users().size() != 1 && why.empty()) {
@@ -419,31 +435,32 @@ std::string match_scores(ir::Value* x, Chain& chain, bool& candidate, bool& upca
     if (const auto f = scale_of(node)) {
       chain.scale *= f->factor;
       next = node->input(f->operand);
-      scaled_after_mask = scaled_after_mask || mask == nullptr;
+      scaled = true;
     } else if (is_op(node, "aten::masked_fill.Scalar") || is_op(node, "aten::masked_fill.Tensor")) {
       const auto value = constant_number(*node, 2);
       if (why.empty() &&
-          (mask != nullptr || !value || !is_masking_value(*value) || out->sizes != in->sizes)) {
-        why = mask != nullptr ? "two masks"
-                              : "masked_fill with a value other than -inf, or "
-                                "a mask that broadcasts the scores";
+          (masks.size() >= 4 || !value || !is_masking_value(*value) || out->sizes != in->sizes)) {
+        why = masks.size() >= 4 ? "more than four masks"
+                                : "masked_fill with a value other than -inf, or "
+                                  "a mask that broadcasts the scores";
       }
-      mask = node->input(1);
-      mask_node = node;
+      masks.push_back({node->input(1), node, scaled});
     } else if (is_op(node, "aten::add.Tensor")) {
-      // The bias is the operand built as a mask; the scores are the other.
+      // The bias is the operand built as a mask, or the one the other broadcasts over; the
+      // scores are the other.
       std::string ignored;
-      const bool bias_first = classify_mask(node->input(1), &ignored) == Mask::kUnknown &&
-                              classify_mask(node->input(0), &ignored) != Mask::kUnknown;
+      const ir::TensorType* first = type_of(node->input(0));
+      const bool bias_first = (classify_mask(node->input(1), &ignored) == Mask::kUnknown &&
+                               classify_mask(node->input(0), &ignored) != Mask::kUnknown) ||
+                              (first != nullptr && first->sizes != out->sizes);
       next = node->input(bias_first ? 1 : 0);
       const auto alpha = constant_number(*node, 2);
       const ir::TensorType* scores = type_of(next);
-      if (why.empty() && (mask != nullptr || !alpha || *alpha != 1.0 || scores == nullptr ||
+      if (why.empty() && (masks.size() >= 4 || !alpha || *alpha != 1.0 || scores == nullptr ||
                           out->dtype != scores->dtype || out->sizes != scores->sizes)) {
-        why = mask != nullptr ? "two masks" : "an addition that is not a mask bias";
+        why = masks.size() >= 4 ? "more than four masks" : "an addition that is not a mask bias";
       }
-      mask = node->input(bias_first ? 0 : 1);
-      mask_node = node;
+      masks.push_back({node->input(bias_first ? 0 : 1), node, scaled});
     } else if (is_op(node, "aten::_to_copy")) {
       if (why.empty() && (upcast || out->dtype != c10::kFloat || out->sizes != in->sizes ||
                           out->device != in->device ||
@@ -540,13 +557,17 @@ std::string choose_operator(const Chain& c, std::string* why) {
     }
   }
   const c10::ScalarType dtype = q->dtype;
-  if (c.mask != nullptr) {
-    const ir::TensorType* m = type_of(c.mask);
-    if (m == nullptr || m->device != q->device) {
-      *why = "the mask is on another device than the query";
-      return "";
+  if (c.has_mask()) {
+    std::vector<ir::Value*> masks = c.masked;
+    if (c.bias != nullptr) masks.push_back(c.bias);
+    for (const ir::Value* mask : masks) {
+      const ir::TensorType* m = type_of(mask);
+      if (m == nullptr || m->device != q->device) {
+        *why = "a mask on another device than the query";
+        return "";
+      }
     }
-    if (!c.negate_mask && m->dtype != dtype) {
+    if (c.bias != nullptr && type_of(c.bias)->dtype != dtype) {
       *why = "an additive mask in another dtype than the query";
       return "";
     }
@@ -605,6 +626,49 @@ std::vector<ir::SymExpr> strides_in_order(const std::vector<ir::SymExpr>& sizes,
   return strides;
 }
 
+// The broadcast of two tensor types' sizes (each dim equal or 1), contiguous, of `dtype`.
+ir::TensorType broadcast_type(const ir::TensorType& a, const ir::TensorType& b,
+                              c10::ScalarType dtype) {
+  ir::TensorType t = a.rank() >= b.rank() ? a : b;
+  const ir::TensorType& other = a.rank() >= b.rank() ? b : a;
+  const size_t offset = t.rank() - other.rank();
+  for (size_t i = 0; i < other.rank(); ++i) {
+    if (t.sizes[offset + i] == ir::SymExpr(1)) t.sizes[offset + i] = other.sizes[i];
+  }
+  t.dtype = dtype;
+  t.strides = ir::TensorType::contiguous_strides(t.sizes);
+  return t;
+}
+
+// SDPA's attn_mask from the chain's masks: the boolean ones (masked where true) combined and
+// negated (SDPA keeps the true entries), or the additive one with them filled in as -inf.
+ir::Value* attention_mask(ir::Graph& graph, const Chain& c) {
+  const auto op = [&](const char* name, const char* overload, std::vector<ir::Value*> inputs,
+                      ir::TensorType type, const char* out) {
+    ir::Node* n = graph.add_op(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload),
+                               std::move(inputs));
+    n->provenance() = c.softmax->provenance();
+    n->output()->set_tensor_type(std::move(type));
+    n->output()->set_name(graph.unique_name(out));
+    return n->output();
+  };
+  ir::Value* masked = c.masked.empty() ? nullptr : c.masked[0];
+  for (size_t i = 1; i < c.masked.size(); ++i) {
+    masked =
+        op("aten::logical_or", "", {masked, c.masked[i]},
+           broadcast_type(*type_of(masked), *type_of(c.masked[i]), c10::kBool), "attention_masked");
+  }
+  if (c.bias == nullptr) {
+    return op("aten::logical_not", "", {masked}, *type_of(masked), "attention_keep");
+  }
+  if (masked == nullptr) return c.bias;
+  const ir::TensorType* bias = type_of(c.bias);
+  ir::Value* neg_inf =
+      graph.add_constant(-std::numeric_limits<double>::infinity(), ir::ValueKind::kScalar);
+  return op("aten::where", "ScalarSelf", {masked, neg_inf, c.bias},
+            broadcast_type(*type_of(masked), *bias, bias->dtype), "attention_bias");
+}
+
 void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
   const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(op_name.c_str(), "");
@@ -618,18 +682,10 @@ void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
   ir::Value* scale = constant(c.scale, ir::ValueKind::kFloat);
   std::vector<ir::Value*> inputs = {c.query, c.key, c.value};
   const bool cpu = op_name == "aten::_scaled_dot_product_flash_attention_for_cpu";
-  const bool masked = c.mask != nullptr;
+  const bool masked = c.has_mask();
   if (masked) {
     // scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, *, scale, enable_gqa)
-    ir::Value* attn_mask = c.mask;
-    if (c.negate_mask) {
-      ir::Node* keep = graph.add_op(
-          c10::Dispatcher::singleton().findSchemaOrThrow("aten::logical_not", ""), {c.mask});
-      keep->provenance() = c.softmax->provenance();
-      keep->output()->set_tensor_type(*type_of(c.mask));
-      keep->output()->set_name(graph.unique_name("attention_keep"));
-      attn_mask = keep->output();
-    }
+    ir::Value* attn_mask = attention_mask(graph, c);
     inputs.insert(inputs.end(), {attn_mask, dropout, causal, scale});
     inputs.push_back(constant(false, ir::ValueKind::kBool));  // enable_gqa
   } else {
@@ -737,11 +793,8 @@ bool recognize_attention(ir::Graph& graph) {
   for (const auto& [chain, op_name] : found) {
     rewrite(graph, chain, op_name);
     MAGI_LOG_INFO("recognize_attention: ", where(*chain.softmax), ": rewritten as ", op_name, " (",
-                  chain.causal ? "causal, " : "",
-                  chain.mask == nullptr ? ""
-                  : chain.negate_mask   ? "boolean mask, "
-                                        : "additive mask, ",
-                  "scale ", chain.scale, ")");
+                  chain.causal ? "causal, " : "", chain.masked.empty() ? "" : "boolean mask, ",
+                  chain.bias == nullptr ? "" : "additive mask, ", "scale ", chain.scale, ")");
   }
   if (found.empty()) return false;
   eliminate_dead_code(graph);  // the scores chains and the masks no one reads now

@@ -74,20 +74,19 @@ struct AttentionGraph {
                     "scaled", 10);
     }
     if (f.scores_returned) extra_output_ = scores;
-    if (f.causal_fill || f.mask_input) {
-      Value* fill = mask_in;
-      if (f.causal_fill) {
-        Value* ones =
-            b.op("aten::ones", "", {b.dims({8, 8}), b.none(), b.none(), b.none(), b.none()},
-                 test::tensor_type({8, 8}), "ones", 11);
-        Value* tril =
-            b.op("aten::tril", "", {ones, b.integer(0)}, test::tensor_type({8, 8}), "tril", 11);
-        fill = b.op("aten::eq", "Scalar", {tril, b.scalar(0)},
-                    test::tensor_type({8, 8}, c10::kBool), "eq", 12);
-      }
-      scores = b.op("aten::masked_fill", "Scalar",
-                    {scores, fill, b.scalar(f.causal_fill ? kNegInf : f.mask_fill)},
+    if (f.causal_fill) {
+      Value* ones = b.op("aten::ones", "", {b.dims({8, 8}), b.none(), b.none(), b.none(), b.none()},
+                         test::tensor_type({8, 8}), "ones", 11);
+      Value* tril =
+          b.op("aten::tril", "", {ones, b.integer(0)}, test::tensor_type({8, 8}), "tril", 11);
+      Value* upper = b.op("aten::eq", "Scalar", {tril, b.scalar(0)},
+                          test::tensor_type({8, 8}, c10::kBool), "eq", 12);
+      scores = b.op("aten::masked_fill", "Scalar", {scores, upper, b.scalar(kNegInf)},
                     *scores->tensor_type(), "masked", 12);
+    }
+    if (f.mask_input) {
+      scores = b.op("aten::masked_fill", "Scalar", {scores, mask_in, b.scalar(f.mask_fill)},
+                    *scores->tensor_type(), "masked_input", 12);
     }
     if (f.bias_input) scores = b.add(scores, bias, "biased_input", 12);
     if (f.causal_bias) {
@@ -284,6 +283,38 @@ TEST(RecognizeAttention, ABooleanMaskInputIsHandedOverNegated) {
   ASSERT_TRUE(keep->is_operator());
   EXPECT_EQ(keep->op_name(), "aten::logical_not");
   EXPECT_EQ(keep->input(0)->name(), "mask");
+}
+
+TEST(RecognizeAttention, ACausalAndAPaddingMaskAreCombined) {
+  Form f;
+  f.causal_fill = true;
+  f.mask_input = true;
+  AttentionGraph a(f);
+  ASSERT_TRUE(recognize_attention(a.g));
+  const Node* call = expect_masked_call(a);
+  ASSERT_NE(call, nullptr);
+  // keep = !(upper | mask): the causal mask stays a tensor, since SDPA takes is_causal or a mask.
+  const Node* keep = call->input(3)->producer();
+  ASSERT_EQ(keep->op_name(), "aten::logical_not");
+  const Node* any = keep->input(0)->producer();
+  ASSERT_EQ(any->op_name(), "aten::logical_or");
+  EXPECT_EQ(any->input(0)->name(), "mask");
+  EXPECT_EQ(any->input(1)->name(), "eq");
+}
+
+TEST(RecognizeAttention, ABooleanMaskIsFilledIntoTheAdditiveOne) {
+  Form f;
+  f.mask_input = true;
+  f.bias_input = true;
+  AttentionGraph a(f);
+  ASSERT_TRUE(recognize_attention(a.g));
+  const Node* call = expect_masked_call(a);
+  ASSERT_NE(call, nullptr);
+  const Node* where = call->input(3)->producer();
+  ASSERT_EQ(where->op_name(), "aten::where.ScalarSelf");
+  EXPECT_EQ(where->input(0)->name(), "mask");
+  EXPECT_EQ(where->input(2), a.bias);
+  EXPECT_EQ(where->output()->tensor_type()->sizes, (std::vector<SymExpr>{2, 1, 8, 8}));
 }
 
 TEST(RecognizeAttention, AnAdditiveMaskInputIsTheAttnMask) {

@@ -94,8 +94,8 @@ def test_disabled_by_name_keeps_the_written_out_chain(assert_close_rel):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_a_padding_mask_passed_in_becomes_the_attn_mask(causal, assert_close_rel):
     """A boolean mask input applied with masked_fill(-inf) is SDPA's attn_mask, negated (SDPA
-    keeps the true entries); with a causal mask too, the two are one (the causal mask is a
-    constant the graph builds, then combined)."""
+    keeps the true entries); with a causal mask too, the two are combined into one (SDPA takes
+    is_causal or a mask, not both)."""
     torch.manual_seed(2)
     eager = WrittenOutAttention(causal=causal).eval()
     compiled = magi_compile(copy.deepcopy(eager))
@@ -106,11 +106,9 @@ def test_a_padding_mask_passed_in_becomes_the_attn_mask(causal, assert_close_rel
             keep[:, 0] = True  # no row without a key (eager gives NaN there, SDPA zeros)
             assert_close_rel(compiled(x, keep), eager(x, keep), 1e-5)
     text = _graph_text()
-    if causal:  # two masks: the pass takes one
-        assert "aten::bmm" in text and "aten::scaled_dot_product_attention" not in text, text
-        return
     assert text.count("aten::scaled_dot_product_attention(") == 1, text
     assert "aten::logical_not(" in text, text
+    assert ("aten::logical_or(" in text) == causal, text  # the causal mask joins the padding
     assert "aten::bmm" not in text and "aten::_softmax" not in text, text
 
 
