@@ -12,6 +12,7 @@
 #include "magi/ir/verifier.h"
 #include "magi/passes/passes.h"
 #include "magi/passes/pipeline.h"
+#include "magi/passes/recognize_attention.h"
 
 namespace magi::bindings {
 
@@ -161,6 +162,22 @@ void bind_ir(py::module_& m) {
           "ATen calls outside fusion groups (pieces included), each with why it was not fused.");
 
   m.def("pipeline_pass_names", &passes::pipeline_pass_names);
+  m.def(
+      "attention_patterns",
+      [] {
+        py::list out;
+        for (const auto& p : passes::attention_patterns()) {
+          py::dict d;
+          d["where"] = p.where;
+          d["rewritten"] = p.rewritten;
+          d["detail"] = p.detail;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every decision of the recognize_attention pass in this process, oldest first: where "
+      "(the softmax), rewritten, detail (the call made, or why the chain was left as written).");
+  m.def("clear_attention_patterns", &passes::clear_attention_patterns);
 }
 
 }  // namespace magi::bindings

@@ -298,6 +298,18 @@ def recompute_plan(plan: dict[str, Any]) -> None:
         report.write(stem + ".json", json.dumps(figures, indent=2))
 
 
+def _patterns_note(patterns: list[dict[str, Any]]) -> str:
+    """recognize_attention's decisions in one line: how many chains were rewritten, and why
+    the others were left as written."""
+    done = sum(p["rewritten"] for p in patterns)
+    left = [p for p in patterns if not p["rewritten"]]
+    note = f"{done} attention chain{'s' if done != 1 else ''} rewritten"
+    if left:
+        reasons = sorted({p["detail"] for p in left})
+        note += f", {len(left)} left as written ({'; '.join(reasons)})"
+    return note
+
+
 def lowering(kind: str, gm: Any, config: Any) -> Lowering:
     """The record of one ATen graph's lowering, joined to its compile's report."""
     report = getattr(_tls, "report", None)
@@ -324,6 +336,8 @@ class Lowering:
         self.kernels: list[dict[str, Any]] = []
         self.first_run: dict[str, Any] | None = None
         self.attention_choices: list[dict[str, Any]] = []
+        self.attention_patterns: list[dict[str, Any]] = []
+        self._patterns_before = 0
         self.wall_ms = 0.0
         self.num_kernels = self.num_aten_calls = 0
         self.dumping = report is not None and report.dir is not None
@@ -358,6 +372,7 @@ class Lowering:
         self._stage("import FX graph to IR")
         self.graph = graph
         self._snapshot("imported")
+        self._patterns_before = len(_C.attention_patterns())
         self._pipeline_start, self._dump_ms_before = self._mark, self.dump_ms
 
     @property
@@ -371,9 +386,18 @@ class Lowering:
             self.dump_ms - self._dump_ms_before
         )
         ran = [r for r in records if r["ran"]]
+        self.attention_patterns = _C.attention_patterns()[self._patterns_before :]
         for r in ran:
             note = "changed the graph" if r["changed"] else "no change"
+            if r["name"] == "recognize_attention" and self.attention_patterns:
+                note += "; " + _patterns_note(self.attention_patterns)
             self.stages.append(Stage(f"{self.kind}: pass {r['name']}", r["ms"], note))
+        if self.dumping and self.attention_patterns:
+            with self.report.writing():
+                self.report.write(
+                    f"attention_patterns/{self.kind}.json",
+                    json.dumps(self.attention_patterns, indent=1),
+                )
         overhead = wall - sum(r["ms"] for r in ran)
         self.stages.append(Stage(f"{self.kind}: verifier after each pass", overhead))
         self._mark = time.perf_counter()

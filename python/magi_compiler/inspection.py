@@ -125,6 +125,16 @@ def attention_choices() -> list[dict[str, Any]]:
     return _C.attention_choices()
 
 
+def attention_patterns() -> list[dict[str, Any]]:
+    """Every decision of the ``recognize_attention`` pass in this process, oldest first: one
+    per softmax fed by a matmul. Keys: ``where`` (the softmax's FX name and source line),
+    ``rewritten`` and ``detail`` (the call it became, with its mask, causality and scale, or why
+    the chain was left as written)."""
+    from magi_compiler import _C
+
+    return _C.attention_patterns()
+
+
 def offload_reports() -> list[dict[str, Any]]:
     """The weight offload report of every kept inference graph that ran with offloaded
     weights, oldest first (model_cpu_offload, docs/offload.md). Keys: ``policy``, ``source``
@@ -145,11 +155,12 @@ def offload_reports() -> list[dict[str, Any]]:
 
 
 def clear() -> None:
-    """Forgets every record and plan, and the attention choices (the next call of each shape
-    probes again)."""
+    """Forgets every record and plan, the attention patterns, and the attention choices (the
+    next call of each shape probes again)."""
     from magi_compiler import _C
 
     with _lock:
         _records.clear()
         _plans.clear()
     _C.clear_attention_choices()
+    _C.clear_attention_patterns()

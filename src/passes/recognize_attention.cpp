@@ -55,7 +55,9 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -744,6 +746,14 @@ void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
   }
 }
 
+std::mutex patterns_mutex;
+std::vector<AttentionPattern>& patterns() {
+  static std::vector<AttentionPattern> all;
+  return all;
+}
+
+void record(const ir::Node& softmax, bool rewritten, const std::string& detail);
+
 std::string where(const ir::Node& node) {
   const auto& p = node.provenance();
   std::string s = p.fx_name.empty() ? node.op_name() : p.fx_name;
@@ -751,7 +761,28 @@ std::string where(const ir::Node& node) {
   return s;
 }
 
+void record(const ir::Node& softmax, bool rewritten, const std::string& detail) {
+  const std::string at = where(softmax);
+  if (rewritten) {
+    MAGI_LOG_INFO("recognize_attention: ", at, ": rewritten as ", detail);
+  } else {
+    MAGI_LOG_INFO("recognize_attention: ", at, ": left as written: ", detail);
+  }
+  std::lock_guard<std::mutex> lock(patterns_mutex);
+  patterns().push_back({at, rewritten, detail});
+}
+
 }  // namespace
+
+std::vector<AttentionPattern> attention_patterns() {
+  std::lock_guard<std::mutex> lock(patterns_mutex);
+  return patterns();
+}
+
+void clear_attention_patterns() {
+  std::lock_guard<std::mutex> lock(patterns_mutex);
+  patterns().clear();
+}
 
 bool recognize_attention(ir::Graph& graph) {
   std::vector<std::pair<Chain, std::string>> found;
@@ -785,16 +816,18 @@ bool recognize_attention(ir::Graph& graph) {
     std::string op_name;
     if (why.empty()) op_name = choose_operator(chain, &why);
     if (!why.empty()) {
-      MAGI_LOG_INFO("recognize_attention: ", where(*node), ": left as written: ", why);
+      record(*node, false, why);
       continue;
     }
     found.emplace_back(chain, op_name);
   }
   for (const auto& [chain, op_name] : found) {
     rewrite(graph, chain, op_name);
-    MAGI_LOG_INFO("recognize_attention: ", where(*chain.softmax), ": rewritten as ", op_name, " (",
-                  chain.causal ? "causal, " : "", chain.masked.empty() ? "" : "boolean mask, ",
-                  chain.bias == nullptr ? "" : "additive mask, ", "scale ", chain.scale, ")");
+    std::ostringstream detail;
+    detail << op_name << " (" << (chain.causal ? "causal, " : "")
+           << (chain.masked.empty() ? "" : "boolean mask, ")
+           << (chain.bias == nullptr ? "" : "additive mask, ") << "scale " << chain.scale << ")";
+    record(*chain.softmax, true, detail.str());
   }
   if (found.empty()) return false;
   eliminate_dead_code(graph);  // the scores chains and the masks no one reads now

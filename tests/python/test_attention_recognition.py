@@ -156,3 +156,49 @@ def test_hugging_face_eager_attention_becomes_one_call(padded, assert_close_rel)
     assert not re.search(rf"{SEQ}, {SEQ}\] = aten::bmm", text), (
         text
     )  # no scores (rotary's bmm stays)
+
+
+class TwoAttentions(nn.Module):
+    """One attention the pass rewrites (a padding mask applied with -inf) and one it leaves as
+    written (the same mask filled with -1e4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = WrittenOutAttention(causal=False)
+        self.second = WrittenOutAttention(causal=False, fill=-1e4)
+
+    def forward(self, x, keep):
+        return self.second(self.first(x, keep), keep)
+
+
+def test_each_decision_is_reported(tmp_path, monkeypatch, assert_close_rel):
+    """Every softmax fed by a matmul is a decision: inspection.attention_patterns() and, with
+    dumps on, attention_patterns/inference.json and the timeline's recognize_attention line say
+    which chains became which call, and why the others were left as written."""
+    import json
+    import os
+
+    from magi_compiler import inspection
+
+    monkeypatch.setenv("MAGI_ENABLE_FX_GRAPH_VIZ", "1")
+    monkeypatch.setenv("MAGI_DUMP_DIR", str(tmp_path))
+    inspection.clear()
+    torch.manual_seed(5)
+    eager = TwoAttentions().eval()
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        x, keep = torch.randn(2, SEQ, 64), torch.rand(2, SEQ) > 0.3
+        keep[:, 0] = True
+        assert_close_rel(compiled(x, keep), eager(x, keep), 1e-5)
+    patterns = inspection.attention_patterns()
+    done, left = sorted(patterns, key=lambda p: not p["rewritten"])
+    assert done["rewritten"] and not left["rewritten"], patterns
+    assert done["detail"] == "aten::scaled_dot_product_attention (boolean mask, scale 0.25)"
+    assert left["detail"].startswith("masked_fill with a value other than -inf"), patterns
+    assert all("test_attention_recognition.py" in p["where"] for p in patterns), patterns
+    (dump,) = os.listdir(tmp_path)
+    with open(tmp_path / dump / "attention_patterns" / "inference.json", encoding="utf-8") as f:
+        assert json.load(f) == patterns
+    with open(tmp_path / dump / "timeline.txt", encoding="utf-8") as f:
+        line = next(ln for ln in f if "pass recognize_attention" in ln)
+    assert "1 attention chain rewritten, 1 left as written (masked_fill with a value" in line, line

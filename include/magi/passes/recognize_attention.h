@@ -1,9 +1,24 @@
 // Entry point of the recognize_attention pass (src/passes/recognize_attention.cpp).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "magi/ir/graph.h"
 
 namespace magi::passes {
+
+/// One decision of the pass: a softmax fed by a matmul, rewritten or left as written.
+struct AttentionPattern {
+  std::string where;  ///< the softmax: its FX name and source line
+  bool rewritten = false;
+  std::string detail;  ///< the operator and its mask, causality and scale; or why not
+};
+
+/// Every decision of recognize_attention in this process, oldest first (the dumps and
+/// magi_compiler.inspection.attention_patterns() read them).
+std::vector<AttentionPattern> attention_patterns();
+void clear_attention_patterns();
 
 /// Replaces attention written out in an inference graph (matmul of the query with the
 /// transposed key, a constant scale, an optional causal mask built in the graph, a softmax over
