@@ -12,6 +12,7 @@ import functools
 import gc
 import importlib
 import inspect
+import os
 import sys
 import threading
 import time
@@ -494,6 +495,14 @@ def without_minifier_import() -> Iterator[None]:
             del sys.modules[_MINIFIER_MODULE]
 
 
+def _attention_pass_on(config: CompileConfig) -> bool:
+    """recognize_attention is not disabled (``pass_config.disabled_passes`` or
+    ``MAGI_DISABLE_PASSES``, as for the C++ pipeline)."""
+    env = os.environ.get("MAGI_DISABLE_PASSES", "").split(",")
+    disabled = {n.strip() for n in env} | set(config.pass_config.disabled_passes)
+    return "recognize_attention" not in disabled
+
+
 def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] | None = None):
     """A Dynamo backend compiling every captured graph with magi's pipeline. AOTAutograd is
     imported at the first capture: a process whose graphs all come from the compiled-module
@@ -551,10 +560,14 @@ def make_backend(config: CompileConfig, on_lowered: Callable[[str, Any], None] |
                 stack.enter_context(_dump.compile_scope(gm, config))  # INFO line; dumps if on
                 # AOTAutograd's rule for a training graph; only those need its bundle (and the
                 # import of the module that makes one, about a second).
-                bundled = caching and torch.is_grad_enabled()
-                bundled = bundled and any(
+                training = torch.is_grad_enabled() and any(
                     getattr(t, "requires_grad", False) for t in example_inputs
                 )
+                if training and config.backend != "eager" and _attention_pass_on(config):
+                    from magi_compiler import _attention_fx
+
+                    _attention_fx.rewrite_attention(gm)  # the inference pass runs in C++
+                bundled = caching and training
                 if bundled:
                     from magi_compiler import _cache_training
 

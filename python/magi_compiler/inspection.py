@@ -129,10 +129,12 @@ def attention_patterns() -> list[dict[str, Any]]:
     """Every decision of the ``recognize_attention`` pass in this process, oldest first: one
     per softmax fed by a matmul. Keys: ``where`` (the softmax's FX name and source line),
     ``rewritten`` and ``detail`` (the call it became, with its mask, causality and scale, or why
-    the chain was left as written)."""
-    from magi_compiler import _C
+    the chain was left as written). The C++ pass decides for inference graphs; training
+    captures are rewritten before AOTAutograd (``_attention_fx``), their entries marked
+    ``graph: "training"`` and listed after the inference ones."""
+    from magi_compiler import _C, _attention_fx
 
-    return _C.attention_patterns()
+    return _C.attention_patterns() + list(_attention_fx.patterns)
 
 
 def offload_reports() -> list[dict[str, Any]]:
@@ -164,3 +166,6 @@ def clear() -> None:
         _plans.clear()
     _C.clear_attention_choices()
     _C.clear_attention_patterns()
+    from magi_compiler import _attention_fx
+
+    _attention_fx.patterns.clear()

@@ -202,3 +202,43 @@ def test_each_decision_is_reported(tmp_path, monkeypatch, assert_close_rel):
     with open(tmp_path / dump / "timeline.txt", encoding="utf-8") as f:
         line = next(ln for ln in f if "pass recognize_attention" in ln)
     assert "1 attention chain rewritten, 1 left as written (masked_fill with a value" in line, line
+
+
+@pytest.mark.parametrize(
+    "causal,padded", [(True, False), (False, True), (True, True)], ids=["causal", "padded", "both"]
+)
+def test_training_steps_run_written_out_attention_fused(causal, padded, assert_close_rel):
+    """In a training step the capture's written-out attention becomes one
+    F.scaled_dot_product_attention call before AOTAutograd, so the forward runs the fused
+    kernel and the backward its fused gradient (no [.., L, S] scores in either graph); the
+    loss and every gradient match eager."""
+    from magi_compiler import inspection
+
+    inspection.clear()
+    torch.manual_seed(6)
+    eager = WrittenOutAttention(causal=causal, kv_heads=2).train()
+    compiled = magi_compile(copy.deepcopy(eager))
+    for batch in (2, 3):
+        x = torch.randn(batch, SEQ, 64)
+        keep = torch.rand(batch, SEQ) > 0.3 if padded else None
+        if keep is not None:
+            keep[:, 0] = True
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = eager(xe, keep), compiled(xc, keep)
+        assert_close_rel(got, want, 1e-5)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        assert_close_rel(xc.grad, xe.grad, 1e-4)
+        for pe, pc in zip(eager.parameters(), compiled.parameters(), strict=True):
+            assert_close_rel(pc.grad, pe.grad, 1e-4)
+            pe.grad = pc.grad = None
+    for kind in ("forward", "backward"):
+        text = str(last_compiled(kind).graph)
+        assert "aten::_softmax" not in text and f"{SEQ}, {SEQ}] = aten::bmm" not in text, text
+    assert ATTENTION + "(" in str(last_compiled("forward").graph)
+    assert "_scaled_dot_product_flash_attention_for_cpu_backward" in str(
+        last_compiled("backward").graph
+    )
+    done = [p for p in inspection.attention_patterns() if p.get("graph") == "training"]
+    assert done and all(p["rewritten"] for p in done), done
+    assert ("causal" in done[0]["detail"]) == (causal and not padded), done
