@@ -512,7 +512,8 @@ def render(runs: dict[tuple[str, str], tuple[dict, Path]]) -> str:
             if bench == "suite":
                 body.append(suite_section(doc, source))
             else:
-                body.append(other_section(bench, doc, kind, stamp_line(doc, source)))
+                profile = runs.get((kind, "zoo_profile"), (None, None))[0]
+                body.append(other_section(bench, doc, kind, stamp_line(doc, source), profile))
     return "\n".join(body).rstrip() + "\n"
 
 

@@ -14,9 +14,12 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def other_section(bench: str, doc: dict, kind: str, stamp: str) -> str:
+def other_section(bench: str, doc: dict, kind: str, stamp: str, profile: dict | None = None) -> str:
     """One section of RESULTS.md: ``bench`` names the script, ``kind`` the device kind and
-    ``stamp`` the line with device, torch version, date, commit and source file."""
+    ``stamp`` the line with device, torch version, date, commit and source file; ``profile``:
+    the same device kind's ``tools/profile.py --zoo`` result, which explains slower zoo rows."""
+    if bench == "zoo":
+        return _zoo_section(doc, kind, stamp, profile)
     sections = {
         "bandwidth": _bandwidth_section,
         "host_overhead": _host_section,
@@ -393,7 +396,39 @@ def _zoo_failures(doc: dict, rows: list[dict]) -> list[str]:
     return out
 
 
-def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
+def _why_slower(rec: dict, pair: tuple[str, str], profile: dict | None) -> str | None:
+    """Why magi's variant of a zoo row is slower than its counterpart, from the profile of the
+    same row: GPU time per kernel kind, or a GPU left waiting on the host."""
+    if profile is None:
+        return None
+    key = (rec.get("model"), rec.get("scenario"), rec.get("batch"))
+    row = next(
+        (r for r in profile.get("rows", []) if (r["model"], r["scenario"], r["batch"]) == key),
+        None,
+    )
+    mine, theirs = (row or {}).get("variants", {}).get(pair[0]), None
+    if row is not None:
+        theirs = row["variants"].get(pair[1])
+    if mine is None or theirs is None:
+        return None
+    busy, other = mine["busy_us"] / 1e3, theirs["busy_us"] / 1e3
+    text = (
+        f"GPU busy {busy:.3f} vs {other:.3f} ms, wall {mine['wall_us'] / 1e3:.3f} vs "
+        f"{theirs['wall_us'] / 1e3:.3f} ms, {mine['kernels_per_step']:.0f} vs "
+        f"{theirs['kernels_per_step']:.0f} kernels"
+    )
+    if busy <= other * 1.02:
+        idle = mine["idle_us"] / 1e3
+        return text + f": the GPU waits on the host ({idle:.3f} ms idle between kernels)"
+    gaps = sorted(
+        ((mine["kinds_us"].get(k, 0.0) - theirs["kinds_us"].get(k, 0.0)) / 1e3, k)
+        for k in PROFILE_KINDS
+    )
+    worse = [f"{k} +{d:.3f} ms" for d, k in reversed(gaps) if d > 0.005][:3]
+    return text + ("; more GPU time in " + ", ".join(worse) if worse else "")
+
+
+def _zoo_section(doc: dict, kind: str, stamp: str, profile: dict | None = None) -> str:
     """benchmarks/zoo.py: Hugging Face models as users bring them, magi_compile beside eager and
     torch.compile, one row per model, scenario and batch."""
     meta = doc.get("meta", {})
@@ -433,6 +468,8 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
               "magi first call s"] + [f"{ZOO_LABELS[v]} ms" for v in vs]  # fmt: skip
     header += [f"{ZOO_LABELS[m]} vs {ZOO_LABELS[t]}" for m, t in pairs]
     body = []
+    reasons: list[str] = []  # slower rows the profile explains
+    unprofiled: list[str] = []
     slower = {m: [0, 0] for m, _ in pairs}  # magi variant: [rows slower, rows compared]
     for r in rows:
         rec = r.get("variants", {})
@@ -456,6 +493,15 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
                 slower[m][1] += 1
                 slower[m][0] += "slower" in cell
         body.append(row)
+        for m, t in pairs:
+            if "slower" in row[len(row) - len(pairs) + pairs.index((m, t))]:
+                why = _why_slower(r, (m, t), profile)
+                label = f"**{r.get('model')} {r.get('scenario')} b{r.get('batch')}**"
+                vs_ = f"{ZOO_LABELS[m]} vs {ZOO_LABELS[t]}"
+                if why is not None:
+                    reasons.append(f"- {label}, {vs_}: {why}.")
+                else:
+                    unprofiled.append(f"{r.get('model')} {r.get('scenario')} b{r.get('batch')}")
     lines.append(table(header, body))
     summary = [
         f"{ZOO_LABELS[m]} is slower than {ZOO_LABELS[t]} in {slower[m][0]} of {slower[m][1]} "
@@ -464,6 +510,11 @@ def _zoo_section(doc: dict, kind: str, stamp: str) -> str:
     ]
     if summary:
         lines += ["; ".join(summary) + ".", ""]
+    if reasons:
+        lines += ["Where the slower rows lose (`tools/profile.py --zoo`, section below):", ""]
+        lines += reasons + [""]
+    if unprofiled and profile is not None:
+        lines += [f"Slower rows not profiled: {', '.join(dict.fromkeys(unprofiled))}.", ""]
     commits: dict[str, list[str]] = {}
     for r in rows:
         where = f"{r.get('model')} {r.get('scenario')}"

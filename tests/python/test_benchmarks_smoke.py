@@ -343,3 +343,28 @@ def test_report_shows_where_the_gpu_time_of_zoo_rows_goes():
             "| 0.000 | 0.000 | 0.000 | flash_fwd_kernel 0.900 ms × 1 |") in lines  # fmt: skip
     assert ("| gpt2 | whole | 8 | reduce-overhead | 0.920 | 0.900 | 0.020 | 7 | 0.600 | 0.000 "
             "| 0.300 | 0.000 | 0.000 | nvjet_tst_x 0.600 ms × 1 |") in lines  # fmt: skip
+    # With the zoo table of the same device kind, each slower row the profile covers says where
+    # it loses: more GPU time in a kernel kind, or a GPU waiting on the host.
+    rec = {"captures": 1, "fallbacks": 0, "fallback_reasons": [], "rel_err": 1e-3,
+           "first_call_s": 3.0}  # fmt: skip
+    rows = [
+        _zoo_row("gpt2", "whole", 8, eager={"ms": 9.0}, inductor={"ms": 3.0},
+                 inductor_ro={"ms": 0.92}, magi={**rec, "ms": 2.8}, magi_cg={**rec, "ms": 1.7}),
+        _zoo_row("bert", "whole", 8, eager={"ms": 9.0}, inductor={"ms": 3.0},
+                 inductor_ro={"ms": 0.8}, magi={**rec, "ms": 3.3}, magi_cg={**rec, "ms": 0.9}),
+    ]  # fmt: skip
+    runs = {("H100", "zoo"): (_zoo_doc("2026-12-07", rows, []), Path("z.json")),
+            ("H100", "zoo_profile"): (doc, Path("p.json"))}  # fmt: skip
+    lines = report.render(runs).splitlines()
+    assert (
+        "- **gpt2 whole b8**, magi CUDA graphs vs reduce-overhead: GPU busy 1.500 vs 0.900 ms, "
+        "wall 1.700 vs 0.920 ms, 7 vs 7 kernels; more GPU time in attention +0.900 ms."
+    ) in lines
+    assert "Slower rows not profiled: bert whole b8." in lines
+    doc["rows"][0]["variants"]["magi_cg"] = table(1700.0, 880.0, [("nvjet_tst_x", 880.0)])
+    lines = report.render(runs).splitlines()
+    assert (
+        "- **gpt2 whole b8**, magi CUDA graphs vs reduce-overhead: GPU busy 0.880 vs 0.900 ms, "
+        "wall 1.700 vs 0.920 ms, 7 vs 7 kernels: the GPU waits on the host (0.820 ms idle "
+        "between kernels)."
+    ) in lines
