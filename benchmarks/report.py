@@ -101,8 +101,8 @@ def stamp(doc: dict) -> dict[str, str]:
 
 
 def is_complete(doc: dict) -> bool:
-    if benchmark_of(doc) == "warm_start":  # written after each row; complete at the end
-        return bool(doc["meta"].get("complete"))
+    if benchmark_of(doc) == "warm_start":  # written after each row: a cut run lists the rest
+        return bool(doc.get("rows"))
     if benchmark_of(doc) == "zoo_profile":  # profiles the rows and variants it names
         return True
     command = str((doc.get("meta") or {}).get("command", ""))
@@ -110,8 +110,11 @@ def is_complete(doc: dict) -> bool:
 
 
 def _rank(doc: dict) -> tuple:
-    """Newer runs first; for the zoo, the one with fewer gaps first."""
+    """Newer runs first; for the zoo, the one with fewer gaps first; for the warm start, the
+    one with more rows (a run cut short against a complete one of fewer compilers)."""
     gaps = -len(zoo_gaps(doc)) if benchmark_of(doc) == "zoo" else 0
+    if benchmark_of(doc) == "warm_start":
+        gaps = len(doc.get("rows", []))
     return (gaps, stamp(doc)["sort_date"])
 
 

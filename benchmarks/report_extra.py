@@ -17,7 +17,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def other_section(bench: str, doc: dict, kind: str, stamp: str, profile: dict | None = None) -> str:
     """One section of RESULTS.md: ``bench`` names the script, ``kind`` the device kind and
     ``stamp`` the line with device, torch version, date, commit and source file; ``profile``:
-    the same device kind's ``tools/profile.py --zoo`` result, which explains slower zoo rows."""
+    the same device kind's ``tools/kernel_profile.py --zoo`` result, which explains slower zoo rows."""
     if bench == "zoo":
         return _zoo_section(doc, kind, stamp, profile)
     sections = {
@@ -511,7 +511,10 @@ def _zoo_section(doc: dict, kind: str, stamp: str, profile: dict | None = None) 
     if summary:
         lines += ["; ".join(summary) + ".", ""]
     if reasons:
-        lines += ["Where the slower rows lose (`tools/profile.py --zoo`, section below):", ""]
+        lines += [
+            "Where the slower rows lose (`tools/kernel_profile.py --zoo`, section below):",
+            "",
+        ]
         lines += reasons + [""]
     if unprofiled and profile is not None:
         lines += [f"Slower rows not profiled: {', '.join(dict.fromkeys(unprofiled))}.", ""]
@@ -548,7 +551,7 @@ def _short_kernel(name: str, limit: int = 60) -> str:
 
 
 def _zoo_profile_section(doc: dict, kind: str, stamp: str) -> str:
-    """tools/profile.py --zoo: where the GPU time of zoo rows goes, per variant."""
+    """tools/kernel_profile.py --zoo: where the GPU time of zoo rows goes, per variant."""
     meta = doc.get("meta", {})
     lines = [
         f"## {kind}: model zoo, where the GPU time goes",
@@ -655,4 +658,12 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
             "–" if not size else f"{size / 2**20:.1f} MiB",
         ])  # fmt: skip
     lines.append(table(header, body))
+    if not meta.get("complete", True):
+        done = {(r["model"], r["compiler"]) for r in rows}
+        asked = [tuple(p) for p in meta.get("pairs", [])] or [
+            (m, c) for m in dict.fromkeys(r["model"] for r in rows) for c in labels
+        ]
+        missing = [f"{models.get(m, m)} {labels.get(c, c)}" for m, c in asked if (m, c) not in done]
+        if missing:
+            lines += [f"Not measured (the run was cut short): {'; '.join(missing)}."]
     return "\n".join(lines) + "\n"

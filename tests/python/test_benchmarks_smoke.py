@@ -290,14 +290,16 @@ def test_report_renders_the_model_zoo(tmp_path):
 
 
 def test_report_shows_where_the_gpu_time_of_zoo_rows_goes():
-    """tools/profile.py --zoo's file (kernel kinds by name) is reported after the zoo table:
+    """tools/kernel_profile.py --zoo's file (kernel kinds by name) is reported after the zoo table:
     per row and variant the wall, busy and idle times, kernels per call, ms per kernel kind
     and the largest kernel without its template arguments."""
     import importlib.util
 
     from benchmarks import report
 
-    spec = importlib.util.spec_from_file_location("magi_profile_tool", ROOT / "tools/profile.py")
+    spec = importlib.util.spec_from_file_location(
+        "magi_profile_tool", ROOT / "tools/kernel_profile.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     names = {
@@ -329,7 +331,7 @@ def test_report_shows_where_the_gpu_time_of_zoo_rows_goes():
         "benchmark": "zoo_profile",
         "meta": {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0",
                  "date": "2026-12-07T10:00:00", "git_commit": "abc1234", "steps": 5,
-                 "command": "python tools/profile.py --zoo gpt2:whole:8 --variants magi_cg"},
+                 "command": "python tools/kernel_profile.py --zoo gpt2:whole:8 --variants magi_cg"},
         "rows": [{"model": "gpt2", "scenario": "whole", "batch": 8, "variants": {
             "magi_cg": table(1700.0, 1500.0, [(flash, 900.0), ("nvjet_tst_x", 600.0)]),
             "inductor_ro": table(920.0, 900.0, [("nvjet_tst_x", 600.0), ("triton_poi_0", 300.0)]),
@@ -368,3 +370,43 @@ def test_report_shows_where_the_gpu_time_of_zoo_rows_goes():
         "wall 1.700 vs 0.920 ms, 7 vs 7 kernels: the GPU waits on the host (0.820 ms idle "
         "between kernels)."
     ) in lines
+
+
+def test_no_tool_shadows_a_standard_library_module():
+    """tools/*.py run as scripts put tools/ first on sys.path: a tool named like a standard
+    module (profile, trace, ...) would be imported in its place (cProfile imports profile)."""
+    tools = {p.stem for p in (ROOT / "tools").glob("*.py")}
+    assert not tools & set(sys.stdlib_module_names)
+
+
+def test_report_keeps_a_warm_start_run_cut_short(tmp_path):
+    """warm_start.py writes its file after each row: a run cut short (the last of its asked
+    pairs missing) is reported when it has more rows than a complete run of fewer compilers,
+    with the pairs it did not measure listed."""
+    from benchmarks import report
+
+    def row(model: str, compiler: str, cold: float, warm: float) -> dict:
+        side = {"steady_ms": 1.0, "max_rel_error": 1e-3, "counters": {"captures": 0, "compiles": 0}}
+        return {"model": model, "compiler": compiler, "cold": {**side, "first_call_s": cold},
+                "warm": {**side, "first_call_s": warm}}  # fmt: skip
+
+    def doc(date: str, rows: list[dict], pairs: list, complete: bool) -> dict:
+        meta = {"benchmark": "warm_start", "device_type": "cuda", "torch": "2.11.0",
+                "device_name": "NVIDIA H100 80GB HBM3", "date": date, "git_commit": "abc1234",
+                "size": "real", "complete": complete, "pairs": pairs}  # fmt: skip
+        return {"benchmark": "warm_start", "meta": meta, "rows": rows}
+
+    old = doc("2026-12-01", [row("stack", "magi", 4, 0.3), row("llama", "magi", 11, 0.7)],
+              [["stack", "magi"], ["llama", "magi"]], True)  # fmt: skip
+    pairs = [["stack", "magi"], ["stack", "inductor"], ["llama", "magi"], ["llama", "inductor"]]
+    cut = doc("2026-12-07", [row("stack", "magi", 4.0, 0.25), row("stack", "inductor", 14.0, 2.5),
+                             row("llama", "magi", 11.0, 0.7)], pairs, False)  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    runs = report.latest_runs(sorted(tmp_path.glob("*.json")))
+    assert runs[("H100", "warm_start")][1].name == "cut.json"
+    lines = report.render(runs).splitlines()
+    assert "Not measured (the run was cut short): HF LlamaForCausalLM torch.compile." in lines
+    # 0.25 s warm against torch.compile's 2.5 s: 0.10x.
+    assert any(ln.startswith("| 4-layer Llama stack | magi_compile | 4.00 | 0.25 | 0.06 | 0.10× |")
+               for ln in lines), lines  # fmt: skip

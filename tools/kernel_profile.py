@@ -1,6 +1,6 @@
-"""Usage: python tools/profile.py --only llama_prefill,dit_block [--variants eager,inductor,magi]
+"""Usage: python tools/kernel_profile.py --only llama_prefill,dit_block [--variants eager,inductor,magi]
     [--rows 14] [--json $OUT/profile.json] [--host]
-       python tools/profile.py --zoo gpt2:whole:8,vit:layers:1 --variants inductor_ro,magi_cg
+       python tools/kernel_profile.py --zoo gpt2:whole:8,vit:layers:1 --variants inductor_ro,magi_cg
 
 Where the GPU time of a benchmark workload (benchmarks/workloads.py, full shapes, bf16, CUDA)
 goes, per variant: the CUDA kernels of one step grouped by name (total time, calls), the kernel
@@ -17,6 +17,10 @@ then warmed up and profiled at the given batch, as the zoo times it. Its --json 
 ``zoo_profile`` result (device, torch version, date, commit): saved as
 benchmarks/results/cuda_<gpu>_zoo_profile.json, benchmarks/report.py shows it after the zoo
 table (GPU time per kernel kind, the largest kernels).
+
+Named kernel_profile, not profile: run as a script, its folder comes first on sys.path, where a
+tools/profile.py would stand in for the standard library's profile module (cProfile imports
+it, and transformers imports cProfile).
 """
 
 from __future__ import annotations
@@ -212,7 +216,7 @@ def zoo_document(cases: dict, device: torch.device) -> dict:
             "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": harness.git_commit() or "unknown",
-            "command": " ".join(["python", "tools/profile.py", *sys.argv[1:]]),
+            "command": " ".join(["python", "tools/kernel_profile.py", *sys.argv[1:]]),
             "steps": STEPS,
         },
         "rows": rows,
