@@ -108,6 +108,21 @@ def _is_causal_mask(cond: Any, length: Any) -> bool:
     return len(sizes) == 2 and sizes[0] == sizes[1] == length
 
 
+def _swaps_last_two(node: Any, rank: int) -> bool:
+    """``k.transpose(-2, -1)``, ``torch.transpose(k, -2, -1)``, ``k.mT`` or a permute that
+    swaps the last two dims of a tensor of ``rank``."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if _is_method(node, "transpose") or _is_call(node, (torch.transpose,)):
+        dims = node.args[1:3]
+        return len(dims) == 2 and {d % rank for d in dims} == {rank - 2, rank - 1}
+    if _is_method(node, "permute") or _is_call(node, (torch.permute,)):
+        dims = node.args[1:] if len(node.args) > 2 else node.args[1]
+        want = list(range(rank - 2)) + [rank - 1, rank - 2]
+        return [d % rank for d in dims] == want
+    return node.op == "call_function" and node.target is getattr and node.args[1:] == ("mT",)
+
+
 class _Chain:
     def __init__(self, softmax: torch.fx.Node) -> None:
         self.softmax = softmax
@@ -167,12 +182,10 @@ def _match(softmax: torch.fx.Node) -> tuple[_Chain | None, str]:
     if not _is_call(x, _MATMUL):
         return None, "no matmul feeds the softmax"
     q, kt = x.args
-    if not (isinstance(kt, torch.fx.Node) and _is_method(kt, "transpose")):
-        return None, "the key side of the matmul is not a transposed key"
     qv, ktv = _value(q), _value(kt)
     if qv is None or ktv is None or qv.dim() < 3 or qv.dim() != ktv.dim():
         return None, "the matmul is not one of 3-D or 4-D operands"
-    if {d % qv.dim() for d in kt.args[1:3]} != {qv.dim() - 2, qv.dim() - 1}:
+    if not _swaps_last_two(kt, qv.dim()):
         return None, "the key side of the matmul is not a transposed key"
     c.q, c.k = q, kt.args[0]
     c.nodes.append(kt)

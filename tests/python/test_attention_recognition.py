@@ -242,3 +242,39 @@ def test_training_steps_run_written_out_attention_fused(causal, padded, assert_c
     done = [p for p in inspection.attention_patterns() if p.get("graph") == "training"]
     assert done and all(p["rewritten"] for p in done), done
     assert ("causal" in done[0]["detail"]) == (causal and not padded), done
+
+
+@pytest.mark.parametrize("key_form", ["transpose", "torch.transpose", "mT", "permute"])
+def test_training_capture_reads_each_way_of_transposing_the_key(key_form, assert_close_rel):
+    """k.transpose(-2, -1), torch.transpose(k, -2, -1), k.mT and k.permute(0, 1, 3, 2) are the
+    same key side; scale by division; dropout at p=0 while training."""
+    forms = {
+        "transpose": lambda k: k.transpose(-2, -1),
+        "torch.transpose": lambda k: torch.transpose(k, -2, -1),
+        "mT": lambda k: k.mT,
+        "permute": lambda k: k.permute(0, 1, 3, 2),
+    }
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192, bias=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            att = (q @ forms[key_form](k)) / 4.0
+            att = F.dropout(F.softmax(att, dim=-1), p=0.0, training=self.training)
+            return (att @ v).sum(1)
+
+    torch.manual_seed(7)
+    eager = Plain().train()
+    compiled = magi_compile(copy.deepcopy(eager))
+    x = torch.randn(2, SEQ, 64)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = eager(xe), compiled(xc)
+    assert_close_rel(got, want, 1e-5)
+    want.sum().backward()
+    got.sum().backward()
+    assert_close_rel(xc.grad, xe.grad, 1e-4)
+    assert ATTENTION + "(" in str(last_compiled("forward").graph)
