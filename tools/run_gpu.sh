@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo
+# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo profile
 # (default: the first four). On the GPU machine: builds into build/gpu, runs the CUDA tests,
 # the quick start and the benchmarks, writing logs and result JSON to $OUT. Needs .deps/
 # (tools/stage_deps.sh). The other tools call `tools/run_gpu.sh build` first.
@@ -8,6 +8,8 @@
 # default 540; each family ends by then too), each appended to $OUT/zoo.json as
 # it finishes, which starts as a copy of benchmarks/results/cuda_<gpu>_zoo.json when one exists
 # for this GPU: a run cut short keeps the families done, and the next one adds the rest.
+# profile: tools/kernel_profile.py --zoo over ZOO_PROFILE (family:scenario:batch,...; default the
+# rows where magi was slower) into $OUT/zoo_profile.json, kept as cuda_<gpu>_zoo_profile.json.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
@@ -54,4 +56,10 @@ if has zoo; then
     timeout "$left" python benchmarks/zoo.py --device cuda --models "$m" ${ZOO_ARGS:-} \
       --out "$OUT/zoo.json" --append 2>&1 | tee -a "$OUT/zoo.log" | grep "^| $m "
   done
+fi
+if has profile; then
+  specs=${ZOO_PROFILE:-gpt2:whole:8,vit:whole:8,t5:whole:1,llama:layers:1}
+  echo "== zoo profile $specs"
+  timeout 540 python tools/kernel_profile.py --zoo "$specs" --variants inductor,magi,inductor_ro,magi_cg \
+    --json "$OUT/zoo_profile.json" >"$OUT/zoo_profile.log" 2>&1 || tail -20 "$OUT/zoo_profile.log"
 fi
