@@ -241,6 +241,26 @@ def _plans(report: Any) -> str:
     return recompute + offload
 
 
+def _attention(report: Any) -> str:
+    rows = [
+        f"<tr><td>{_e(low.kind)}</td><td>{_e(p['where'])}</td>"
+        f"<td>{'rewritten' if p['rewritten'] else 'left as written'}</td><td>{_e(p['detail'])}</td>"
+        "</tr>"
+        for low in report.lowerings
+        for p in low.attention_patterns
+    ]
+    if not rows:
+        return (
+            '<p class="note">no softmax fed by a matmul (recognize_attention, docs/passes.md)</p>'
+        )
+    return (
+        '<p class="note">Attention written out as matmuls and a softmax: the recognize_attention '
+        "pass's decision for each softmax (docs/passes.md).</p>"
+        '<table id="attention"><tr><th>graph</th><th>softmax</th><th>decision</th><th>detail</th>'
+        "</tr>" + "".join(rows) + "</table>"
+    )
+
+
 def _cache(report: Any) -> str:
     from magi_compiler import _compile_cache
 
@@ -276,6 +296,7 @@ def render(report: Any) -> str:
             "Recompute and offload plans",
             _plans(report),
         ),
+        ("attention-section", "Written-out attention", _attention(report)),
         ("timeline-section", "Compile timeline", _timeline(report)),
         ("cache-section", "Compiled-module cache", _cache(report)),
         ("files", "Files", _files(report.dir)),

@@ -202,6 +202,11 @@ def test_each_decision_is_reported(tmp_path, monkeypatch, assert_close_rel):
     with open(tmp_path / dump / "timeline.txt", encoding="utf-8") as f:
         line = next(ln for ln in f if "pass recognize_attention" in ln)
     assert "1 attention chain rewritten, 1 left as written (masked_fill with a value" in line, line
+    with open(tmp_path / dump / "index.html", encoding="utf-8") as f:
+        page = f.read()
+    assert '<section id="attention-section">' in page
+    assert "<td>rewritten</td><td>aten::scaled_dot_product_attention (boolean mask" in page
+    assert "<td>left as written</td><td>masked_fill with a value other than -inf" in page
 
 
 @pytest.mark.parametrize(
