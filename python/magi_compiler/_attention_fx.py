@@ -275,12 +275,25 @@ def _rewrite(graph: torch.fx.Graph, c: _Chain) -> None:
             graph.erase_node(node)
 
 
+def _fed_by_matmul(node: torch.fx.Node, depth: int = 8) -> bool:
+    """Whether a matmul is among the tensors ``node`` is computed from, ``depth`` steps back:
+    a softmax that is not attention (over a linear layer's logits) is no decision to report."""
+    frontier = [node]
+    for _ in range(depth):
+        frontier = [a for n in frontier for a in n.args if isinstance(a, torch.fx.Node)]
+        if any(_is_call(n, _MATMUL) for n in frontier):
+            return True
+    return False
+
+
 def rewrite_attention(gm: torch.fx.GraphModule) -> int:
     """Rewrites each written-out attention of ``gm`` (a Dynamo capture) into one
     ``F.scaled_dot_product_attention`` call; returns how many. Records every decision."""
     chains = []
     for node in gm.graph.nodes:
         if not (_is_call(node, _SOFTMAX) or _is_method(node, "softmax")):
+            continue
+        if not _fed_by_matmul(node):
             continue
         chain, why = _match(node)
         if chain is None and why in ("not a tensor softmax",):

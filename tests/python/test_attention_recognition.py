@@ -283,3 +283,19 @@ def test_training_capture_reads_each_way_of_transposing_the_key(key_form, assert
     got.sum().backward()
     assert_close_rel(xc.grad, xe.grad, 1e-4)
     assert ATTENTION + "(" in str(last_compiled("forward").graph)
+
+
+def test_a_softmax_over_logits_is_no_attention_decision(assert_close_rel):
+    """A training capture's softmax over a linear layer's logits is not attention: nothing is
+    rewritten and nothing is reported."""
+    from magi_compiler import inspection
+
+    inspection.clear()
+    torch.manual_seed(8)
+    eager = nn.Sequential(nn.Linear(16, 8), nn.Softmax(dim=-1)).train()
+    compiled = magi_compile(copy.deepcopy(eager))
+    x = torch.randn(4, 16, requires_grad=True)
+    assert_close_rel(compiled(x), eager(x), 1e-6)
+    compiled(x).sum().backward()
+    assert inspection.attention_patterns() == []
+    assert "aten::_softmax" in str(last_compiled("forward").graph)
