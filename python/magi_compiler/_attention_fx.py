@@ -15,8 +15,9 @@ mask in the query's dtype (every scale applied before it) and an upcast to float
 ``@ v`` through a cast back and ``F.dropout`` (its probability becomes ``dropout_p`` while
 training, so the dropped entries differ from eager's draw, as with any fused attention). A
 ``torch.tril(torch.ones(L, L)) == 0`` mask alone becomes ``is_causal``; other boolean masks are
-combined and handed over negated (SDPA keeps the true entries). Anything else is left as
-written, with the reason, in :func:`magi_compiler.inspection.attention_patterns`.
+combined and handed over negated (SDPA keeps the true entries). A query row whose keys are all
+masked gets NaN in eager and 0 from SDPA; every other row matches within rounding. Anything
+else is left as written, with the reason, in :func:`magi_compiler.inspection.attention_patterns`.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def _number(x: Any) -> float | None:
 
 def _scale_of(node: torch.fx.Node) -> tuple[float, torch.fx.Node] | None:
     """``x * c``, ``c * x`` or ``x / c`` with a positive constant: (factor, x)."""
-    if node.op != "call_function" or len(node.args) != 2:
-        return None
+    if node.op != "call_function" or len(node.args) != 2 or node.kwargs:
+        return None  # torch.div(x, c, rounding_mode=...) is no scale
     a, b = node.args
     if node.target in (operator.mul, torch.mul):
         for c, x in ((b, a), (a, b)):
@@ -117,7 +118,10 @@ def _swaps_last_two(node: Any, rank: int) -> bool:
         dims = node.args[1:3]
         return len(dims) == 2 and {d % rank for d in dims} == {rank - 2, rank - 1}
     if _is_method(node, "permute") or _is_call(node, (torch.permute,)):
-        dims = node.args[1:] if len(node.args) > 2 else node.args[1]
+        if "dims" in node.kwargs:
+            dims = node.kwargs["dims"]
+        else:
+            dims = node.args[1:] if len(node.args) > 2 else node.args[1]
         want = list(range(rank - 2)) + [rank - 1, rank - 2]
         return [d % rank for d in dims] == want
     return node.op == "call_function" and node.target is getattr and node.args[1:] == ("mT",)
@@ -159,6 +163,8 @@ def _match(softmax: torch.fx.Node) -> tuple[_Chain | None, str]:
             c.scale *= s[0]
             x, scaled = s[1], True
         elif _is_method(x, "masked_fill") or _is_call(x, (torch.masked_fill,)):
+            if len(x.args) != 3 or x.kwargs:
+                return None, "masked_fill with keyword arguments"
             fill = _number(x.args[2])
             if fill is None or not (math.isinf(fill) and fill < 0):
                 return None, "masked_fill with a value other than -inf"
@@ -228,12 +234,14 @@ def _match(softmax: torch.fx.Node) -> tuple[_Chain | None, str]:
             y = user
         elif _is_call(user, _DROPOUT):
             p = user.kwargs.get("p", user.args[1] if len(user.args) > 1 else 0.5)
-            training = user.kwargs.get("training", user.args[2] if len(user.args) > 2 else True)
+            # F.dropout(x, p, training=True); torch.dropout(x, p, train) names it train.
+            training = user.args[2] if len(user.args) > 2 else True
+            training = user.kwargs.get("training", user.kwargs.get("train", training))
             if _number(p) is None or not isinstance(training, bool):
                 return None, "dropout whose probability or mode is not a constant"
             c.dropout = _number(p) if training else 0.0
             y = user
-        elif _is_call(user, _MATMUL) and user.args[0] is y:
+        elif _is_call(user, _MATMUL) and len(user.args) == 2 and user.args[0] is y:
             c.v, c.out = user.args[1], user
             break
         else:
@@ -268,7 +276,9 @@ def _rewrite(graph: torch.fx.Graph, c: _Chain) -> None:
             {"attn_mask": attn_mask, "dropout_p": c.dropout, "is_causal": c.causal,
              "scale": c.scale},
         )  # fmt: skip
-    call.meta.update({k: v for k, v in c.out.meta.items() if k != "example_value"})
+    # The matmul's meta (its example value: the call's shape and dtype, read by a later chain
+    # whose query, value or mask this output is).
+    call.meta.update(c.out.meta)
     c.out.replace_all_uses_with(call)
     for node in c.nodes:  # later nodes first: each is dead once the ones after it are gone
         if not node.users:
@@ -289,10 +299,11 @@ def _fed_by_matmul(node: torch.fx.Node, depth: int = 8) -> bool:
 def rewrite_attention(gm: torch.fx.GraphModule) -> int:
     """Rewrites each written-out attention of ``gm`` (a Dynamo capture) into one
     ``F.scaled_dot_product_attention`` call; returns how many. Records every decision."""
-    chains = []
-    for node in gm.graph.nodes:
-        if not (_is_call(node, _SOFTMAX) or _is_method(node, "softmax")):
-            continue
+    # Matched and rewritten one at a time: a chain may read another's output (as its query,
+    # value or mask), which the earlier rewrite replaces by its call.
+    softmaxes = [n for n in gm.graph.nodes if _is_call(n, _SOFTMAX) or _is_method(n, "softmax")]
+    chains = 0
+    for node in softmaxes:
         if not _fed_by_matmul(node):
             continue
         chain, why = _match(node)
@@ -303,9 +314,8 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> int:
             logger.info("recognize_attention (training capture): %s: left as written: %s", at, why)
             patterns.append({"where": at, "rewritten": False, "detail": why, "graph": "training"})
             continue
-        chains.append((chain, at))
-    for chain, at in chains:
         _rewrite(gm.graph, chain)
+        chains += 1
         detail = (
             f"F.scaled_dot_product_attention ({'causal, ' if chain.causal else ''}"
             f"{'boolean mask, ' if chain.masked else ''}"
@@ -316,4 +326,4 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> int:
         patterns.append({"where": at, "rewritten": True, "detail": detail, "graph": "training"})
     if chains:
         gm.recompile()
-    return len(chains)
+    return chains

@@ -39,7 +39,8 @@
 // masked_fill with a finite value other than of the only, causal, mask, two additive masks, an
 // additive mask in another dtype or scaled after it is added; a softmax over another dim; a scale
 // that is not a positive constant; shapes or dtypes the fused kernel does not take. Nothing is
-// approximated: a rewritten chain computes eager's result within rounding.
+// approximated: a rewritten chain computes eager's result within rounding, except for a query
+// row whose keys a -inf mask hides entirely (eager's softmax gives NaN there, SDPA 0).
 //
 // Meant for inference graphs. Training is out of scope for now: the rewrite never changes what
 // a graph returns, so a training forward whose softmax output or scores are saved for the
@@ -55,6 +56,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -661,7 +663,9 @@ ir::Value* attention_mask(ir::Graph& graph, const Chain& c) {
            broadcast_type(*type_of(masked), *type_of(c.masked[i]), c10::kBool), "attention_masked");
   }
   if (c.bias == nullptr) {
-    return op("aten::logical_not", "", {masked}, *type_of(masked), "attention_keep");
+    const ir::TensorType* m = type_of(masked);  // a new, dense tensor of the mask's shape
+    return op("aten::logical_not", "", {masked}, broadcast_type(*m, *m, c10::kBool),
+              "attention_keep");
   }
   if (masked == nullptr) return c.bias;
   const ir::TensorType* bias = type_of(c.bias);
@@ -671,7 +675,8 @@ ir::Value* attention_mask(ir::Graph& graph, const Chain& c) {
             broadcast_type(*type_of(masked), *bias, bias->dtype), "attention_bias");
 }
 
-void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
+// Replaces the chain by the call; returns the value its readers now read.
+ir::Value* rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
   const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(op_name.c_str(), "");
   ir::Node* anchor = c.result->producer();
@@ -744,6 +749,7 @@ void rewrite(ir::Graph& graph, const Chain& c, const std::string& op_name) {
       reader->output()->set_tensor_type(std::move(t));
     }
   }
+  return result;
 }
 
 std::mutex patterns_mutex;
@@ -821,8 +827,20 @@ bool recognize_attention(ir::Graph& graph) {
     }
     found.emplace_back(chain, op_name);
   }
-  for (const auto& [chain, op_name] : found) {
-    rewrite(graph, chain, op_name);
+  // A chain may read an earlier chain's result as its query, key, value or mask: it reads the
+  // call that replaced it, so the earlier chain's matmuls and scores go.
+  std::map<ir::Value*, ir::Value*> replaced;
+  const auto now = [&](ir::Value* v) {
+    const auto it = replaced.find(v);
+    return it == replaced.end() ? v : it->second;
+  };
+  for (auto& [chain, op_name] : found) {
+    chain.query = now(chain.query);
+    chain.key = now(chain.key);
+    chain.value = now(chain.value);
+    chain.bias = chain.bias == nullptr ? nullptr : now(chain.bias);
+    for (ir::Value*& m : chain.masked) m = now(m);
+    replaced[chain.result] = rewrite(graph, chain, op_name);
     std::ostringstream detail;
     detail << op_name << " (" << (chain.causal ? "causal, " : "")
            << (chain.masked.empty() ? "" : "boolean mask, ")

@@ -299,3 +299,69 @@ def test_a_softmax_over_logits_is_no_attention_decision(assert_close_rel):
     compiled(x).sum().backward()
     assert inspection.attention_patterns() == []
     assert "aten::_softmax" in str(last_compiled("forward").graph)
+
+
+def test_training_rewrite_handles_chains_reading_each_other_and_keyword_forms(assert_close_rel):
+    """Attention whose value is another attention's output is rewritten after it (both become
+    calls); a floor division is no scale, eval-mode torch.dropout(train=False) is no dropout,
+    and masked_fill with keywords is left as written. Each matches eager."""
+
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192, bias=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            a = torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1) @ v
+            a2 = torch.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), p=0.5, train=False) @ a
+            floor = torch.softmax(torch.div(q @ k.mT, 3.0, rounding_mode="floor"), -1) @ v
+            ones = torch.zeros(t, t, dtype=torch.bool)
+            kw = torch.softmax((q @ k.mT).masked_fill(mask=ones, value=float("-inf")), -1) @ v
+            return (a2 + floor + kw).sum(1)
+
+    from magi_compiler import inspection
+
+    inspection.clear()
+    torch.manual_seed(9)
+    eager = Nested().train()
+    compiled = magi_compile(copy.deepcopy(eager))
+    x = torch.randn(2, SEQ, 64)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = eager(xe), compiled(xc)
+    assert_close_rel(got, want, 1e-5)
+    want.sum().backward()
+    got.sum().backward()
+    assert_close_rel(xc.grad, xe.grad, 1e-4)
+    decisions = {p["detail"] for p in inspection.attention_patterns() if p.get("graph")}
+    assert sum(d.startswith("F.scaled_dot_product_attention") for d in decisions) >= 1
+    assert "masked_fill with keyword arguments" in decisions, decisions
+    assert any("floor" in d or "softmax reads" in d for d in decisions), decisions
+    assert str(last_compiled("forward").graph).count(ATTENTION + "(") == 2
+
+
+def test_inference_chain_reading_another_chains_output_drops_both_score_chains(assert_close_rel):
+    """The second attention's value is the first one's output: after the first rewrite it reads
+    the first call, so no bmm of scores is left for either."""
+
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192, bias=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            a = torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1) @ v
+            return torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1) @ a
+
+    torch.manual_seed(10)
+    eager = Nested().eval()
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        x = torch.randn(2, SEQ, 64)
+        assert_close_rel(compiled(x), eager(x), 1e-5)
+    text = _graph_text()
+    assert text.count(ATTENTION + "(") == 2, text
+    assert "aten::bmm" not in text and "aten::_softmax" not in text, text
