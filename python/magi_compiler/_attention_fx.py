@@ -306,7 +306,10 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> int:
     for node in softmaxes:
         if not _fed_by_matmul(node):
             continue
-        chain, why = _match(node)
+        try:
+            chain, why = _match(node)
+        except Exception as e:  # noqa: BLE001 - an unforeseen form: leave it, say why
+            chain, why = None, f"not matched ({type(e).__name__}: {e})"
         if chain is None and why in ("not a tensor softmax",):
             continue
         at = _where(node)

@@ -365,3 +365,23 @@ def test_inference_chain_reading_another_chains_output_drops_both_score_chains(a
     text = _graph_text()
     assert text.count(ATTENTION + "(") == 2, text
     assert "aten::bmm" not in text and "aten::_softmax" not in text, text
+
+
+def test_an_unforeseen_form_is_left_as_written(monkeypatch, assert_close_rel):
+    """An error while matching a training capture's chain leaves that chain as written (its
+    reason names the error) and the compile goes on."""
+    from magi_compiler import _attention_fx, inspection
+
+    def broken(node):
+        raise KeyError("odd node")
+
+    monkeypatch.setattr(_attention_fx, "_match", broken)
+    inspection.clear()
+    torch.manual_seed(11)
+    eager = WrittenOutAttention().train()
+    compiled = magi_compile(copy.deepcopy(eager))
+    x = torch.randn(2, SEQ, 64, requires_grad=True)
+    assert_close_rel(compiled(x), eager(x), 1e-5)
+    (decision,) = [p for p in inspection.attention_patterns() if p.get("graph")]
+    assert not decision["rewritten"] and "KeyError" in decision["detail"], decision
+    assert "aten::_softmax" in str(last_compiled("forward").graph)
