@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_match.h"
 #include "magi/common/log.h"
 #include "magi/ir/node.h"
 #include "magi/ir/op_info.h"
@@ -42,15 +43,8 @@
 namespace magi::passes {
 namespace {
 
-bool is_op(const ir::Node* node, const char* name) {
-  return node->is_operator() && node->op_name() == name;
-}
-
-std::optional<int64_t> constant_int(const ir::Node& node, size_t i) {
-  const c10::IValue* v = ir::constant_input(node, i);
-  if (v == nullptr || !v->isInt()) return std::nullopt;
-  return v->toInt();
-}
+using attention_match::constant_int;
+using attention_match::is_op;
 
 // `v` with full-range slices (x[:, :], which Hugging Face's x[:, :, None] records) looked
 // through.

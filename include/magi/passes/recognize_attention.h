@@ -21,10 +21,10 @@ std::vector<AttentionPattern> attention_patterns();
 void clear_attention_patterns();
 
 /// Replaces attention written out in an inference graph (matmul of the query with the
-/// transposed key, a constant scale, an optional causal mask built in the graph, a softmax over
-/// the last dim, a matmul with the value) by one fused SDPA call, so that the scores matrix is
-/// never materialised. Chains it cannot prove equivalent are left alone; every softmax fed by a
-/// matmul is logged at INFO with the decision and its reason.
+/// transposed key, constant scales, causal, boolean or additive masks, a softmax over the last
+/// dim, a matmul with the value) by one fused SDPA call, so that the scores matrix is never
+/// materialised. Chains it cannot prove equivalent are left alone; every softmax fed by a
+/// matmul is logged at INFO with the decision and its reason, and recorded (attention_patterns).
 bool recognize_attention(ir::Graph& graph);
 
 }  // namespace magi::passes
