@@ -406,9 +406,8 @@ def _why_slower(rec: dict, pair: tuple[str, str], profile: dict | None) -> str |
         (r for r in profile.get("rows", []) if (r["model"], r["scenario"], r["batch"]) == key),
         None,
     )
-    mine, theirs = (row or {}).get("variants", {}).get(pair[0]), None
-    if row is not None:
-        theirs = row["variants"].get(pair[1])
+    variants = (row or {}).get("variants", {})
+    mine, theirs = variants.get(pair[0]), variants.get(pair[1])
     if mine is None or theirs is None:
         return None
     busy, other = mine["busy_us"] / 1e3, theirs["busy_us"] / 1e3

@@ -182,7 +182,10 @@ def _match(softmax: torch.fx.Node) -> tuple[_Chain | None, str]:
             steps.append(("add", bias, scaled))
             x = scores
         else:
-            return None, f"the softmax reads {x.target} of the scores"
+            return (
+                None,
+                f"the softmax reads {getattr(x.target, '__name__', x.target)} of the scores",
+            )
     else:
         return None, "no matmul feeds the softmax"
     if not _is_call(x, _MATMUL):

@@ -209,6 +209,20 @@ def test_each_decision_is_reported(tmp_path, monkeypatch, assert_close_rel):
     assert "<td>left as written</td><td>masked_fill with a value other than -inf" in page
 
 
+def _train_step_matches(eager, compiled, x, *args, assert_close_rel):
+    """One training step of each (loss: the sum of squares of the output): the output, the
+    input's gradient and every parameter's gradient of ``compiled`` match ``eager``'s."""
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = eager(xe, *args), compiled(xc, *args)
+    assert_close_rel(got, want, 1e-5)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    assert_close_rel(xc.grad, xe.grad, 1e-4)
+    for pe, pc in zip(eager.parameters(), compiled.parameters(), strict=True):
+        assert_close_rel(pc.grad, pe.grad, 1e-4)
+        pe.grad = pc.grad = None
+
+
 @pytest.mark.parametrize(
     "causal,padded", [(True, False), (False, True), (True, True)], ids=["causal", "padded", "both"]
 )
@@ -228,15 +242,7 @@ def test_training_steps_run_written_out_attention_fused(causal, padded, assert_c
         keep = torch.rand(batch, SEQ) > 0.3 if padded else None
         if keep is not None:
             keep[:, 0] = True
-        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-        want, got = eager(xe, keep), compiled(xc, keep)
-        assert_close_rel(got, want, 1e-5)
-        want.square().sum().backward()
-        got.square().sum().backward()
-        assert_close_rel(xc.grad, xe.grad, 1e-4)
-        for pe, pc in zip(eager.parameters(), compiled.parameters(), strict=True):
-            assert_close_rel(pc.grad, pe.grad, 1e-4)
-            pe.grad = pc.grad = None
+        _train_step_matches(eager, compiled, x, keep, assert_close_rel=assert_close_rel)
     for kind in ("forward", "backward"):
         text = str(last_compiled(kind).graph)
         assert "aten::_softmax" not in text and f"{SEQ}, {SEQ}] = aten::bmm" not in text, text
@@ -276,12 +282,7 @@ def test_training_capture_reads_each_way_of_transposing_the_key(key_form, assert
     eager = Plain().train()
     compiled = magi_compile(copy.deepcopy(eager))
     x = torch.randn(2, SEQ, 64)
-    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = eager(xe), compiled(xc)
-    assert_close_rel(got, want, 1e-5)
-    want.sum().backward()
-    got.sum().backward()
-    assert_close_rel(xc.grad, xe.grad, 1e-4)
+    _train_step_matches(eager, compiled, x, assert_close_rel=assert_close_rel)
     assert ATTENTION + "(" in str(last_compiled("forward").graph)
 
 
@@ -328,16 +329,15 @@ def test_training_rewrite_handles_chains_reading_each_other_and_keyword_forms(as
     eager = Nested().train()
     compiled = magi_compile(copy.deepcopy(eager))
     x = torch.randn(2, SEQ, 64)
-    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = eager(xe), compiled(xc)
-    assert_close_rel(got, want, 1e-5)
-    want.sum().backward()
-    got.sum().backward()
-    assert_close_rel(xc.grad, xe.grad, 1e-4)
-    decisions = {p["detail"] for p in inspection.attention_patterns() if p.get("graph")}
-    assert sum(d.startswith("F.scaled_dot_product_attention") for d in decisions) >= 1
-    assert "masked_fill with keyword arguments" in decisions, decisions
-    assert any("floor" in d or "softmax reads" in d for d in decisions), decisions
+    _train_step_matches(eager, compiled, x, assert_close_rel=assert_close_rel)
+    patterns = inspection.attention_patterns()
+    decisions = {(p["rewritten"], p["detail"]) for p in patterns if p.get("graph") == "training"}
+    assert decisions == {
+        (True, "F.scaled_dot_product_attention (scale 0.25)"),  # a
+        (True, "F.scaled_dot_product_attention (scale 1)"),  # a2: no dropout in eval mode
+        (False, "the softmax reads div of the scores"),  # the floor division
+        (False, "masked_fill with keyword arguments"),
+    }, decisions
     assert str(last_compiled("forward").graph).count(ATTENTION + "(") == 2
 
 
