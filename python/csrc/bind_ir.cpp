@@ -171,12 +171,14 @@ void bind_ir(py::module_& m) {
           d["where"] = p.where;
           d["rewritten"] = p.rewritten;
           d["detail"] = p.detail;
+          if (!p.pass.empty()) d["pass"] = p.pass;
           out.append(d);
         }
         return out;
       },
       "Every decision of the recognize_attention pass in this process, oldest first: where "
-      "(the softmax), rewritten, detail (the call made, or why the chain was left as written).");
+      "(the softmax), rewritten, detail (the call made, or why the chain was left as written); "
+      "recognize_causal_masks' decisions carry pass='recognize_causal_masks'.");
   m.def("clear_attention_patterns", &passes::clear_attention_patterns);
 }
 

@@ -298,6 +298,17 @@ def recompute_plan(plan: dict[str, Any]) -> None:
         report.write(stem + ".json", json.dumps(figures, indent=2))
 
 
+def _masks_note(patterns: list[dict[str, Any]]) -> str:
+    """recognize_causal_masks' decisions in one line: how many attention calls took is_causal
+    (or dropped a mask that keeps everything), and why the others kept their masks."""
+    done = sum(p["rewritten"] for p in patterns)
+    note = f"{done} attention mask{'s' if done != 1 else ''} replaced"
+    kept = sorted({p["detail"].split(": ", 1)[-1] for p in patterns if not p["rewritten"]})
+    if kept:
+        note += f", {len(patterns) - done} kept ({'; '.join(kept)})"
+    return note
+
+
 def _patterns_note(patterns: list[dict[str, Any]]) -> str:
     """recognize_attention's decisions in one line: how many chains were rewritten, and why
     the others were left as written."""
@@ -389,8 +400,14 @@ class Lowering:
         self.attention_patterns = _C.attention_patterns()[self._patterns_before :]
         for r in ran:
             note = "changed the graph" if r["changed"] else "no change"
-            if r["name"] == "recognize_attention" and self.attention_patterns:
-                note += "; " + _patterns_note(self.attention_patterns)
+            if r["name"] == "recognize_attention":
+                chains = [p for p in self.attention_patterns if "pass" not in p]
+                if chains:
+                    note += "; " + _patterns_note(chains)
+            if r["name"] == "recognize_causal_masks":
+                masks = [p for p in self.attention_patterns if "pass" in p]
+                if masks:
+                    note += "; " + _masks_note(masks)
             self.stages.append(Stage(f"{self.kind}: pass {r['name']}", r["ms"], note))
         if self.dumping and self.attention_patterns:
             with self.report.writing():

@@ -241,22 +241,30 @@ def _plans(report: Any) -> str:
     return recompute + offload
 
 
+def _decision(pattern: dict[str, Any]) -> str:
+    if "pass" in pattern:
+        return "mask replaced" if pattern["rewritten"] else "mask kept"
+    return "rewritten" if pattern["rewritten"] else "left as written"
+
+
 def _attention(report: Any) -> str:
     rows = [
         f"<tr><td>{_e(low.kind)}</td><td>{_e(p['where'])}</td>"
-        f"<td>{'rewritten' if p['rewritten'] else 'left as written'}</td><td>{_e(p['detail'])}</td>"
+        f"<td>{_decision(p)}</td><td>{_e(p['detail'])}</td>"
         "</tr>"
         for low in report.lowerings
         for p in low.attention_patterns
     ]
     if not rows:
         return (
-            '<p class="note">no softmax fed by a matmul (recognize_attention, docs/passes.md)</p>'
+            '<p class="note">no softmax fed by a matmul and no attention mask built from token '
+            "positions (recognize_attention, recognize_causal_masks: docs/passes.md)</p>"
         )
     return (
         '<p class="note">Attention written out as matmuls and a softmax: the recognize_attention '
-        "pass's decision for each softmax (docs/passes.md).</p>"
-        '<table id="attention"><tr><th>graph</th><th>softmax</th><th>decision</th><th>detail</th>'
+        "pass's decision for each softmax; attention calls handed a mask built from token "
+        "positions: recognize_causal_masks' decision (docs/passes.md).</p>"
+        '<table id="attention"><tr><th>graph</th><th>where</th><th>decision</th><th>detail</th>'
         "</tr>" + "".join(rows) + "</table>"
     )
 

@@ -131,7 +131,10 @@ def attention_patterns() -> list[dict[str, Any]]:
     ``rewritten`` and ``detail`` (the call it became, with its mask, causality and scale, or why
     the chain was left as written). The C++ pass decides for inference graphs; training
     captures are rewritten before AOTAutograd (``_attention_fx``), their entries marked
-    ``graph: "training"`` and listed after the inference ones."""
+    ``graph: "training"`` and listed after the inference ones. The ``recognize_causal_masks``
+    pass records its decisions here too, marked ``pass: "recognize_causal_masks"``: ``where`` is
+    the attention call, ``rewritten`` whether its mask, built from token positions, became
+    ``is_causal`` (or was dropped as keeping everything)."""
     from magi_compiler import _C, _attention_fx
 
     return _C.attention_patterns() + list(_attention_fx.patterns)

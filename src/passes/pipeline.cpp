@@ -31,6 +31,8 @@ constexpr PassEntry kPipeline[] = {
      [](ir::Graph& g, const PipelineOptions&) { return constants_to_device(g); }},
     {"recognize_attention",
      [](ir::Graph& g, const PipelineOptions&) { return recognize_attention(g); }},
+    {"recognize_causal_masks",
+     [](ir::Graph& g, const PipelineOptions&) { return recognize_causal_masks(g); }},
     {"group_query_attention",
      [](ir::Graph& g, const PipelineOptions&) { return group_query_attention(g); }},
     {"write_inputs_in_place",

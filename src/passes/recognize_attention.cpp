@@ -582,6 +582,11 @@ std::vector<AttentionPattern> attention_patterns() {
   return patterns();
 }
 
+void record_attention_pattern(AttentionPattern pattern) {
+  std::lock_guard<std::mutex> lock(patterns_mutex);
+  patterns().push_back(std::move(pattern));
+}
+
 void clear_attention_patterns() {
   std::lock_guard<std::mutex> lock(patterns_mutex);
   patterns().clear();

@@ -369,6 +369,35 @@ def test_hugging_face_eager_attention_runs_as_one_sdpa_call(mode, assert_close_r
     assert "aten::_softmax" not in text, text
 
 
+@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+def test_hugging_face_sdpa_mask_built_under_the_trace_becomes_is_causal(mode, assert_close_rel):
+    """transformers' Llama with its default SDPA attention in bf16, called without an
+    attention_mask: under the trace masking_utils builds the [1, 1, S, S] causal mask from
+    positions; recognize_causal_masks hands every layer's CUDA attention call is_causal
+    instead, no S x S tensor is left, and the logits match eager's (which uses is_causal)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    inspection.clear()
+    compiled = magi_compile(copy.deepcopy(eager), config_patch={"cudagraph_mode": mode})
+    with torch.no_grad():
+        for batch in (1, 4):
+            ids = torch.randint(0, 512, (batch, 96), device="cuda")
+            want = eager(input_ids=ids, use_cache=False).logits
+            got = compiled(input_ids=ids, use_cache=False).logits
+            assert_close_rel(got.float(), want.float(), RTOL)
+    text = str(inspection.last_compiled().graph)
+    assert "96, 96]" not in text, text
+    masks = [
+        p for p in inspection.attention_patterns() if p.get("pass") == "recognize_causal_masks"
+    ]
+    assert len(masks) >= 2 and all(p["rewritten"] for p in masks), masks
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["causal", "causal+padding"])
 def test_written_out_attention_trains_through_fused_kernels(padded, assert_close_rel):
     """A training step of attention written out by hand (causal tril mask, optional padding

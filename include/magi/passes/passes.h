@@ -33,6 +33,14 @@ bool eliminate_common_subexpressions(ir::Graph& graph,
 /// See src/passes/constants_to_device.cpp.
 bool constants_to_device(ir::Graph& graph);
 
+/// Gives an attention call (SDPA and its CPU, memory-efficient and cuDNN forms) whose only used
+/// output is the attention output is_causal instead of a mask the graph computes from token
+/// positions alone when that mask is the causal one (Hugging Face models build it this way under
+/// a trace), and drops a mask that keeps every entry; other masks stay. Each call with a mask is
+/// logged at INFO and recorded with recognize_attention's decisions.
+/// See src/passes/recognize_causal_masks.cpp.
+bool recognize_causal_masks(ir::Graph& graph);
+
 /// Hands CUDA flash and cuDNN attention calls whose key and value are repeated grouped-query
 /// heads (repeat_interleave along dim 1, Hugging Face's repeat_kv) the unrepeated tensors;
 /// both backends read grouped heads themselves. Forward calls whose logsumexp or RNG state is
