@@ -55,6 +55,7 @@ BENCHMARKS = (
     "zoo",
     "zoo_profile",
     "warm_start",
+    "long_prefill",
     "bandwidth",
     "host_overhead",
     "recompute",

@@ -28,6 +28,7 @@ def other_section(bench: str, doc: dict, kind: str, stamp: str, profile: dict | 
         "zoo": _zoo_section,
         "zoo_profile": _zoo_profile_section,
         "warm_start": _warm_start_section,
+        "long_prefill": _long_prefill_section,
     }
     return sections[bench](doc, kind, stamp)
 
@@ -666,3 +667,57 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
         if missing:
             lines += [f"Not measured (the run was cut short): {'; '.join(missing)}."]
     return "\n".join(lines) + "\n"
+
+
+def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/long_prefill.py: one prefill of 16k to 100k tokens, time and peak memory."""
+    meta = doc.get("meta", {})
+    labels = {"eager": "eager", "inductor": "torch.compile", "magi": "magi"}
+    real = meta.get("size") == "real"
+    models = {
+        "block": "written-out attention block"
+        + (" (hidden 2048, 16 heads, MLP 8192)" if real else " (hidden 64)"),
+        "llama": "HF LlamaForCausalLM" + (", Llama-3.2-1B shape" if real else ", tiny config"),
+    }
+    clock = "CUDA events" if meta.get("device_type") == "cuda" else "host clock"
+    lines = [
+        f"## {kind}: long-context prefill",
+        "",
+        stamp,
+        "",
+        f"`{meta.get('command', 'benchmarks/long_prefill.py')}` · {meta.get('dtype', '?')} · "
+        f"batch 1 · size {meta.get('size', '?')}. One forward over the prompt (the HF model "
+        "with `use_cache=False, logits_to_keep=1`); *ms*: median of "
+        f"{meta.get('runs', '?')} calls after a warm-up ({clock}); *GiB*: peak allocated "
+        "device memory over those calls; *error*: magi's max |magi − eager| over max |eager|. "
+        "Eager runs the HF model's SDPA attention with is_causal, and the block's attention "
+        "as written (S x S scores).",
+        "",
+    ]
+    rows = doc.get("rows", [])
+    by = {(r["model"], r["tokens"], r["variant"]): r for r in rows}
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "not run"
+        if "error" in r:
+            return _line(r["error"], 60)
+        peak = f", {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""
+        return f"{r['ms']:.1f} ms{peak}"
+
+    header = ["model", "tokens", *(labels[v] for v in labels), "magi vs torch.compile",
+              "lowest peak", "magi error"]  # fmt: skip
+    body = []
+    for model, tokens in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
+        cells = {v: by.get((model, tokens, v)) for v in labels}
+        magi, ind = cells["magi"], cells["inductor"]
+        ratio = "–"
+        if magi and ind and "ms" in magi and "ms" in ind:
+            ratio = f"{ind['ms'] / magi['ms']:.2f}×"
+        peaks = {v: c["peak_gib"] for v, c in cells.items() if c and "peak_gib" in c}
+        lowest = labels[min(peaks, key=peaks.get)] if peaks else "–"
+        err = f"{magi['max_rel_err']:.1e}" if magi and "max_rel_err" in magi else "–"
+        body.append([models.get(model, model), f"{tokens:,}", *(cell(cells[v]) for v in labels),
+                     ratio, lowest, err])  # fmt: skip
+    lines.append(table(header, body))
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo profile
+# Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo profile prefill
 # (default: the first four). On the GPU machine: builds into build/gpu, runs the CUDA tests,
 # the quick start and the benchmarks, writing logs and result JSON to $OUT. Needs .deps/
 # (tools/stage_deps.sh). The other tools call `tools/run_gpu.sh build` first.
@@ -10,6 +10,8 @@
 # for this GPU: a run cut short keeps the families done, and the next one adds the rest.
 # profile: tools/kernel_profile.py --zoo over ZOO_PROFILE (family:scenario:batch,...; default the
 # rows where magi was slower) into $OUT/zoo_profile.json, kept as cuda_<gpu>_zoo_profile.json.
+# prefill: benchmarks/long_prefill.py (PREFILL_ARGS more options, e.g. --tokens 16384,32768) into
+# $OUT/long_prefill.json, kept as cuda_<gpu>_long_prefill.json; at most 540 s.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
@@ -62,4 +64,9 @@ if has profile; then
   echo "== zoo profile $specs"
   timeout 540 python tools/kernel_profile.py --zoo "$specs" --variants inductor,magi,inductor_ro,magi_cg \
     --json "$OUT/zoo_profile.json" >"$OUT/zoo_profile.log" 2>&1 || tail -20 "$OUT/zoo_profile.log"
+fi
+if has prefill; then
+  echo "== long prefill ${PREFILL_ARGS:-}"
+  timeout 540 python benchmarks/long_prefill.py --device cuda ${PREFILL_ARGS:-} \
+    --out "$OUT/long_prefill.json" 2>&1 | tee "$OUT/long_prefill.log" | grep "^\["
 fi

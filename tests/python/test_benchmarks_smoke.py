@@ -410,3 +410,40 @@ def test_report_keeps_a_warm_start_run_cut_short(tmp_path):
     # 0.25 s warm against torch.compile's 2.5 s: 0.10x.
     assert any(ln.startswith("| 4-layer Llama stack | magi_compile | 4.00 | 0.25 | 0.06 | 0.10× |")
                for ln in lines), lines  # fmt: skip
+
+
+def test_long_prefill_runs_each_variant_and_reports_time_and_peak(tmp_path):
+    """long_prefill.py at 64 tokens on the CPU with eager and magi_compile: a row per
+    (model, length, variant), magi's output checked against eager's; then a CUDA-shaped run
+    (with an out-of-memory row) renders its table: ratios, the lowest peak, the error."""
+    from benchmarks import long_prefill, report
+
+    out = tmp_path / "lp.json"
+    doc = long_prefill.main(["--device", "cpu", "--tokens", "64", "--runs", "1",
+                             "--variants", "eager,magi", "--out", str(out)])  # fmt: skip
+    assert json.loads(out.read_text()) == doc
+    assert [(r["model"], r["variant"]) for r in doc["rows"]] == [
+        ("block", "eager"), ("block", "magi"), ("llama", "eager"), ("llama", "magi")
+    ]  # fmt: skip
+    for r in doc["rows"]:
+        assert "error" not in r and r["ms"] > 0 and r["tokens"] == 64, r
+        if r["variant"] == "magi":
+            assert r["max_rel_err"] < 1e-4, r
+
+    meta = {**doc["meta"], "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
+            "size": "real", "command": "python benchmarks/long_prefill.py --device cuda"}  # fmt: skip
+    rows = [
+        {"model": "block", "tokens": 100000, "variant": "eager", "error": "out of memory"},
+        {"model": "block", "tokens": 100000, "variant": "inductor", "ms": 300.0, "peak_gib": 40.0},
+        {"model": "block", "tokens": 100000, "variant": "magi", "ms": 200.0, "peak_gib": 12.5,
+         "max_rel_err": 3e-3},
+    ]  # fmt: skip
+    (tmp_path / "lp.json").write_text(json.dumps({"benchmark": "long_prefill", "meta": meta,
+                                                  "rows": rows}))  # fmt: skip
+    runs = report.latest_runs([tmp_path / "lp.json"])
+    text = report.render(runs)
+    assert "## H100: long-context prefill" in text, text
+    assert (
+        "| written-out attention block (hidden 2048, 16 heads, MLP 8192) | 100,000 | out of memory "
+        "| 300.0 ms, 40.0 GiB | 200.0 ms, 12.5 GiB | 1.50× | magi | 3.0e-03 |"
+    ) in text, text

@@ -1,0 +1,246 @@
+"""Long-context prefill: time and peak memory of one forward over 16k, 32k and 100k tokens at
+batch 1, for eager PyTorch, torch.compile and magi_compile side by side in one process.
+
+    python benchmarks/long_prefill.py --device cuda --out benchmarks/results/cuda_h100_long_prefill.json
+    python benchmarks/long_prefill.py --device cpu --size tiny
+
+Models:
+
+- ``block``: one pre-norm transformer block whose attention is written out as research code
+  writes it (``q @ k.transpose(-2, -1) * scale``, ``masked_fill`` with a ``torch.tril`` mask,
+  softmax in float32, ``@ v``) and a SiLU-gated MLP: hidden 2048, 16 heads, MLP 8192. Eager
+  materialises the S x S scores.
+- ``llama``: Hugging Face's ``LlamaForCausalLM`` at the Llama-3.2-1B shape (random weights,
+  ``zoo_models.py``), called as a prefill is: ``model(input_ids=..., use_cache=False,
+  logits_to_keep=1)``. Eager runs its SDPA attention with ``is_causal``; under a trace,
+  transformers builds the [1, 1, S, S] mask instead (recognize_causal_masks in docs/passes.md).
+
+Each (model, length, variant) compiles a fresh copy of the model (torch.compile with
+``dynamic=False``), times the first call on the host clock, then the median of ``--runs``
+calls with CUDA events (after one warm-up call), and records the peak of allocated device
+memory over those calls (``torch.cuda.max_memory_allocated``). An out-of-memory error is a row
+with the error, and the run goes on. Outputs are checked against eager's where eager ran.
+bf16 on CUDA, float32 on the CPU (the tiny size: 256 and 512 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("block", "llama")
+VARIANTS = ("eager", "inductor", "magi")
+TOKENS = {"real": (16384, 32768, 100000), "tiny": (256, 512)}
+
+
+class WrittenOutBlock(nn.Module):
+    """Pre-norm block with attention written out and a causal tril mask."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
+        self.gate = nn.Linear(hidden, intermediate, bias=False)
+        self.up = nn.Linear(hidden, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (
+            self.qkv(self.norm1(x)).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        )
+        att = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.head_dim))
+        mask = torch.tril(torch.ones(s, s, device=x.device))
+        att = att.masked_fill(mask == 0, float("-inf"))
+        att = F.softmax(att.float(), dim=-1).type_as(q)
+        x = x + self.o((att @ v).transpose(1, 2).reshape(b, s, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def build(model: str, size: str, device: str, dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    if model == "block":
+        dims = (2048, 16, 8192) if size == "real" else (64, 4, 256)
+        with torch.device(device):
+            return WrittenOutBlock(*dims).to(dtype).eval()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import zoo_models
+
+    return zoo_models.build(zoo_models.FAMILIES["llama"], size, device, dtype)
+
+
+def make_call(model: str, net: nn.Module, tokens: int, device: str, dtype: torch.dtype):
+    """The call of one prefill and what to compare of its result."""
+    g = torch.Generator(device="cpu").manual_seed(tokens)
+    if model == "block":
+        hidden = net.o.in_features
+        x = torch.randn(1, tokens, hidden, generator=g).to(device, dtype)
+        return lambda m: m(x)
+    ids = torch.randint(0, net.config.vocab_size, (1, tokens), generator=g).to(device)
+    return lambda m: m(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+
+def compile_variant(variant: str, net: nn.Module) -> nn.Module:
+    if variant == "eager":
+        return net
+    if variant == "inductor":
+        return torch.compile(net, dynamic=False)
+    from magi_compiler import magi_compile
+
+    return magi_compile(net)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_calls(fn, device: str, runs: int) -> float:
+    """Median ms per call, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(runs):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def run_one(model: str, variant: str, tokens: int, args: argparse.Namespace, reference: dict):
+    device, dtype = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
+    row: dict[str, Any] = {"model": model, "tokens": tokens, "variant": variant}
+    net = compiled = None
+    try:
+        net = build(model, args.size, device, dtype)
+        call = make_call(model, net, tokens, device, dtype)
+        compiled = compile_variant(variant, net)
+        with torch.no_grad():
+            if device == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            out = call(compiled)
+            _sync(device)
+            row["first_call_s"] = round(time.perf_counter() - start, 3)
+            out = out.float().cpu()
+            if variant == "eager":
+                reference[(model, tokens)] = out
+            elif (model, tokens) in reference:
+                want = reference[(model, tokens)]
+                row["max_rel_err"] = float(
+                    (out - want).abs().max() / want.abs().max().clamp_min(1e-12)
+                )
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            row["ms"] = round(time_calls(lambda: call(compiled), device, args.runs), 3)
+            if device == "cuda":
+                row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    except torch.OutOfMemoryError:
+        row["error"] = "out of memory"
+    except Exception as e:  # a failure is a row; the next variant still runs
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    finally:
+        net = compiled = None  # noqa: F841 (drops the model before the next row)
+        gc.collect()
+        torch._dynamo.reset()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def _commit() -> str:
+    if os.environ.get("MAGI_GIT_COMMIT"):
+        return os.environ["MAGI_GIT_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        return out.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--size", choices=("real", "tiny"), default=None, help="real on CUDA, tiny on CPU"
+    )
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--tokens", default=None, help="comma-separated lengths (default: per size)")
+    p.add_argument("--runs", type=int, default=3, help="timed calls per row (median)")
+    p.add_argument("--out", default=None, help="result JSON (default: print only)")
+    args = p.parse_args(argv)
+    args.size = args.size or ("real" if args.device == "cuda" else "tiny")
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS[args.size])
+    models = [m for m in args.models.split(",") if m]
+    variants = [v for v in args.variants.split(",") if v]
+    for name, given, known in (("model", models, MODELS), ("variant", variants, VARIANTS)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            p.error(f"unknown {name} {', '.join(unknown)}; known: {', '.join(known)}")
+    meta = {
+        "benchmark": "long_prefill",
+        "device_type": args.device,
+        "device_name": (
+            torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+        ),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _commit(),
+        "command": " ".join(
+            ["python", "benchmarks/long_prefill.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "size": args.size,
+        "dtype": "bfloat16" if args.device == "cuda" else "float32",
+        "runs": args.runs,
+    }
+    doc: dict[str, Any] = {"benchmark": "long_prefill", "meta": meta, "rows": []}
+    reference: dict = {}
+    total = len(models) * len(tokens) * len(variants)
+    for model in models:
+        for n in tokens:
+            for variant in variants:
+                row = run_one(model, variant, n, args, reference)
+                doc["rows"].append(row)
+                done = len(doc["rows"])
+                shown = (
+                    row.get("error") or f"{row['ms']:.1f} ms, peak {row.get('peak_gib', '-')} GiB"
+                )
+                print(f"[{done}/{total}] {model} {n} tokens {variant}: {shown}", flush=True)
+                if args.out:  # after each row: a run cut short keeps what it measured
+                    Path(args.out).write_text(json.dumps(doc, indent=1))
+            reference.pop((model, n), None)
+    return doc
+
+
+if __name__ == "__main__":
+    main()
