@@ -106,8 +106,11 @@ void bind_ir(py::module_& m) {
       .def(
           "run_pipeline",
           [](ir::Graph& g, const std::vector<std::string>& disabled,
-             const std::vector<std::string>& splitting_ops, py::object after_pass) {
+             const std::vector<std::string>& splitting_ops, py::object after_pass,
+             int64_t chunk_rows, const std::unordered_map<std::string, int64_t>& size_hints) {
             passes::PipelineOptions options;
+            options.chunk_rows = chunk_rows;
+            options.size_hints = ir::SymbolBindings(size_hints.begin(), size_hints.end());
             options.disabled.insert(disabled.begin(), disabled.end());
             options.splitting_ops = splitting_ops;
             if (!after_pass.is_none()) {
@@ -128,9 +131,13 @@ void bind_ir(py::module_& m) {
           },
           py::arg("disabled") = std::vector<std::string>{},
           py::arg("splitting_ops") = std::vector<std::string>{}, py::arg("after_pass") = py::none(),
+          py::arg("chunk_rows") = 0,
+          py::arg("size_hints") = std::unordered_map<std::string, int64_t>{},
           "Runs the pass pipeline in place; returns one record per pass. `splitting_ops` names "
           "operators to split at besides those registered as subgraph boundaries; "
-          "`after_pass(name)` is called after each pass that changed the graph (dumps).")
+          "`after_pass(name)` is called after each pass that changed the graph (dumps); "
+          "`chunk_rows`: rows per chunk of the chunk_rows pass (0: off); `size_hints`: the "
+          "compiling call's value of each symbolic size.")
       .def(
           "to_dot",
           [](const ir::Graph& g, const std::string& detail,

@@ -307,6 +307,7 @@ void bind_runtime(py::module_& m) {
           "before the first call with offloaded weights.")
       .def_property_readonly("num_piece_calls", &runtime::Executable::num_piece_calls)
       .def_property_readonly("num_pieces", &runtime::Executable::num_pieces)
+      .def_property_readonly("num_chunked_pieces", &runtime::Executable::num_chunked_pieces)
       .def_property_readonly("piece_call_sequence", &runtime::Executable::piece_call_sequence,
                              "For each piece call, in order, the index of the piece it runs.");
 

@@ -60,6 +60,8 @@ def lower_graph(
         list(config.pass_config.disabled_passes),
         list(config.splitting_ops),
         after_pass=lowering.after_pass,
+        chunk_rows=config.chunk_rows if kind == "inference" else 0,
+        size_hints=_recompute.size_hints(gm.graph) if kind == "inference" else {},
     )
     lowering.passes_done(records)
     executable = _C.Executable(
@@ -162,6 +164,8 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
                 ", ".join(sorted(devices)) or "no device",
             )
         return None
+    # Pieces called in row chunks (chunk_rows) run inside their caller's graph, not on their own.
+    split = executable.num_pieces > executable.num_chunked_pieces
     if mode == "FULL" and config.offload_config.model_cpu_offload:
         # One graph for the whole call cannot wait for copies started by the previous call,
         # nor notice weights changed in place: offloaded models use PIECEWISE graphs.
@@ -169,10 +173,10 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
             "full-graphs",
             "cudagraph_mode=FULL with model_cpu_offload: capturing the pieces only (PIECEWISE), "
             "the weight copies run between them%s",
-            "" if executable.num_pieces > 0 else "; this graph has no pieces, so no CUDA graphs",
+            "" if split else "; this graph has no pieces, so no CUDA graphs",
         )
         mode = "PIECEWISE"
-        if executable.num_pieces == 0:
+        if not split:
             return None
     ladder = bucket_ladder(config)
     # Offloaded weights reach the graphs as views of the engine's streaming buffers, new
@@ -181,7 +185,7 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
     keyed = [] if offloaded else keyed_inputs(getattr(_capturing, "info", None))
     if len(keyed) != executable.num_inputs:
         keyed = []  # the sources do not line up with the graph's inputs: key none
-    if mode == "PIECEWISE" and executable.num_pieces > 0:
+    if mode == "PIECEWISE" and split:
         executable.enable_piece_cuda_graphs(config.max_cuda_graphs, ladder, keyed)
         paddings = executable.piece_paddings
     else:
@@ -196,7 +200,7 @@ def _cuda_graph_runner(gm: torch.fx.GraphModule, kind: str, config: CompileConfi
                     where,
                     padding[len("not padded: ") :],
                 )
-    if mode == "PIECEWISE" and executable.num_pieces > 0:
+    if mode == "PIECEWISE" and split:
         return None
     return _C.CudaGraphRunner(executable, config.max_cuda_graphs, ladder, keyed)
 

@@ -116,6 +116,11 @@ class CompileConfig:
     # so Python state the forward reads (module attributes, globals) is assumed not to change
     # after the capture (MagiCompiler's contract). See docs/api.md#direct-dispatch.
     fast_dispatch_guards: str = "dynamo"
+    # Inference graphs: a stretch of row-wise work whose intermediates are wider than what it
+    # reads and returns (a transformer's MLP) runs in chunks of at most this many rows (tokens)
+    # when a call has more, so long prompts hold one chunk's intermediates at a time
+    # (the chunk_rows pass, docs/passes.md). 0: never.
+    chunk_rows: int = 8192
 
 
 # Fields that are accepted and documented but not acted on yet: setting one warns once.
@@ -339,6 +344,12 @@ def validate(cfg: CompileConfig) -> None:
         raise UserError(
             f"compile_sizes={cfg.compile_sizes!r}: {bad_sizes[0]!r} is not a batch size (an int "
             ">= 1); compile_sizes are the batch sizes CUDA graphs are captured for (docs/config.md)"
+        )
+    if not isinstance(cfg.chunk_rows, int) or cfg.chunk_rows < 0:
+        raise UserError(
+            f"chunk_rows={cfg.chunk_rows!r} is not a row count (an int >= 0; 0 turns chunking "
+            "off); it is how many tokens the MLP of a long prompt computes at a time "
+            "(docs/config.md)"
         )
     oc = cfg.offload_config
     if not 0.0 <= oc.gpu_resident_weight_ratio <= 1.0:

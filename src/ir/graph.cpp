@@ -313,6 +313,8 @@ Node* Graph::clone_node(const Node& node, std::vector<Value*> inputs) {
   copy->item_index_ = node.item_index_;
   copy->constant_ = node.constant_;
   copy->piece_ = node.piece_;
+  copy->chunk_rows_ = node.chunk_rows_;
+  copy->chunked_inputs_ = node.chunked_inputs_;
   copy->provenance_ = node.provenance_;
   for (size_t i = 0; i < node.outputs().size(); ++i) {
     const Value* from = node.outputs()[i];

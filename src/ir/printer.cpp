@@ -154,6 +154,12 @@ void print(std::ostream& os, const Graph& graph, const PrintOptions& options) {
           line << format_operand(node->input(0)) << "[" << node->item_index() << "]";
         } else {
           line << node->op_name() << "(" << join_operands(node->inputs()) << ")";
+          if (node->chunk_rows() > 0) {
+            line << " in chunks of " << node->chunk_rows() << " rows of";
+            for (size_t i = 0; i < node->chunked_inputs().size(); ++i) {
+              if (node->chunked_inputs()[i]) line << " %" << node->input(i)->name();
+            }
+          }
         }
       }
     }

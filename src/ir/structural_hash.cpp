@@ -39,6 +39,10 @@ class KeyWriter {
       case NodeKind::kCallPiece:
       case NodeKind::kFusion:
         os_ << " {" << structural_key(*node.piece()) << '}';
+        if (node.chunk_rows() > 0) {
+          os_ << " chunks " << node.chunk_rows() << ':';
+          for (bool c : node.chunked_inputs()) os_ << (c ? '1' : '0');
+        }
         break;
       default:
         break;

@@ -162,6 +162,26 @@ std::vector<std::string> verify_errors(const Graph& graph) {
                            value_kind_name(piece->outputs()[i]->kind()));
           }
         }
+        if (node->chunk_rows() > 0) {
+          const auto& chunked = node->chunked_inputs();
+          bool any = false;
+          for (size_t i = 0; i < chunked.size() && i < node->inputs().size(); ++i) {
+            if (!chunked[i]) continue;
+            any = true;
+            if (node->inputs()[i]->kind() != ValueKind::kTensor) {
+              fail(node, "chunked input " + std::to_string(i) + " is not a tensor");
+            }
+          }
+          if (chunked.size() != node->inputs().size() || !any) {
+            fail(node, "a call in row chunks must mark one flag per input, at least one set");
+          }
+          for (const Value* out : node->outputs()) {
+            if (out->kind() != ValueKind::kTensor)
+              fail(node, "a call in row chunks returns a non-tensor");
+          }
+          if (node->kind() != NodeKind::kCallPiece)
+            fail(node, "only a piece call runs in row chunks");
+        }
         break;
       }
     }

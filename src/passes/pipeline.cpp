@@ -43,6 +43,10 @@ constexpr PassEntry kPipeline[] = {
      [](ir::Graph& g, const PipelineOptions& o) {
        return split_at_boundaries(g, o.splitting_ops);
      }},
+    {"chunk_rows",
+     [](ir::Graph& g, const PipelineOptions& o) {
+       return chunk_rows(g, o.chunk_rows, o.size_hints);
+     }},
     {"fuse_groups", [](ir::Graph& g, const PipelineOptions&) { return fuse_groups(g); }},
 };
 

@@ -165,6 +165,45 @@ c10::IValue make_list(ir::ValueKind kind, std::vector<const c10::IValue*> items)
   return {};
 }
 
+// A piece call in row chunks (ir::Node::chunk_rows): the piece runs on slices of at most
+// `rows` rows of the chunked inputs, in chunks of equal size but the last, and each output's
+// slices are copied into one tensor of all the rows. No more rows than that: one plain call.
+std::vector<c10::IValue> run_in_row_chunks(const Executable& piece, std::vector<c10::IValue> args,
+                                           int64_t rows, const std::vector<bool>& chunked) {
+  int64_t total = -1;
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (!chunked[j]) continue;
+    const int64_t n = args[j].toTensor().size(0);
+    MAGI_CHECK(total < 0 || n == total, "a piece call in row chunks got inputs of ", total, " and ",
+               n, " rows");
+    total = n;
+  }
+  if (total <= rows) return piece.run(std::move(args));
+  const int64_t chunks = (total + rows - 1) / rows;
+  const int64_t step = (total + chunks - 1) / chunks;
+  std::vector<at::Tensor> whole;
+  for (int64_t begin = 0; begin < total; begin += step) {
+    const int64_t length = std::min(step, total - begin);
+    std::vector<c10::IValue> part;
+    part.reserve(args.size());
+    for (size_t j = 0; j < args.size(); ++j) {
+      part.push_back(chunked[j] ? c10::IValue(args[j].toTensor().narrow(0, begin, length))
+                                : args[j]);
+    }
+    std::vector<c10::IValue> results = piece.run(std::move(part));
+    for (size_t k = 0; k < results.size(); ++k) {
+      const at::Tensor& t = results[k].toTensor();
+      if (begin == 0) {
+        std::vector<int64_t> sizes = t.sizes().vec();
+        sizes[0] = total;
+        whole.push_back(at::empty(sizes, t.options()));
+      }
+      whole[k].narrow(0, begin, length).copy_(t);
+    }
+  }
+  return {whole.begin(), whole.end()};
+}
+
 }  // namespace
 
 void Executable::keep_folded_values(Program& p,
@@ -199,6 +238,12 @@ size_t Executable::num_folded_values() const {
   std::lock_guard<std::mutex> lock(program_->folded_mutex);
   return program_->folded_ready.load() ? program_->folded.size() : 0;
 }
+size_t Executable::num_chunked_pieces() const {
+  size_t n = 0;
+  for (bool c : program_->chunked_pieces) n += c;
+  return n;
+}
+
 size_t Executable::num_pieces() const {
   size_t n = 0;
   for (const auto& piece : program_->pieces) n += piece != nullptr;
@@ -258,9 +303,11 @@ void Executable::enable_piece_cuda_graphs(size_t max_graphs, std::vector<int64_t
   const std::vector<std::vector<bool>> keyed =
       keyed_piece_inputs(p.instrs, p.input_regs, keyed_inputs, p.pieces.size(), p.num_registers);
   for (size_t i = 0; i < p.pieces.size(); ++i) {
+    const bool chunked = i < p.chunked_pieces.size() && p.chunked_pieces[i];
     p.piece_graphs.push_back(
-        p.pieces[i] ? std::make_unique<CudaGraphRunner>(*p.pieces[i], max_graphs, ladder, keyed[i])
-                    : nullptr);
+        p.pieces[i] && !chunked
+            ? std::make_unique<CudaGraphRunner>(*p.pieces[i], max_graphs, ladder, keyed[i])
+            : nullptr);
   }
 }
 
@@ -615,7 +662,9 @@ std::vector<c10::IValue> Executable::run(std::vector<c10::IValue> inputs) const 
           args.push_back(instr.move_in[j] ? std::move(regs[r]) : get(r));
         }
         std::vector<c10::IValue> results =
-            (instr.piece < p.piece_graphs.size() && p.piece_graphs[instr.piece])
+            instr.chunk_rows > 0 ? run_in_row_chunks(*p.pieces[instr.piece], std::move(args),
+                                                     instr.chunk_rows, instr.chunked)
+            : (instr.piece < p.piece_graphs.size() && p.piece_graphs[instr.piece])
                 ? p.piece_graphs[instr.piece]->run(std::move(args))
                 : p.pieces[instr.piece]->run(std::move(args));
         for (size_t k = 0; k < instr.out.size(); ++k) {

@@ -341,6 +341,12 @@ Executable::Executable(const ir::Graph& graph, const ExecutorOptions& options)
       case ir::NodeKind::kCallPiece:
         instr.kind = InstrKind::kCallPiece;
         instr.piece = static_cast<size_t>(graph.piece_index(node->piece()));
+        instr.chunk_rows = node->chunk_rows();
+        instr.chunked = node->chunked_inputs();
+        if (instr.chunk_rows > 0) {
+          if (p.chunked_pieces.size() <= instr.piece) p.chunked_pieces.resize(instr.piece + 1);
+          p.chunked_pieces[instr.piece] = true;
+        }
         p.num_piece_calls++;
         p.num_calls += p.pieces[instr.piece]->num_operator_calls();
         p.draws_random |= p.pieces[instr.piece]->draws_random_numbers();

@@ -44,6 +44,8 @@ struct Instr {
   int64_t item_index = 0;                           // kGetItem
   size_t piece = 0;                                 // kCallPiece, kFusion: Program::pieces
   size_t attention = 0;                             // kAttention: Program::attention
+  int64_t chunk_rows = 0;                           // kCallPiece: rows per chunk (0: whole)
+  std::vector<bool> chunked;                        // kCallPiece: inputs cut into row chunks
   std::vector<Ref> in;
   std::vector<uint8_t> move_in;  // kCall, kCallPiece: move the register in (its last use)
   std::vector<Ref> out;          // kUnused for outputs nobody reads
@@ -139,6 +141,9 @@ struct Executable::Program {
   std::vector<std::unique_ptr<FusedKernel>> fused;  // one per fusion group (same indexing)
   // PIECEWISE CUDA graphs: one runner per called piece (same indexing), when enabled.
   std::vector<std::unique_ptr<CudaGraphRunner>> piece_graphs;
+  // Per piece (same indexing): called in row chunks (no CUDA graph of its own: the loop is
+  // part of the caller's run).
+  std::vector<bool> chunked_pieces;
   std::vector<std::unique_ptr<AttentionCall>> attention;
   std::vector<c10::IValue> constants;
   std::vector<Ref> input_regs;  // kUnused for inputs nobody reads

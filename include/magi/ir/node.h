@@ -97,6 +97,16 @@ class Node {
   const c10::IValue& constant() const { return constant_; }  ///< Constant only
   /// CallPiece only: the piece it runs, owned by this node's graph (several calls may share it).
   Graph* piece() const { return piece_; }
+  /// CallPiece only: when above 0, the call runs its piece over chunks of at most this many rows
+  /// (passes/chunk_rows.cpp): the inputs marked in chunked_inputs() are row tensors [rows, ...]
+  /// cut along dim 0, the others are passed whole, and every output is a row tensor the chunks'
+  /// results are stacked into. A call with no more rows than that runs the piece once.
+  int64_t chunk_rows() const { return chunk_rows_; }
+  const std::vector<bool>& chunked_inputs() const { return chunked_inputs_; }
+  void set_row_chunks(int64_t rows, std::vector<bool> chunked_inputs) {
+    chunk_rows_ = rows;
+    chunked_inputs_ = std::move(chunked_inputs);
+  }
 
   Provenance& provenance() { return provenance_; }
   const Provenance& provenance() const { return provenance_; }
@@ -114,6 +124,8 @@ class Node {
   int64_t item_index_ = 0;
   c10::IValue constant_;
   Graph* piece_ = nullptr;
+  int64_t chunk_rows_ = 0;
+  std::vector<bool> chunked_inputs_;
   Provenance provenance_;
 };
 

@@ -33,6 +33,14 @@ bool eliminate_common_subexpressions(ir::Graph& graph,
 /// See src/passes/constants_to_device.cpp.
 bool constants_to_device(ir::Graph& graph);
 
+/// Runs stretches of row-wise work (matmuls with weights, pointwise ops, norms, reshapes that
+/// keep the rows) whose materialised intermediates need more bytes per row than their inputs and
+/// outputs (a transformer's MLP) in chunks of at most `rows` rows: each such stretch becomes a
+/// piece called in row chunks (ir::Node::chunk_rows) when it is long: a constant row count of at
+/// least twice `rows`, or a symbolic one whose value in `size_hints` (the compiling call's) is
+/// above `rows`. Recurses into pieces. `rows` 0: no change. See src/passes/chunk_rows.cpp.
+bool chunk_rows(ir::Graph& graph, int64_t rows, const ir::SymbolBindings& size_hints = {});
+
 /// Gives an attention call (SDPA and its CPU, memory-efficient and cuDNN forms) whose only used
 /// output is the attention output is_causal instead of a mask the graph computes from token
 /// positions alone when that mask is the causal one (Hugging Face models build it this way under

@@ -24,6 +24,11 @@ struct PipelineOptions {
   std::set<std::string> disabled;  ///< merged with MAGI_DISABLE_PASSES
   /// Operators to split at besides those registered as boundaries (CompileConfig.splitting_ops).
   std::vector<std::string> splitting_ops;
+  /// Rows per chunk of the chunk_rows pass (CompileConfig.chunk_rows; 0 for training graphs,
+  /// which save the intermediates for their backward anyway): 0 switches it off.
+  int64_t chunk_rows = 0;
+  /// The compiling call's value of each symbolic size (chunk_rows reads them).
+  ir::SymbolBindings size_hints;
   bool verify_each = true;  ///< run the verifier after every pass
   /// Called after each pass that changed the graph (dumps hook in here).
   std::function<void(const std::string& pass, const ir::Graph&)> after_pass;

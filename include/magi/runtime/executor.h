@@ -106,6 +106,9 @@ class Executable {
   size_t num_piece_calls() const;
   /// Number of distinct pieces (each lowered once, however often it is called).
   size_t num_pieces() const;
+  /// Of those, the pieces called in row chunks (passes/chunk_rows.cpp): never CUDA-graphed on
+  /// their own, so a graph whose only pieces are these runs as one graph.
+  size_t num_chunked_pieces() const;
   /// Piece i, in the order of the graph's pieces().
   const Executable& piece(size_t i) const;
   /// PIECEWISE CUDA graphs: run each piece through its own CudaGraphRunner (boundary ops stay
