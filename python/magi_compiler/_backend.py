@@ -43,11 +43,13 @@ def lower_graph(
     config: CompileConfig,
     from_cache: bool = False,
     saved_from: int | None = None,
+    size_hints: dict[str, int] | None = None,
 ) -> Callable:
     """Imports an ATen-level FX graph, runs the pipeline and returns a boxed callable.
     ``from_cache``: the graph comes from the compiled-module cache, not from AOTAutograd.
     ``saved_from``: a training forward's first saved-for-backward output, when known (else
-    read from AOTAutograd's metadata)."""
+    read from AOTAutograd's metadata). ``size_hints``: the compiling call's value of each
+    symbolic size (else read from the graph's shape environment)."""
     start = time.perf_counter()
     if not from_cache:
         _record_for_cache(gm, kind)
@@ -61,7 +63,9 @@ def lower_graph(
         list(config.splitting_ops),
         after_pass=lowering.after_pass,
         chunk_rows=config.chunk_rows if kind == "inference" else 0,
-        size_hints=_recompute.size_hints(gm.graph) if kind == "inference" else {},
+        size_hints=(_recompute.size_hints(gm.graph) if size_hints is None else size_hints)
+        if kind == "inference"
+        else {},
     )
     lowering.passes_done(records)
     executable = _C.Executable(
@@ -329,7 +333,12 @@ def _record_for_cache(gm: torch.fx.GraphModule, kind: str) -> None:
         return
     # Pickled when the entry is written, on the cache's writer thread.
     artifact = _compile_cache.GraphArtifact(
-        None, capture["sources"], capture["side_effect_free"], _cache_record.num_inputs, gm=gm
+        None,
+        capture["sources"],
+        capture["side_effect_free"],
+        _cache_record.num_inputs,
+        size_hints=_recompute.size_hints(gm.graph),
+        gm=gm,
     )
     graphs.append((kind, artifact, ""))
 
@@ -372,7 +381,7 @@ def lower_cached_graph(gm: torch.fx.GraphModule, artifact: Any, config: CompileC
     """The runner of a graph loaded from the compiled-module cache."""
     _capturing.info = {"sources": artifact.sources, "side_effect_free": artifact.side_effect_free}
     try:
-        return lower_graph(gm, "inference", config, from_cache=True)
+        return lower_graph(gm, "inference", config, from_cache=True, size_hints=artifact.size_hints)
     finally:
         _capturing.info = None
 

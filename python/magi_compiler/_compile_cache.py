@@ -54,7 +54,7 @@ from magi_compiler import _counters
 from magi_compiler._cached_graph import pickle_graph, unpickle_graph
 from magi_compiler._logging import logger
 
-FORMAT = 2  # bump when the entry layout changes: old entries become misses
+FORMAT = 3  # bump when the entry layout changes: old entries become misses
 _MAGIC = b"MAGI-MODULE-CACHE\n"
 _ENTRY_SUFFIX = ".entry"
 _META_SUFFIX = ".json"
@@ -198,6 +198,9 @@ class GraphArtifact:
     sources: list[str] | None  # where each input came from (direct calls need them)
     side_effect_free: bool
     num_inputs: int
+    # The capturing call's value of each symbolic size: passes that decide by size (chunk_rows)
+    # decide in a warm process as they did in the cold one.
+    size_hints: dict[str, int] = dataclasses.field(default_factory=dict)
     gm: Any = dataclasses.field(default=None, repr=False, compare=False)  # until pickled
 
     def materialize(self) -> None:

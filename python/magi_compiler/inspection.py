@@ -35,7 +35,7 @@ __all__ = [
 @dataclass(frozen=True)
 class CompiledGraphInfo:
     kind: str  #: "forward", "backward" or "inference"
-    num_pieces: int  #: piece calls per run; 0 when the graph was not split
+    num_pieces: int  #: piece calls per run (calls in row chunks, chunk_rows, included); 0: none
     num_unique_pieces: int  #: distinct pieces (identical ones are compiled once)
     piece_sequence: tuple[int, ...]  #: for each piece call, in order, the distinct piece it runs
     boundary_ops: tuple[str, ...]  #: boundary operator calls between the pieces, in order

@@ -26,7 +26,7 @@ spec = json.loads(sys.argv[1])
 sys.path.insert(0, spec["dir"])
 
 import magi_compiler  # noqa: E402
-from magi_compiler import _compile_cache  # noqa: E402
+from magi_compiler import _compile_cache, inspection  # noqa: E402
 
 if "torch" in spec.get("fake", {}):
     torch.__version__ = spec["fake"]["torch"]
@@ -78,8 +78,24 @@ for rows, cols in spec["shapes"]:
         errors += [relative(a, e) for a, e in zip(ours, eager, strict=True)]
 
 counters = magi_compiler.get_counters().as_dict()
+# Piece calls in row chunks (chunk_rows) in the graphs this process compiled or loaded.
+chunked = sum(
+    str(info.graph).count(" in chunks of ")
+    for info in inspection.compiled_graphs()
+    if info.graph is not None
+)
 counters.update(magi_compiler._C.compiler_stats())
 # Modules a capture needs and a call served from the cache does not.
 capture_only = ("torch._functorch.aot_autograd", "torch._dynamo.repro.after_dynamo")
 imported = [name for name in capture_only if name in sys.modules]
-print(json.dumps({"counters": counters, "errors": errors, "log": records, "imported": imported}))
+print(
+    json.dumps(
+        {
+            "counters": counters,
+            "errors": errors,
+            "log": records,
+            "imported": imported,
+            "chunked": chunked,
+        }
+    )
+)

@@ -116,6 +116,18 @@ def test_a_warm_process_neither_captures_nor_compiles(tmp_path):
     assert _logged(warm, "loaded 2 compiled graph(s)")
 
 
+def test_a_warm_process_chunks_rows_as_the_cold_one_did(tmp_path):
+    """chunk_rows outlines a symbolic row count by the compiling call's size; the entry keeps
+    those sizes, so a warm process runs the same pieces in row chunks, with eager's numbers."""
+    _workdir(tmp_path)
+    patch = {"chunk_rows": 2}
+    cold = _run(tmp_path, shapes=[[8, 16], [6, 16]], patch=patch)
+    assert cold["chunked"] == 1, cold  # the model's MLP, over the symbolic batch
+    warm = _run(tmp_path, shapes=[[9, 16], [5, 16]], patch=patch)
+    assert warm["counters"]["captures"] == 0 and warm["counters"]["cache_loaded_graphs"] == 1
+    assert warm["chunked"] == 1, warm
+
+
 def test_each_key_part_is_a_miss_that_names_itself(tmp_path):
     _workdir(tmp_path)
     _run(tmp_path, op_flag=False)
