@@ -216,12 +216,13 @@ class Chunker {
     if (!rows) return false;
     rows_ = *rows;
     if (rows_.is_constant() && rows_.constant_value() < 2 * chunk_rows_) return false;
+    region_.clear();
+    region_set_.clear();
+    if (!row_wise(seed)) return false;  // a row operand with a symbolic width, a full bias
     if (!rows_.is_constant()) {
       const auto hint = rows_.try_evaluate(hints_);
       if (!hint || *hint <= chunk_rows_) return false;
     }
-    region_.clear();
-    region_set_.clear();
     std::unordered_set<const Node*> after;  // outside nodes that read the region, directly or not
     std::vector<Node*> moved;               // those between the seed and the region's last node
     bool started = false;
@@ -233,7 +234,7 @@ class Chunker {
         reads_region |= produced_inside(in);
         reads_after |= after.count(in->producer()) > 0;
       }
-      if (!reads_after && (n == seed || row_wise(n)) && !writes_memory(n)) {
+      if (!reads_after && row_wise(n) && !writes_memory(n)) {
         region_.push_back(n);
         region_set_.insert(n);
         continue;
@@ -256,6 +257,13 @@ class Chunker {
     }
     for (const Node* n : to_move) {
       if (writes_memory(n) || n->is_operator() && ir::is_random_operator(*n)) return false;
+    }
+    // The region's ops run at its last node: no write between the seed and there may move
+    // across them (nodes that stay where they are included).
+    const size_t first = position.at(seed);
+    for (const Node* n : graph_.nodes()) {
+      const size_t at = position.at(n);
+      if (at > first && at < last && !region_set_.count(n) && writes_memory(n)) return false;
     }
     if (!worth_chunking()) return false;
     outline(to_move);
@@ -467,6 +475,12 @@ class Chunker {
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
     static const c10::OperatorHandle reshape =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::reshape", "");
+    // Ops that may copy (reshape, flatten, unflatten) stay reshapes; views stay views.
+    const auto copies = [](const Node* n) {
+      const std::string name = n->op_name();
+      return name == "aten::reshape" || name == "aten::flatten.using_ints" ||
+             name == "aten::unflatten.int";
+    };
     const SymExpr r = SymExpr::symbol("rows");
     auto piece = std::make_unique<Graph>();
     std::unordered_map<const Value*, Value*> inside;
@@ -507,7 +521,8 @@ class Chunker {
         const Rows out = rows_of(n->output(0), rows_);
         std::vector<int64_t> sizes = {-1};
         sizes.insert(sizes.end(), out.tail.begin(), out.tail.end());
-        copy = piece->add_op(view, {map_operand(n->input(0)), size_list(*piece, sizes)});
+        copy = piece->add_op(copies(n) ? reshape : view,
+                             {map_operand(n->input(0)), size_list(*piece, sizes)});
         copy->provenance() = n->provenance();
         copy->output()->set_name(piece->unique_name(n->output()->name()));
       } else {

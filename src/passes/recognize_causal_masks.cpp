@@ -96,6 +96,11 @@ class Interpreter {
     const ir::TensorType* t = type_of(v);
     if (!e.known()) return e;
     if (t == nullptr) return e.is_constant() ? e : unknown();
+    // Positions are exact only in integer dtypes (and float64): a float32, bf16 or f16 tensor
+    // rounds large positions, so an affine value there is not followed.
+    const bool exact =
+        c10::isIntegralType(t->dtype, /*includeBool=*/false) || t->dtype == c10::kDouble;
+    if (e.kind == Entries::Kind::kAffine && !e.is_constant() && !exact) return unknown();
     const auto size_one = [&](int64_t d) {
       return d >= 0 && d < t->rank() && t->sizes[d] == ir::SymExpr(1);
     };
@@ -520,12 +525,20 @@ class Interpreter {
         return compare(op, operand(*node, 0), operand(*node, 1));
       }
     }
-    if (name == "aten::bitwise_and.Tensor" || name == "aten::logical_and" ||
-        name == "aten::__and__.Tensor") {
+    // Bitwise ops are logical ones on booleans only (2 & 1 is 0).
+    const auto booleans = [&] {
+      for (const ir::Value* in : node->inputs()) {
+        const ir::TensorType* t = type_of(in);
+        if (t != nullptr && t->dtype != c10::kBool) return false;
+      }
+      return true;
+    };
+    if (name == "aten::logical_and" ||
+        ((name == "aten::bitwise_and.Tensor" || name == "aten::__and__.Tensor") && booleans())) {
       return logical_and(operand(*node, 0), operand(*node, 1));
     }
-    if (name == "aten::bitwise_or.Tensor" || name == "aten::logical_or" ||
-        name == "aten::__or__.Tensor") {
+    if (name == "aten::logical_or" ||
+        ((name == "aten::bitwise_or.Tensor" || name == "aten::__or__.Tensor") && booleans())) {
       return logical_or(operand(*node, 0), operand(*node, 1));
     }
     if (name == "aten::logical_not" || name == "aten::bitwise_not") {

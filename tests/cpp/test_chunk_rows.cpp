@@ -93,5 +93,21 @@ TEST(ChunkRows, LeavesShortAndNarrowStretches) {
   EXPECT_EQ(chunked_call(narrow), nullptr);
 }
 
+TEST(ChunkRows, ASeedWithAPerRowBiasIsNoRegion) {
+  // addmm(bias[rows, 32], x, w1): the bias varies by row, so it cannot be passed whole.
+  Graph g;
+  const SymExpr rows = sym("s0");
+  Value* x = typed(g.add_tensor_input("x", tensor_type({rows, 8})), {rows, 8});
+  Value* bias = typed(g.add_tensor_input("bias", tensor_type({rows, 32})), {rows, 32});
+  Value* w1 = typed(g.add_tensor_input("w1", tensor_type({8, 32})), {8, 32});
+  Value* w2 = typed(g.add_tensor_input("w2", tensor_type({32, 8})), {32, 8});
+  Value* one = g.add_constant(1, ValueKind::kScalar);
+  Value* up = typed(named(g.add_op(op("aten::addmm"), {bias, x, w1, one, one}), "up"), {rows, 32});
+  Value* act = typed(named(g.add_op(op("aten::relu"), {up}), "act"), {rows, 32});
+  Value* down = typed(named(g.add_op(op("aten::mm"), {act, w2}), "down"), {rows, 8});
+  g.set_outputs({down});
+  EXPECT_FALSE(chunk_rows(g, 3, {{"s0", 10}})) << ir::to_string(g);
+}
+
 }  // namespace
 }  // namespace magi::passes

@@ -38,6 +38,9 @@ def _masks(kind: str, t: int, device: torch.device) -> torch.Tensor:
         return pos[None, :] <= pos[:, None] + 1
     if kind == "upper":  # keys at or after the query
         return pos[None, :] >= pos[:, None]
+    if kind == "float_positions":  # float positions round past 2**24: not followed
+        fpos = torch.arange(t, device=device, dtype=torch.float32)
+        return fpos[None, :] <= fpos[:, None]
     raise ValueError(kind)
 
 
@@ -106,6 +109,7 @@ def test_a_mask_that_keeps_everything_is_dropped(assert_close_rel):
     [
         ("offset", "the mask's diagonal is offset by 1 (a cached prefix or another alignment)"),
         ("upper", "the mask keeps the upper triangle (keys at or after the query), not the lower"),
+        ("float_positions", "the mask is built by operators the pass does not follow"),
     ],
 )
 def test_other_position_masks_are_kept_with_the_reason(kind, reason, assert_close_rel):
