@@ -20,6 +20,9 @@ Each (model, length, variant) compiles a fresh copy of the model (torch.compile 
 calls with CUDA events (after one warm-up call), and records the peak of allocated device
 memory over those calls (``torch.cuda.max_memory_allocated``). An out-of-memory error is a row
 with the error, and the run goes on. Outputs are checked against eager's where eager ran.
+Each row also carries the prefill's matmul FLOPs (the linear layers, and causal attention at
+2 S^2 D per layer); with the bf16 matrix rate measured at the start of the run (an 8192^3
+product), that gives the floor no implementation can beat.
 bf16 on CUDA, float32 on the CPU (the tiny size: 256 and 512 tokens).
 """
 
@@ -88,6 +91,39 @@ def build(model: str, size: str, device: str, dtype: torch.dtype) -> nn.Module:
     return zoo_models.build(zoo_models.FAMILIES["llama"], size, device, dtype)
 
 
+def prefill_flop(model: str, net: nn.Module, tokens: int) -> float:
+    """Matmul FLOPs of one prefill: 2 x rows x in x out per linear layer (the HF model's LM head
+    on the one kept position), and causal attention, 2 S^2 D per layer (QK^T and PV over half
+    the S x S entries, D = heads x head dim)."""
+    flop = 0.0
+    for name, m in net.named_modules():
+        if isinstance(m, nn.Linear):
+            rows = 1 if name.endswith("lm_head") else tokens
+            flop += 2.0 * rows * m.in_features * m.out_features
+    if model == "block":
+        layers, width = 1, net.o.in_features
+    else:
+        cfg = net.config
+        layers = cfg.num_hidden_layers
+        width = cfg.num_attention_heads * getattr(
+            cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads
+        )
+    return flop + layers * 2.0 * tokens * tokens * width
+
+
+def measured_matrix_tflops(device: str) -> float | None:
+    """bf16 TFLOP/s of an 8192^3 matrix product on random data (median of 10 after 3 warm-ups);
+    None on the CPU."""
+    if device != "cuda":
+        return None
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        a @ b  # warm-ups (time_calls adds a third)
+    ms = time_calls(lambda: a @ b, device, 10)
+    return 2 * 8192**3 / (ms * 1e-3) / 1e12
+
+
 def make_call(model: str, net: nn.Module, tokens: int, device: str, dtype: torch.dtype):
     """The call of one prefill and what to compare of its result."""
     g = torch.Generator(device="cpu").manual_seed(tokens)
@@ -139,6 +175,7 @@ def run_one(model: str, variant: str, tokens: int, args: argparse.Namespace, ref
     net = compiled = None
     try:
         net = build(model, args.size, device, dtype)
+        row["flop"] = prefill_flop(model, net, tokens)
         call = make_call(model, net, tokens, device, dtype)
         compiled = compile_variant(variant, net)
         with torch.no_grad():
@@ -222,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         "size": args.size,
         "dtype": "bfloat16" if args.device == "cuda" else "float32",
         "runs": args.runs,
+        "matrix_tflops": measured_matrix_tflops(args.device),
     }
     doc: dict[str, Any] = {"benchmark": "long_prefill", "meta": meta, "rows": []}
     reference: dict = {}

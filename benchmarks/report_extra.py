@@ -689,7 +689,15 @@ def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
         f"batch 1 · size {meta.get('size', '?')}. One forward over the prompt (the HF model "
         "with `use_cache=False, logits_to_keep=1`); *ms*: median of "
         f"{meta.get('runs', '?')} calls after a warm-up ({clock}); *GiB*: peak allocated "
-        "device memory over those calls; *error*: magi's max |magi − eager| over max |eager|. "
+        "device memory over those calls; *error*: magi's max |magi − eager| over max |eager|; "
+        "*floor*: the prefill's matmul FLOPs (linear layers, causal attention at 2·S²·D per "
+        "layer) at the bf16 matrix rate measured in the run"
+        + (
+            f" ({meta['matrix_tflops']:.0f} TFLOP/s)"
+            if meta.get("matrix_tflops")
+            else " (not measured on the CPU)"
+        )
+        + ". "
         "Eager runs the HF model's SDPA attention with is_causal, and the block's attention "
         "as written (S x S scores).",
         "",
@@ -705,8 +713,8 @@ def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
         peak = f", {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""
         return f"{r['ms']:.1f} ms{peak}"
 
-    header = ["model", "tokens", *(labels[v] for v in labels), "magi vs torch.compile",
-              "lowest peak", "magi error"]  # fmt: skip
+    header = ["model", "tokens", "TFLOP", "floor ms", *(labels[v] for v in labels),
+              "magi vs torch.compile", "lowest peak", "magi error"]  # fmt: skip
     body = []
     for model, tokens in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
         cells = {v: by.get((model, tokens, v)) for v in labels}
@@ -717,7 +725,11 @@ def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
         peaks = {v: c["peak_gib"] for v, c in cells.items() if c and "peak_gib" in c}
         lowest = labels[min(peaks, key=peaks.get)] if peaks else "–"
         err = f"{magi['max_rel_err']:.1e}" if magi and "max_rel_err" in magi else "–"
-        body.append([models.get(model, model), f"{tokens:,}", *(cell(cells[v]) for v in labels),
-                     ratio, lowest, err])  # fmt: skip
+        flop = next((c["flop"] for c in cells.values() if c and "flop" in c), None)
+        rate = meta.get("matrix_tflops")
+        floor = f"{flop / (rate * 1e12) * 1e3:.1f}" if flop and rate else "–"
+        body.append([models.get(model, model), f"{tokens:,}",
+                     f"{flop / 1e12:.1f}" if flop else "–", floor,
+                     *(cell(cells[v]) for v in labels), ratio, lowest, err])  # fmt: skip
     lines.append(table(header, body))
     return "\n".join(lines)

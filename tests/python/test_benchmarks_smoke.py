@@ -430,13 +430,22 @@ def test_long_prefill_runs_each_variant_and_reports_time_and_peak(tmp_path):
         if r["variant"] == "magi":
             assert r["max_rel_err"] < 1e-4, r
 
+    # FLOPs of the block at 64 tokens: its five linear layers, and causal attention 2 S^2 D.
+    d, i, s = 64, 256, 64
+    linear = 2 * s * (d * 3 * d + d * d + 2 * d * i + i * d)
+    assert doc["rows"][0]["flop"] == linear + 2 * s * s * d
+    assert doc["meta"]["matrix_tflops"] is None  # measured on CUDA only
+
     meta = {**doc["meta"], "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
-            "size": "real", "command": "python benchmarks/long_prefill.py --device cuda"}  # fmt: skip
+            "size": "real", "command": "python benchmarks/long_prefill.py --device cuda",
+            "matrix_tflops": 800.0}  # fmt: skip
     rows = [
-        {"model": "block", "tokens": 100000, "variant": "eager", "error": "out of memory"},
-        {"model": "block", "tokens": 100000, "variant": "inductor", "ms": 300.0, "peak_gib": 40.0},
+        {"model": "block", "tokens": 100000, "variant": "eager", "error": "out of memory",
+         "flop": 1.6e14},
+        {"model": "block", "tokens": 100000, "variant": "inductor", "ms": 300.0, "peak_gib": 40.0,
+         "flop": 1.6e14},
         {"model": "block", "tokens": 100000, "variant": "magi", "ms": 200.0, "peak_gib": 12.5,
-         "max_rel_err": 3e-3},
+         "max_rel_err": 3e-3, "flop": 1.6e14},
     ]  # fmt: skip
     (tmp_path / "lp.json").write_text(json.dumps({"benchmark": "long_prefill", "meta": meta,
                                                   "rows": rows}))  # fmt: skip
@@ -444,6 +453,7 @@ def test_long_prefill_runs_each_variant_and_reports_time_and_peak(tmp_path):
     text = report.render(runs)
     assert "## H100: long-context prefill" in text, text
     assert (
-        "| written-out attention block (hidden 2048, 16 heads, MLP 8192) | 100,000 | out of memory "
+        "| written-out attention block (hidden 2048, 16 heads, MLP 8192) | 100,000 | 160.0 | 200.0 "
+        "| out of memory "
         "| 300.0 ms, 40.0 GiB | 200.0 ms, 12.5 GiB | 1.50× | magi | 3.0e-03 |"
     ) in text, text
