@@ -3,6 +3,11 @@ batch 1, for eager PyTorch, torch.compile and magi_compile side by side in one p
 
     python benchmarks/long_prefill.py --device cuda --out benchmarks/results/cuda_h100_long_prefill.json
     python benchmarks/long_prefill.py --device cpu --size tiny
+    python benchmarks/long_prefill.py --device cuda --models llama --tokens 100000 --out F --append
+
+A run too long for one command splits with ``--models``/``--tokens`` and ``--append``: rows of
+the same model, length and variant are replaced, the others kept, and the meta lists each
+command.
 
 Models:
 
@@ -235,6 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", default=None, help="comma-separated lengths (default: per size)")
     p.add_argument("--runs", type=int, default=3, help="timed calls per row (median)")
     p.add_argument("--out", default=None, help="result JSON (default: print only)")
+    p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
     args.size = args.size or ("real" if args.device == "cuda" else "tiny")
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS[args.size])
@@ -262,14 +268,28 @@ def main(argv: list[str] | None = None) -> dict:
         "matrix_tflops": measured_matrix_tflops(args.device),
     }
     doc: dict[str, Any] = {"benchmark": "long_prefill", "meta": meta, "rows": []}
+    if args.append and args.out and Path(args.out).exists():
+        old = json.loads(Path(args.out).read_text())
+        asked = {(m, n, v) for m in models for n in tokens for v in variants}
+        doc["rows"] = [
+            r for r in old.get("rows", []) if (r["model"], r["tokens"], r["variant"]) not in asked
+        ]
+        meta["commands"] = [
+            *old.get("meta", {}).get("commands", [old.get("meta", {}).get("command")]),
+            meta["command"],
+        ]
     reference: dict = {}
-    total = len(models) * len(tokens) * len(variants)
+    total, done = len(models) * len(tokens) * len(variants), 0
+    order = {name: i for i, name in enumerate((*MODELS, *VARIANTS))}
     for model in models:
         for n in tokens:
             for variant in variants:
                 row = run_one(model, variant, n, args, reference)
                 doc["rows"].append(row)
-                done = len(doc["rows"])
+                doc["rows"].sort(
+                    key=lambda r: (order[r["model"]], r["tokens"], order[r["variant"]])
+                )
+                done += 1
                 shown = (
                     row.get("error") or f"{row['ms']:.1f} ms, peak {row.get('peak_gib', '-')} GiB"
                 )

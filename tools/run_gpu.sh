@@ -10,8 +10,9 @@
 # for this GPU: a run cut short keeps the families done, and the next one adds the rest.
 # profile: tools/kernel_profile.py --zoo over ZOO_PROFILE (family:scenario:batch,...; default the
 # rows where magi was slower) into $OUT/zoo_profile.json, kept as cuda_<gpu>_zoo_profile.json.
-# prefill: benchmarks/long_prefill.py (PREFILL_ARGS more options, e.g. --tokens 16384,32768) into
-# $OUT/long_prefill.json, kept as cuda_<gpu>_long_prefill.json; at most 540 s.
+# prefill: benchmarks/long_prefill.py (PREFILL_ARGS more options, e.g. --models llama --tokens
+# 100000) appended to $OUT/long_prefill.json, which starts as a copy of
+# benchmarks/results/cuda_<gpu>_long_prefill.json when one exists; at most 540 s.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
@@ -66,7 +67,10 @@ if has profile; then
     --json "$OUT/zoo_profile.json" >"$OUT/zoo_profile.log" 2>&1 || tail -20 "$OUT/zoo_profile.log"
 fi
 if has prefill; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
+  kept="benchmarks/results/cuda_${gpu}_long_prefill.json"
+  [[ -e "$kept" && ! -e "$OUT/long_prefill.json" ]] && cp "$kept" "$OUT/long_prefill.json"
   echo "== long prefill ${PREFILL_ARGS:-}"
   timeout 540 python benchmarks/long_prefill.py --device cuda ${PREFILL_ARGS:-} \
-    --out "$OUT/long_prefill.json" 2>&1 | tee "$OUT/long_prefill.log" | grep "^\["
+    --out "$OUT/long_prefill.json" --append 2>&1 | tee "$OUT/long_prefill.log" | grep "^\["
 fi

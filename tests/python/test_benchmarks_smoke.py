@@ -422,6 +422,16 @@ def test_long_prefill_runs_each_variant_and_reports_time_and_peak(tmp_path):
     doc = long_prefill.main(["--device", "cpu", "--tokens", "64", "--runs", "1",
                              "--variants", "eager,magi", "--out", str(out)])  # fmt: skip
     assert json.loads(out.read_text()) == doc
+    # A second run of one model with --append replaces its rows and keeps the other model's.
+    again = long_prefill.main(["--device", "cpu", "--tokens", "64", "--runs", "1", "--models",
+                               "llama", "--variants", "eager,magi", "--out", str(out),
+                               "--append"])  # fmt: skip
+    assert [(r["model"], r["variant"]) for r in again["rows"]] == [
+        (r["model"], r["variant"]) for r in doc["rows"]
+    ]
+    assert again["rows"][0] == doc["rows"][0] and again["rows"][2] != doc["rows"][2]
+    assert len(again["meta"]["commands"]) == 2
+    doc = again
     assert [(r["model"], r["variant"]) for r in doc["rows"]] == [
         ("block", "eager"), ("block", "magi"), ("llama", "eager"), ("llama", "magi")
     ]  # fmt: skip
