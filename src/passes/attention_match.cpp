@@ -28,14 +28,12 @@ std::optional<int64_t> constant_int(const ir::Node& node, size_t i) {
   return v->toInt();
 }
 
-std::optional<double> constant_number(const ir::Node& node, size_t i) {
-  if (i >= node.inputs().size()) return std::nullopt;
-  const c10::IValue* v = ir::constant_input(node, i);
-  if (v == nullptr) return std::nullopt;
-  if (v->isDouble()) return v->toDouble();
-  if (v->isInt()) return static_cast<double>(v->toInt());
-  if (v->isTensor()) {
-    const at::Tensor& t = v->toTensor();
+std::optional<double> number_of(const c10::IValue& v) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
     // Read in place: the pass may run under a fake-tensor mode that intercepts dispatched ops.
     if (!t.defined() || t.numel() != 1 || !t.device().is_cpu() || !t.has_storage()) {
       return std::nullopt;
@@ -49,11 +47,30 @@ std::optional<double> constant_number(const ir::Node& node, size_t i) {
         return static_cast<double>(*t.const_data_ptr<int64_t>());
       case c10::kInt:
         return static_cast<double>(*t.const_data_ptr<int32_t>());
+      case c10::kBool:
+        return *t.const_data_ptr<bool>() ? 1.0 : 0.0;
       default:
         return std::nullopt;
     }
   }
   return std::nullopt;
+}
+
+std::optional<double> constant_number(const ir::Node& node, size_t i) {
+  if (i >= node.inputs().size()) return std::nullopt;
+  const c10::IValue* v = ir::constant_input(node, i);
+  if (v == nullptr || v->isBool()) return std::nullopt;
+  if (v->isTensor() && v->toTensor().defined() && v->toTensor().scalar_type() == c10::kBool) {
+    return std::nullopt;
+  }
+  return number_of(*v);
+}
+
+std::string node_location(const ir::Node& node) {
+  const auto& p = node.provenance();
+  std::string s = p.fx_name.empty() ? node.op_name() : p.fx_name;
+  if (!p.source.empty()) s += " (" + p.source + ")";
+  return s;
 }
 
 const ir::TensorType* type_of(const ir::Value* v) {

@@ -25,9 +25,14 @@ bool is_reshape(const ir::Node* node);
 ir::Node* only_user(const ir::Value* v);
 /// Input `i` of `node` as a constant int.
 std::optional<int64_t> constant_int(const ir::Node& node, size_t i);
+/// A literal as a number: an int, a float, a bool (1 or 0), or a one-element CPU tensor of
+/// such a dtype.
+std::optional<double> number_of(const c10::IValue& v);
 /// Input `i` of `node` as a constant number: an int, a float, or a one-element tensor constant
-/// (the capture turns the Python float of `x * scale` into a 0-d float64 tensor).
+/// (the capture turns the Python float of `x * scale` into a 0-d float64 tensor); not a bool.
 std::optional<double> constant_number(const ir::Node& node, size_t i);
+/// "fx_name (model.py:12 in forward)": where a node came from, for logs and decisions.
+std::string node_location(const ir::Node& node);
 const ir::TensorType* type_of(const ir::Value* v);
 /// Does `dim` of a tensor of rank `rank` name one of its last two dims?
 bool in_last_two(int64_t dim, int64_t rank);

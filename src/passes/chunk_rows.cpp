@@ -436,7 +436,7 @@ class Chunker {
     return symbolic <= 1;
   }
 
-  // A reshape list: the sizes of `v` with its one symbolic size (if any) as -1.
+  // A constant int list (reshape sizes), in `g`.
   Value* size_list(Graph& g, const std::vector<int64_t>& sizes) {
     return g.add_constant(c10::IValue(sizes), ValueKind::kIntList);
   }

@@ -557,15 +557,8 @@ std::vector<AttentionPattern>& patterns() {
 
 void record(const ir::Node& softmax, bool rewritten, const std::string& detail);
 
-std::string where(const ir::Node& node) {
-  const auto& p = node.provenance();
-  std::string s = p.fx_name.empty() ? node.op_name() : p.fx_name;
-  if (!p.source.empty()) s += " (" + p.source + ")";
-  return s;
-}
-
 void record(const ir::Node& softmax, bool rewritten, const std::string& detail) {
-  const std::string at = where(softmax);
+  const std::string at = node_location(softmax);
   if (rewritten) {
     MAGI_LOG_INFO("recognize_attention: ", at, ": rewritten as ", detail);
   } else {
@@ -616,7 +609,8 @@ bool recognize_attention(ir::Graph& graph) {
     }
     std::string scores_why = match_scores(node->input(0), chain, candidate, upcast, scores_dtype);
     if (!candidate) {
-      MAGI_LOG_DEBUG("recognize_attention: ", where(*node), ": not attention (", scores_why, ")");
+      MAGI_LOG_DEBUG("recognize_attention: ", node_location(*node), ": not attention (", scores_why,
+                     ")");
       continue;
     }
     if (why.empty()) why = scores_why;

@@ -40,7 +40,6 @@ namespace {
 using attention_match::constant_int;
 using attention_match::constant_number;
 using attention_match::is_masking_value;
-using attention_match::is_op;
 using attention_match::type_of;
 
 // What each entry of a tensor holds as a function of its index i.
@@ -344,7 +343,6 @@ class Interpreter {
     const int64_t rank = rank_of(node.output());
     const auto dim = normalised_dim(constant_int(node, 1), rank);
     if (!dim) return unknown();
-    // Walk the pieces from the last: the sequence is fixed by the last affine piece.
     std::vector<std::pair<Entries, int64_t>> pieces;  // entries, length along dim
     for (const ir::Value* piece : list->inputs()) {
       const ir::TensorType* t = type_of(piece);
@@ -394,31 +392,8 @@ class Interpreter {
     const ir::Node* node = v->producer();
     if (node == nullptr) return unknown();
     if (node->kind() == ir::NodeKind::kConstant) {
-      const c10::IValue& c = node->constant();
-      if (c.isInt()) return Entries::constant(static_cast<double>(c.toInt()));
-      if (c.isDouble()) return Entries::constant(c.toDouble());
-      if (c.isBool()) return Entries::constant(c.toBool() ? 1.0 : 0.0);
-      if (c.isTensor()) {
-        const at::Tensor& t = c.toTensor();
-        if (!t.defined() || t.numel() != 1 || !t.device().is_cpu() || !t.has_storage()) {
-          return unknown();
-        }
-        switch (t.scalar_type()) {
-          case c10::kLong:
-            return Entries::constant(static_cast<double>(*t.const_data_ptr<int64_t>()));
-          case c10::kInt:
-            return Entries::constant(*t.const_data_ptr<int32_t>());
-          case c10::kBool:
-            return Entries::constant(*t.const_data_ptr<bool>() ? 1.0 : 0.0);
-          case c10::kFloat:
-            return Entries::constant(*t.const_data_ptr<float>());
-          case c10::kDouble:
-            return Entries::constant(*t.const_data_ptr<double>());
-          default:
-            return unknown();
-        }
-      }
-      return unknown();
+      const auto n = attention_match::number_of(node->constant());
+      return n ? Entries::constant(*n) : unknown();
     }
     if (!node->is_operator() || node->kind() == ir::NodeKind::kCustomOp) return unknown();
     if (node->outputs().size() != 1 || v->kind() != ir::ValueKind::kTensor) return unknown();
@@ -586,13 +561,6 @@ std::optional<AttentionArgs> attention_args(const ir::Node& node) {
   return a;
 }
 
-std::string where_of(const ir::Node& node) {
-  const auto& p = node.provenance();
-  std::string s = p.fx_name.empty() ? node.op_name() : p.fx_name;
-  if (!p.source.empty()) s += " (" + p.source + ")";
-  return s;
-}
-
 // Why the mask of `node` cannot become is_causal, or "" when it is the causal mask (or keeps
 // everything: `*keeps_all`).
 std::string judge(Interpreter& interpreter, const ir::Node& node, const AttentionArgs& args,
@@ -669,7 +637,7 @@ bool recognize_causal_masks(ir::Graph& graph) {
     if (!args || node->input(args->mask)->kind() != ir::ValueKind::kTensor) continue;
     bool keeps_all = false;
     const std::string why = judge(interpreter, *node, *args, &keeps_all);
-    const std::string at = where_of(*node);
+    const std::string at = attention_match::node_location(*node);
     if (!why.empty() && reads_graph_input(node->input(args->mask), reads_input)) {
       MAGI_LOG_DEBUG("recognize_causal_masks: ", at, ": mask kept: it depends on the inputs");
       continue;
