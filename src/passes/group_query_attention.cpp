@@ -26,7 +26,10 @@
 // dtype's tolerance (tests/gpu/test_runtime_choices_cuda.py).
 //
 // Memory-efficient attention takes no grouped heads; AttentionCall leaves it out for such
-// calls.
+// calls. A memory-efficient forward over repeated heads without a mask, dropout or a read
+// logsumexp (an inference call: SDPA picks it when the trace had a mask, which
+// recognize_causal_masks may have turned into is_causal) becomes a flash call first, where
+// flash takes the dtype and head dim, and then reads the grouped heads like one.
 //
 // Requires: a verified graph. Guarantees: a verified graph computing the same outputs.
 #include <optional>
@@ -393,10 +396,63 @@ bool is_grouped_attention_copy(const ir::Node& clone) {
   return true;
 }
 
+// `node` as a flash call when it is an unmasked inference call of memory-efficient attention
+// over repeated heads that flash can run (bf16 or f16, a head dim that is a multiple of 8 up to
+// 256, on CUDA); otherwise `node`. The output keeps its type: both kernels return [b, L, h, d]
+// seen through a transpose.
+ir::Node* efficient_as_flash(ir::Graph& graph, ir::Node* node) {
+  // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
+  if (!is_op(node, "aten::_scaled_dot_product_efficient_attention") || node->inputs().size() != 8) {
+    return node;
+  }
+  for (size_t k = 1; k < node->outputs().size(); ++k) {
+    if (!node->output(k)->users().empty()) return node;
+  }
+  const c10::IValue* bias = ir::constant_input(*node, 3);
+  const c10::IValue* causal = ir::constant_input(*node, 6);
+  if (bias == nullptr || !(bias->isNone() || (bias->isTensor() && !bias->toTensor().defined())) ||
+      !no_dropout(*node, 5) || causal == nullptr || !causal->isBool()) {
+    return node;
+  }
+  const auto& q = node->input(0)->tensor_type();
+  const auto& out = node->output(0)->tensor_type();
+  if (!q || !out || q->rank() != 4 || !q->device.is_cuda() ||
+      (q->dtype != c10::kBFloat16 && q->dtype != c10::kHalf)) {
+    return node;
+  }
+  const ir::SymExpr& head_dim = q->sizes[3];
+  if (!head_dim.is_constant() || head_dim.constant_value() % 8 != 0 ||
+      head_dim.constant_value() > 256) {
+    return node;
+  }
+  const AttentionOp flash_op = {"aten::_scaled_dot_product_efficient_attention", false, 1, 5, {}};
+  if (!reads_repeated_heads(*node, flash_op)) return node;
+
+  graph.set_insert_point(node);
+  // _scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+  //                                     return_debug_mask, *, scale)
+  ir::Node* flash =
+      graph.add_op(c10::Dispatcher::singleton().findSchemaOrThrow(
+                       "aten::_scaled_dot_product_flash_attention", ""),
+                   {node->input(0), node->input(1), node->input(2), node->input(5), node->input(6),
+                    graph.add_constant(false, ir::ValueKind::kBool), node->input(7)});
+  graph.set_insert_point(nullptr);
+  flash->provenance() = node->provenance();
+  flash->output(0)->set_tensor_type(*out);
+  flash->output(0)->set_name(graph.unique_name("attention"));
+  const std::vector<ir::Node*> readers = node->output(0)->users();
+  for (ir::Node* reader : readers) reader->replace_input(node->output(0), flash->output(0));
+  MAGI_LOG_DEBUG("group_query_attention: ", node->provenance().fx_name,
+                 " runs as flash attention, which reads grouped heads");
+  graph.erase(node);
+  return flash;
+}
+
 bool group_query_attention(ir::Graph& graph) {
   bool changed = false;
   bool bypassed_sums = false;
   for (ir::Node* node : graph.nodes()) {
+    node = efficient_as_flash(graph, node);
     const AttentionOp* op = attention_op(*node);
     if (op == nullptr) continue;
     if (op->backward) {

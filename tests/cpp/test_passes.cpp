@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "magi/common/error.h"
+#include "magi/ir/op_info.h"
 #include "magi/ir/printer.h"
 #include "magi/ir/verifier.h"
 #include "magi/passes/passes.h"
@@ -354,15 +355,21 @@ struct GroupedAttention {
   }
 
   // view(clone(expand(unsqueeze(x, dim), [b, 2, 2, 8, 16])), [b, 4, 8, 16]) of x: [b, 2, 8, 16]
-  static Value* repeat(test::Builder& b, Value* x, int64_t dim, const std::string& name) {
+  // (of head dim `d`, x's dtype and device)
+  static Value* repeat(test::Builder& b, Value* x, int64_t dim, const std::string& name,
+                       int64_t d = 16) {
     const ir::SymExpr s0 = x->tensor_type()->sizes[0];
-    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(dim)},
-                    test::tensor_type({s0, 2, 1, 8, 16}, test::kBF16), name + "_unsqueeze");
-    Value* e = b.op("aten::expand", "", {u, b.dims({-1, 2, 2, 8, 16}), b.flag(false)},
-                    test::tensor_type({s0, 2, 2, 8, 16}, test::kBF16), name + "_expand");
-    Value* c = b.op("aten::clone", "", {e, b.none()},
-                    test::tensor_type({s0, 2, 2, 8, 16}, test::kBF16), name + "_clone");
-    return b.view(c, {s0, 4, 8, 16}, name + "_rep");
+    const auto type = [&](std::vector<ir::SymExpr> sizes) {
+      ir::TensorType t = test::tensor_type(std::move(sizes), x->tensor_type()->dtype);
+      t.device = x->tensor_type()->device;
+      return t;
+    };
+    Value* u = b.op("aten::unsqueeze", "", {x, b.integer(dim)}, type({s0, 2, 1, 8, d}),
+                    name + "_unsqueeze");
+    Value* e = b.op("aten::expand", "", {u, b.dims({-1, 2, 2, 8, d}), b.flag(false)},
+                    type({s0, 2, 2, 8, d}), name + "_expand");
+    Value* c = b.op("aten::clone", "", {e, b.none()}, type({s0, 2, 2, 8, d}), name + "_clone");
+    return b.view(c, {s0, 4, 8, d}, name + "_rep");
   }
 };
 
@@ -404,6 +411,75 @@ TEST(GroupQueryAttention, CudnnWithAMaskReadsTheUnrepeatedHeadsToo) {
     EXPECT_EQ(count_ops(g, "aten::clone"), 0u);
     EXPECT_EQ(out->producer()->input(3), mask);
   }
+}
+
+// Memory-efficient attention over repeated heads, as SDPA traces a masked call whose mask
+// recognize_causal_masks replaced by is_causal: head dim `head_dim`, dtype `dtype`, on `device`.
+struct EfficientAttention {
+  Graph g;
+  Value *k = nullptr, *v = nullptr, *out = nullptr;
+
+  EfficientAttention(c10::Device device, c10::ScalarType dtype = test::kBF16, int64_t head_dim = 16,
+                     bool bias = false, bool lse_read = false) {
+    test::Builder b(g);
+    const auto input = [&](const char* name, int64_t heads) {
+      ir::TensorType t = test::tensor_type({4, heads, 8, head_dim}, dtype);
+      t.device = device;
+      return g.add_tensor_input(name, t);
+    };
+    Value* q = input("q", 4);
+    k = input("k", 2);
+    v = input("v", 2);
+    Value* k_rep = GroupedAttention::repeat(b, k, 2, "k", head_dim);
+    Value* v_rep = GroupedAttention::repeat(b, v, 2, "v", head_dim);
+    Value* mask = bias ? input("mask", 4) : b.none();
+    out = b.op("aten::_scaled_dot_product_efficient_attention", "",
+               {q, k_rep, v_rep, mask, b.flag(lse_read), b.floating(0.0), b.flag(true), b.none()},
+               *q->tensor_type(), "attention");
+    if (lse_read) {
+      g.set_outputs({out, out->producer()->output(1)});
+    } else {
+      g.set_outputs({out});
+    }
+  }
+};
+
+TEST(GroupQueryAttention, AnUnmaskedEfficientCallOnCudaRunsAsFlashOverGroupedHeads) {
+  EfficientAttention ea(c10::Device(c10::kCUDA, 0));
+  const ir::TensorType out_type = *ea.out->tensor_type();
+  EXPECT_TRUE(group_query_attention(ea.g));
+  ir::verify(ea.g);
+  EXPECT_EQ(count_ops(ea.g, "aten::_scaled_dot_product_efficient_attention"), 0u);
+  ASSERT_EQ(count_ops(ea.g, "aten::_scaled_dot_product_flash_attention"), 1u);
+  const Value* result = ea.g.outputs()[0];
+  const Node* flash = result->producer();
+  EXPECT_EQ(flash->op_name(), "aten::_scaled_dot_product_flash_attention");
+  EXPECT_EQ(flash->input(1), ea.k);
+  EXPECT_EQ(flash->input(2), ea.v);
+  EXPECT_EQ(ir::constant_input(*flash, 4)->toBool(), true) << "is_causal carried over";
+  EXPECT_EQ(ir::constant_input(*flash, 5)->toBool(), false) << "no debug mask";
+  EXPECT_TRUE(ir::constant_input(*flash, 6)->isNone()) << "the scale carried over";
+  EXPECT_EQ(result->tensor_type()->sizes, out_type.sizes);
+  EXPECT_EQ(result->tensor_type()->strides, out_type.strides);
+  EXPECT_EQ(result->tensor_type()->device, out_type.device);
+  EXPECT_EQ(count_ops(ea.g, "aten::clone"), 0u);
+  EXPECT_FALSE(group_query_attention(ea.g)) << "a second run changes nothing";
+}
+
+TEST(GroupQueryAttention, LeavesEfficientCallsFlashCannotTake) {
+  const auto untouched = [](const char* why, EfficientAttention&& ea) {
+    EXPECT_FALSE(group_query_attention(ea.g)) << why;
+    EXPECT_EQ(count_ops(ea.g, "aten::_scaled_dot_product_efficient_attention"), 1u) << why;
+    EXPECT_EQ(count_ops(ea.g, "aten::clone"), 2u) << why;
+  };
+  const c10::Device cuda(c10::kCUDA, 0);
+  untouched("on the CPU", EfficientAttention(c10::Device(c10::kCPU)));
+  untouched("float32", EfficientAttention(cuda, test::kF32));
+  untouched("head dim 20", EfficientAttention(cuda, test::kBF16, 20));
+  untouched("head dim 512", EfficientAttention(cuda, test::kBF16, 512));
+  untouched("a mask", EfficientAttention(cuda, test::kBF16, 16, /*bias=*/true));
+  untouched("its logsumexp read",
+            EfficientAttention(cuda, test::kBF16, 16, false, /*lse_read=*/true));
 }
 
 TEST(GroupQueryAttention, LeavesCallsItCannotRewrite) {

@@ -374,7 +374,9 @@ def test_hugging_face_sdpa_mask_built_under_the_trace_becomes_is_causal(mode, as
     """transformers' Llama with its default SDPA attention in bf16, called without an
     attention_mask: under the trace masking_utils builds the [1, 1, S, S] causal mask from
     positions; recognize_causal_masks hands every layer's CUDA attention call is_causal
-    instead, no S x S tensor is left, and the logits match eager's (which uses is_causal)."""
+    instead, no S x S tensor is left, and the logits match eager's (which uses is_causal). The
+    memory-efficient call SDPA traced for the mask runs as flash over the grouped key/value
+    heads, so the repeated copies of k and v go too."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -392,6 +394,8 @@ def test_hugging_face_sdpa_mask_built_under_the_trace_becomes_is_causal(mode, as
             assert_close_rel(got.float(), want.float(), RTOL)
     text = str(inspection.last_compiled().graph)
     assert "96, 96]" not in text, text
+    assert "_scaled_dot_product_efficient_attention" not in text, text
+    assert ", 2, 2, 96, 64]" not in text, "k and v are still repeated per query head:\n" + text
     masks = [
         p for p in inspection.attention_patterns() if p.get("pass") == "recognize_causal_masks"
     ]
