@@ -56,6 +56,7 @@ BENCHMARKS = (
     "zoo_profile",
     "warm_start",
     "long_prefill",
+    "decode",
     "bandwidth",
     "host_overhead",
     "recompute",

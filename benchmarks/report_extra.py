@@ -29,6 +29,7 @@ def other_section(bench: str, doc: dict, kind: str, stamp: str, profile: dict | 
         "zoo_profile": _zoo_profile_section,
         "warm_start": _warm_start_section,
         "long_prefill": _long_prefill_section,
+        "decode": _decode_section,
     }
     return sections[bench](doc, kind, stamp)
 
@@ -731,5 +732,58 @@ def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
         body.append([models.get(model, model), f"{tokens:,}",
                      f"{flop / 1e12:.1f}" if flop else "–", floor,
                      *(cell(cells[v]) for v in labels), ratio, lowest, err])  # fmt: skip
+    lines.append(table(header, body))
+    return "\n".join(lines)
+
+
+def _decode_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/decode.py: ms per token of greedy decode with a static KV cache."""
+    meta = doc.get("meta", {})
+    labels = {"eager": "eager", "inductor": "torch.compile reduce-overhead", "magi": "magi FULL"}
+    gbps = meta.get("copy_gbps")
+    model = "HF LlamaForCausalLM, " + (
+        "Llama-3.2-1B shape" if meta.get("size") == "real" else "tiny config"
+    )
+    lines = [
+        f"## {kind}: KV-cache decode",
+        "",
+        stamp,
+        "",
+        f"`{meta.get('command', 'benchmarks/decode.py')}` · {model} · {meta.get('dtype', '?')} · "
+        f"Hugging Face's StaticCache of *context* slots, all read every step. A {meta.get('prompt', '?')}"
+        f"-token prompt, then {meta.get('steps', '?')} greedy steps (`kv_cache.generate`); "
+        f"*ms/token*: median over {meta.get('runs', '?')} generations of one step's time "
+        "(one synchronisation per generation); *floor*: the bytes a step reads (every weight "
+        "once, every cache slot's keys and values) at the copy bandwidth measured in the run"
+        + (f" ({gbps:,.0f} GB/s)" if gbps else " (not measured on the CPU)")
+        + "; *agree*: the fraction of magi's greedy tokens equal to eager's.",
+        "",
+    ]
+    rows = doc.get("rows", [])
+    by = {(r["batch"], r["context"], r["variant"]): r for r in rows}
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "not run"
+        if "error" in r:
+            return _line(r["error"], 60)
+        return f"{r['ms_per_token']:.3f} ms ({r['tokens_per_s']:,.0f} tok/s)"
+
+    header = ["batch", "context", "floor ms", *labels.values(), "magi vs reduce-overhead",
+              "magi vs floor", "agree"]  # fmt: skip
+    body = []
+    for batch, context in dict.fromkeys((r["batch"], r["context"]) for r in rows):
+        cells = {v: by.get((batch, context, v)) for v in labels}
+        magi, ro = cells["magi"], cells["inductor"]
+        ok = [c for c in (magi, ro) if c and "ms_per_token" in c]
+        ratio = f"{ro['ms_per_token'] / magi['ms_per_token']:.2f}×" if len(ok) == 2 else "–"
+        nbytes = next((c["bytes"] for c in cells.values() if c and "bytes" in c), None)
+        floor = nbytes / (gbps * 1e9) * 1e3 if nbytes and gbps else None
+        vs_floor = "–"
+        if floor and magi and "ms_per_token" in magi:
+            vs_floor = f"{magi['ms_per_token'] / floor:.2f}×"
+        agree = f"{magi['tokens_agree']:.0%}" if magi and "tokens_agree" in magi else "–"
+        body.append([str(batch), f"{context:,}", f"{floor:.3f}" if floor else "–",
+                     *(cell(cells[v]) for v in labels), ratio, vs_floor, agree])  # fmt: skip
     lines.append(table(header, body))
     return "\n".join(lines)

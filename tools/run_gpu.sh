@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo profile prefill
+#   decode
 # (default: the first four). On the GPU machine: builds into build/gpu, runs the CUDA tests,
 # the quick start and the benchmarks, writing logs and result JSON to $OUT. Needs .deps/
 # (tools/stage_deps.sh). The other tools call `tools/run_gpu.sh build` first.
@@ -13,6 +14,8 @@
 # prefill: benchmarks/long_prefill.py (PREFILL_ARGS more options, e.g. --models llama --tokens
 # 100000) appended to $OUT/long_prefill.json, which starts as a copy of
 # benchmarks/results/cuda_<gpu>_long_prefill.json when one exists; at most 540 s.
+# decode: benchmarks/decode.py (DECODE_ARGS more options, e.g. --batches 1 --contexts 1024)
+# appended to $OUT/decode.json, likewise started from cuda_<gpu>_decode.json; at most 540 s.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
@@ -21,6 +24,7 @@ has() { [[ " $phases " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
 
 if has build || [[ ! -e build/gpu/build.ninja ]]; then
   echo "== build"
@@ -49,7 +53,6 @@ if has bench; then
   timeout 480 python benchmarks/run.py --device cuda --out "$OUT/suite.json" 2>&1 | tee "$OUT/suite.log" | tail -40
 fi
 if has zoo; then
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
   kept="benchmarks/results/cuda_${gpu}_zoo.json"
   [[ -e "$kept" && ! -e "$OUT/zoo.json" ]] && cp "$kept" "$OUT/zoo.json"
   for m in ${ZOO_MODELS:-llama qwen3 gpt2 bert vit t5}; do
@@ -66,11 +69,15 @@ if has profile; then
   timeout 540 python tools/kernel_profile.py --zoo "$specs" --variants inductor,magi,inductor_ro,magi_cg \
     --json "$OUT/zoo_profile.json" >"$OUT/zoo_profile.log" 2>&1 || tail -20 "$OUT/zoo_profile.log"
 fi
-if has prefill; then
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
-  kept="benchmarks/results/cuda_${gpu}_long_prefill.json"
-  [[ -e "$kept" && ! -e "$OUT/long_prefill.json" ]] && cp "$kept" "$OUT/long_prefill.json"
-  echo "== long prefill ${PREFILL_ARGS:-}"
-  timeout 540 python benchmarks/long_prefill.py --device cuda ${PREFILL_ARGS:-} \
-    --out "$OUT/long_prefill.json" --append 2>&1 | tee "$OUT/long_prefill.log" | grep "^\["
-fi
+# run_kept NAME ARGS...: benchmarks/NAME.py appended to $OUT/NAME.json, started from the kept
+# results of this GPU.
+run_kept() {
+  local name=$1 kept="benchmarks/results/cuda_${gpu}_$1.json"
+  shift
+  [[ -e "$kept" && ! -e "$OUT/$name.json" ]] && cp "$kept" "$OUT/$name.json"
+  echo "== $name $*"
+  timeout 540 python "benchmarks/$name.py" --device cuda "$@" --out "$OUT/$name.json" --append \
+    2>&1 | tee "$OUT/$name.log" | grep "^\["
+}
+if has prefill; then run_kept long_prefill ${PREFILL_ARGS:-}; fi
+if has decode; then run_kept decode ${DECODE_ARGS:-}; fi

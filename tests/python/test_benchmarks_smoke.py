@@ -467,3 +467,68 @@ def test_long_prefill_runs_each_variant_and_reports_time_and_peak(tmp_path):
         "| out of memory "
         "| 300.0 ms, 40.0 GiB | 200.0 ms, 12.5 GiB | 1.50× | magi | 3.0e-03 |"
     ) in text, text
+
+
+def test_decode_grid_times_each_variant_and_reports_the_floor(tmp_path):
+    """decode.py at the tiny size on the CPU with eager and magi_compile: a row per (batch,
+    context, variant) with ms per token, tokens/s and the bytes a step reads, magi's greedy
+    tokens equal to eager's; --append replaces only the points asked again; then a CUDA-shaped
+    run renders its table: the floor from the copy bandwidth, the ratio to reduce-overhead."""
+    from benchmarks import decode, report
+
+    out = tmp_path / "decode.json"
+    doc = decode.main(["--device", "cpu", "--batches", "1,2", "--contexts", "64", "--steps", "4",
+                       "--runs", "1", "--variants", "eager,magi", "--out", str(out)])  # fmt: skip
+    assert json.loads(out.read_text()) == doc
+    assert [(r["batch"], r["variant"]) for r in doc["rows"]] == [
+        (1, "eager"), (1, "magi"), (2, "eager"), (2, "magi")
+    ]  # fmt: skip
+    for r in doc["rows"]:
+        assert "error" not in r and r["ms_per_token"] > 0 and r["context"] == 64, r
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * 1e3 / r["ms_per_token"], rel=1e-3)
+        if r["variant"] == "magi":
+            assert r["tokens_agree"] == 1.0, r
+    # The tiny model's weights (embedding tied to the LM head, counted once) and a float32
+    # cache of 64 slots: 2 layers x (keys, values) x batch x 2 kv heads x 64 x head dim 16.
+    import torch
+
+    model, _ = decode.build("tiny", "cpu", torch.float32, 1, 64)
+    weights = sum(p.numel() for p in model.parameters()) * 4
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 64 * head_dim * 4
+    assert doc["rows"][0]["bytes"] == weights + kv
+    assert doc["rows"][2]["bytes"] == weights + 2 * kv
+
+    again = decode.main(["--device", "cpu", "--batches", "2", "--contexts", "64", "--steps", "4",
+                         "--runs", "1", "--variants", "magi", "--out", str(out),
+                         "--append"])  # fmt: skip
+    assert [(r["batch"], r["variant"]) for r in again["rows"]] == [
+        (1, "eager"), (1, "magi"), (2, "eager"), (2, "magi")
+    ]  # fmt: skip
+    assert again["rows"][:3] == doc["rows"][:3] and len(again["meta"]["commands"]) == 2
+    with pytest.raises(SystemExit):  # a cache too short for the prompt and the steps
+        decode.main(["--device", "cpu", "--contexts", "20", "--steps", "4"])
+
+    meta = {**doc["meta"], "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
+            "size": "real", "command": "python benchmarks/decode.py --device cuda",
+            "copy_gbps": 3000.0}  # fmt: skip
+    rows = [
+        {"batch": 1, "context": 1024, "variant": "eager", "bytes": 3e9, "ms_per_token": 10.0,
+         "tokens_per_s": 100.0},
+        {"batch": 1, "context": 1024, "variant": "inductor", "bytes": 3e9, "ms_per_token": 1.5,
+         "tokens_per_s": 666.7},
+        {"batch": 1, "context": 1024, "variant": "magi", "bytes": 3e9, "ms_per_token": 1.2,
+         "tokens_per_s": 833.3, "tokens_agree": 0.97},
+        {"batch": 32, "context": 32768, "variant": "magi", "error": "out of memory"},
+    ]  # fmt: skip
+    (tmp_path / "decode.json").write_text(
+        json.dumps({"benchmark": "decode", "meta": meta, "rows": rows})
+    )
+    text = report.render(report.latest_runs([tmp_path / "decode.json"]))
+    assert "## H100: KV-cache decode" in text and "(3,000 GB/s)" in text, text
+    assert (
+        "| 1 | 1,024 | 1.000 | 10.000 ms (100 tok/s) | 1.500 ms (667 tok/s) "
+        "| 1.200 ms (833 tok/s) | 1.25× | 1.20× | 97% |"
+    ) in text, text
+    assert "| 32 | 32,768 | – | not run | not run | out of memory | – | – | – |" in text, text
