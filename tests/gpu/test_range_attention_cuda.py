@@ -1,7 +1,7 @@
-"""range_attention on CUDA tensors (today: the portable path): each mask type, overlapping
-mixes, GQA, head dims, softcap and sinks against the dense float64 reference, the backward
-against the reference's autograd, and a packed-attention module under magi_compile. The checks
-mirror tests/python/test_range_attention.py; when the kernels land, they run here."""
+"""range_attention on CUDA tensors: each mask type, overlapping mixes, GQA, head dims, softcap
+and sinks against the dense float64 reference (the portable path), packed documents on the
+flash varlen kernels forward and backward, the backward against the reference's autograd, and a
+packed-attention module under magi_compile. The checks mirror tests/python/test_range_attention.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import copy
 import pytest
 import torch
 from magi_compiler import inspection, magi_compile
-from magi_compiler.attention import prefix_lm_slices, range_attention, varlen_slices
+from magi_compiler.attention import (
+    portable,
+    prefix_lm_slices,
+    range_attention,
+    varlen_slices,
+)
 from magi_compiler.attention._reference import _reference_range_attention
 from torch import nn
 
@@ -110,3 +115,80 @@ def test_under_magi_compile_trains_like_eager(counters, assert_close_rel):
         assert_close_rel(grads[1], grads[0], 1e-5)
     assert counters().captures == 1
     assert inspection.last_compiled("forward").boundary_ops == ("magi::range_attention",)
+
+
+@pytest.fixture
+def portable_calls(monkeypatch):
+    """How many times the portable forward and backward ran."""
+    calls = {"forward": 0, "backward": 0}
+    for name in calls:
+        original = getattr(portable, name)
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(portable, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_documents_run_on_flash_forward_and_backward(
+    causal, head_dim, dtype, portable_calls, assert_close_rel
+):
+    """Documents of 300, 220 and 480 tokens (keys: 320, 220, 500), GQA 8/2: out, lse and
+    the gradients of q, k and v match the float64 reference within half-precision rounding,
+    and the portable path never runs."""
+    cu_q, cu_k = [0, 300, 520, 1000], [0, 320, 540, 1040]
+    q, k, v = qkv(1000, 1040, 8, 2, head_dim, dtype, grad=True)
+    slices = varlen_slices(cu_q, cu_k, causal=causal, device=DEVICE)
+    out_grad = torch.randn(1000, 8, head_dim, device=DEVICE, dtype=dtype)
+    results = []
+    for fn in (range_attention, _reference_range_attention):
+        out, lse = fn(q, k, v, *slices)
+        grads = torch.autograd.grad((out * out_grad).sum(), (q, k, v))
+        results.append((out, lse, *grads))
+    assert portable_calls == {"forward": 0, "backward": 0}
+    ours, ref = results
+    assert_close_rel(ours[0], ref[0].to(dtype), RTOL[dtype])
+    assert_close_rel(ours[1], ref[1].float(), 1e-3)
+    for got, want in zip(ours[2:], ref[2:], strict=True):
+        assert_close_rel(got, want.to(dtype), 2 * RTOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "kwargs, dtype, why",
+    [
+        ({"softcap": 10.0}, torch.bfloat16, "softcap"),
+        ({"sink": "sink"}, torch.bfloat16, "sink"),
+        ({"deterministic": True}, torch.bfloat16, "deterministic"),
+        ({}, torch.float32, "float32"),
+    ],
+)
+def test_what_flash_cannot_take_stays_portable(
+    kwargs, dtype, why, portable_calls, assert_close_rel
+):
+    q, k, v = qkv(256, 256, 4, 2, 64, dtype)
+    if kwargs.get("sink") == "sink":
+        kwargs = {"sink": torch.randn(4, device=DEVICE)}
+    slices = varlen_slices([0, 100, 256], causal=True, device=DEVICE)
+    out, _ = range_attention(q, k, v, *slices, **kwargs)
+    ref, _ = _reference_range_attention(q, k, v, *slices, **kwargs)
+    assert portable_calls["forward"] == 1, why
+    assert_close_rel(out, ref.to(dtype), RTOL[dtype])
+
+
+def test_a_gradient_through_lse_takes_the_portable_backward(portable_calls, assert_close_rel):
+    """Flash's backward takes no gradient of the log-sum-exp: a loss that reads lse gets the
+    portable backward, and the reference's gradients."""
+    q, k, v = qkv(256, 256, 4, 2, 64, torch.bfloat16, grad=True)
+    slices = varlen_slices([0, 100, 256], causal=True, device=DEVICE)
+    grads = []
+    for fn in (range_attention, _reference_range_attention):
+        out, lse = fn(q, k, v, *slices)
+        grads.append(torch.autograd.grad(out.float().sum() + lse.sum(), (q, k, v)))
+    assert portable_calls == {"forward": 0, "backward": 1}
+    for got, want in zip(*grads, strict=True):
+        assert_close_rel(got, want.to(got.dtype), 2e-2)

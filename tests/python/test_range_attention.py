@@ -16,6 +16,7 @@ from magi_compiler.attention import (
     AttnMaskType,
     block_causal_slices,
     dense_mask,
+    flash_path,
     portable,
     prefix_lm_slices,
     range_attention,
@@ -289,6 +290,57 @@ def test_prefix_lm_slices():
     mask = dense_mask(*prefix_lm_slices([0, 6], 2), 6, 6)
     q, k = torch.arange(6)[:, None], torch.arange(6)[None, :]
     assert torch.equal(mask, (k <= q) | (k < 2))
+
+
+def _layout(slices, tokens_q, tokens_k):
+    q, k, t = (x.tolist() for x in slices)
+    return flash_path.varlen_layout(
+        [(tuple(a), tuple(b), c) for a, b, c in zip(q, k, t, strict=True)], tokens_q, tokens_k
+    )
+
+
+def test_packed_documents_are_recognised_for_the_flash_varlen_kernels():
+    """Slices that tile both sides with documents of one type, FULL or CAUSAL, in any order,
+    give flash's cumulative offsets and longest documents; a dense mask is one document."""
+    layout = _layout(varlen_slices([0, 3, 3, 8], [0, 4, 4, 12], causal=True), 8, 12)
+    assert layout == flash_path.Varlen([0, 3, 8], [0, 4, 12], 5, 8, True)
+    # Keys 4..6 belong to a document without queries: no slice reads them, flash would.
+    assert _layout(varlen_slices([0, 3, 3, 8], [0, 4, 6, 12], causal=True), 8, 12) is None
+    assert _layout(varlen_slices([0, 100, 160]), 160, 160) == flash_path.Varlen(
+        [0, 100, 160], [0, 100, 160], 100, 100, False
+    )
+    shuffled = [((5, 9), (5, 9), FULL), ((0, 5), (0, 5), FULL)]
+    assert flash_path.varlen_layout(shuffled, 9, 9) == flash_path.Varlen(
+        [0, 5, 9], [0, 5, 9], 5, 5, False
+    )
+    assert flash_path.varlen_layout([((0, 7), (0, 7), CAUSAL)], 7, 7).causal
+
+
+@pytest.mark.parametrize(
+    "slices, tokens, why",
+    [
+        ([((0, 4), (0, 4), FULL), ((4, 8), (4, 8), CAUSAL)], (8, 8), "mixed types"),
+        ([((0, 8), (0, 8), BI)], (8, 8), "a band"),
+        ([((0, 8), (0, 8), INV)], (8, 8), "top-left causal"),
+        ([((0, 4), (0, 4), FULL), ((5, 8), (4, 8), FULL)], (8, 8), "a gap in q"),
+        ([((0, 4), (0, 4), FULL), ((4, 8), (3, 8), FULL)], (8, 8), "overlapping keys"),
+        ([((0, 4), (0, 4), FULL), ((0, 4), (4, 8), FULL)], (4, 8), "queries in two slices"),
+        ([((0, 4), (0, 4), FULL)], (8, 4), "queries no slice covers"),
+        ([((0, 4), (0, 4), FULL), ((4, 4), (4, 8), FULL)], (4, 8), "an empty slice"),
+        ([((0, 6), (0, 4), CAUSAL)], (6, 4), "causal with more queries than keys"),
+        ([], (4, 4), "no slices"),
+    ],
+)
+def test_other_slices_stay_on_the_portable_path(slices, tokens, why):
+    assert flash_path.varlen_layout(slices, *tokens) is None, why
+
+
+def test_the_flash_path_is_cuda_only():
+    """Packed bf16 documents on the CPU stay on the portable path (the other conditions, dtype,
+    head dim, softcap, sink, deterministic, are checked on CUDA tensors in
+    tests/gpu/test_range_attention_cuda.py)."""
+    q, k, v = qkv(8, 8, 4, 2, 16, dtype=torch.bfloat16)
+    assert flash_path.plan(q, k, v, [((0, 8), (0, 8), CAUSAL)], None, 0.0, False) is None
 
 
 def test_builders_put_their_tensors_on_the_device_asked():
