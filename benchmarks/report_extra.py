@@ -670,6 +670,12 @@ def _warm_start_section(doc: dict, kind: str, stamp: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _commands(meta: dict, default: str) -> str:
+    """The run's command, or each command of a run split with ``--append``, in backticks."""
+    commands = meta.get("commands") or [meta.get("command") or default]
+    return " + ".join(f"`{c}`" for c in commands)
+
+
 def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
     """benchmarks/long_prefill.py: one prefill of 16k to 100k tokens, time and peak memory."""
     meta = doc.get("meta", {})
@@ -686,7 +692,7 @@ def _long_prefill_section(doc: dict, kind: str, stamp: str) -> str:
         "",
         stamp,
         "",
-        f"`{meta.get('command', 'benchmarks/long_prefill.py')}` · {meta.get('dtype', '?')} · "
+        f"{_commands(meta, 'benchmarks/long_prefill.py')} · {meta.get('dtype', '?')} · "
         f"batch 1 · size {meta.get('size', '?')}. One forward over the prompt (the HF model "
         "with `use_cache=False, logits_to_keep=1`); *ms*: median of "
         f"{meta.get('runs', '?')} calls after a warm-up ({clock}); *GiB*: peak allocated "
@@ -749,14 +755,15 @@ def _decode_section(doc: dict, kind: str, stamp: str) -> str:
         "",
         stamp,
         "",
-        f"`{meta.get('command', 'benchmarks/decode.py')}` · {model} · {meta.get('dtype', '?')} · "
+        f"{_commands(meta, 'benchmarks/decode.py')} · {model} · {meta.get('dtype', '?')} · "
         f"Hugging Face's StaticCache of *context* slots, all read every step. A {meta.get('prompt', '?')}"
         f"-token prompt, then {meta.get('steps', '?')} greedy steps (`kv_cache.generate`); "
         f"*ms/token*: median over {meta.get('runs', '?')} generations of one step's time "
         "(one synchronisation per generation); *floor*: the bytes a step reads (every weight "
         "once, every cache slot's keys and values) at the copy bandwidth measured in the run"
         + (f" ({gbps:,.0f} GB/s)" if gbps else " (not measured on the CPU)")
-        + "; *agree*: the fraction of magi's greedy tokens equal to eager's.",
+        + "; *agree*: the fraction of magi's greedy tokens equal to eager's (in bf16 a near tie "
+        "between random logits can flip, and the sequences part from there on).",
         "",
     ]
     rows = doc.get("rows", [])
