@@ -762,7 +762,7 @@ def _decode_section(doc: dict, kind: str, stamp: str) -> str:
         "(one synchronisation per generation); *floor*: the bytes a step reads (every weight "
         "once, every cache slot's keys and values) at the copy bandwidth measured in the run"
         + (f" ({gbps:,.0f} GB/s)" if gbps else " (not measured on the CPU)")
-        + "; *agree*: the fraction of magi's greedy tokens equal to eager's (in bf16 a near tie "
+        + "; *agree*: the fraction of greedy tokens equal to eager's, reduce-overhead / magi (in bf16 a near tie "
         "between random logits can flip, and the sequences part from there on).",
         "",
     ]
@@ -778,6 +778,10 @@ def _decode_section(doc: dict, kind: str, stamp: str) -> str:
 
     header = ["batch", "context", "floor ms", *labels.values(), "magi vs reduce-overhead",
               "magi vs floor", "agree"]  # fmt: skip
+
+    def agree(r: dict | None) -> str:
+        return f"{r['tokens_agree']:.0%}" if r and "tokens_agree" in r else "–"
+
     body = []
     for batch, context in dict.fromkeys((r["batch"], r["context"]) for r in rows):
         cells = {v: by.get((batch, context, v)) for v in labels}
@@ -789,8 +793,8 @@ def _decode_section(doc: dict, kind: str, stamp: str) -> str:
         vs_floor = "–"
         if floor and magi and "ms_per_token" in magi:
             vs_floor = f"{magi['ms_per_token'] / floor:.2f}×"
-        agree = f"{magi['tokens_agree']:.0%}" if magi and "tokens_agree" in magi else "–"
         body.append([str(batch), f"{context:,}", f"{floor:.3f}" if floor else "–",
-                     *(cell(cells[v]) for v in labels), ratio, vs_floor, agree])  # fmt: skip
+                     *(cell(cells[v]) for v in labels), ratio, vs_floor,
+                     f"{agree(ro)} / {agree(magi)}"])  # fmt: skip
     lines.append(table(header, body))
     return "\n".join(lines)

@@ -529,6 +529,6 @@ def test_decode_grid_times_each_variant_and_reports_the_floor(tmp_path):
     assert "## H100: KV-cache decode" in text and "(3,000 GB/s)" in text, text
     assert (
         "| 1 | 1,024 | 1.000 | 10.000 ms (100 tok/s) | 1.500 ms (667 tok/s) "
-        "| 1.200 ms (833 tok/s) | 1.25× | 1.20× | 97% |"
+        "| 1.200 ms (833 tok/s) | 1.25× | 1.20× | – / 97% |"
     ) in text, text
-    assert "| 32 | 32,768 | – | not run | not run | out of memory | – | – | – |" in text, text
+    assert "| 32 | 32,768 | – | not run | not run | out of memory | – | – | – / – |" in text, text
