@@ -14,6 +14,7 @@ from magi_compiler.attention import (
     portable,
     prefix_lm_slices,
     range_attention,
+    sliding_window_slices,
     varlen_slices,
 )
 from magi_compiler.attention._reference import _reference_range_attention
@@ -156,6 +157,27 @@ def test_packed_documents_run_on_flash_forward_and_backward(
     assert_close_rel(ours[1], ref[1].float(), 1e-3)
     for got, want in zip(ours[2:], ref[2:], strict=True):
         assert_close_rel(got, want.to(dtype), 2 * RTOL[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sliding_windows_run_on_flash_forward_and_backward(
+    head_dim, portable_calls, assert_close_rel
+):
+    """Documents of 600 and 424 tokens under a 128-key sliding window (sliding_window_slices)
+    in bf16: flash with its window, out, lse and gradients equal to the reference."""
+    q, k, v = qkv(1024, 1024, 8, 2, head_dim, torch.bfloat16, grad=True)
+    slices = sliding_window_slices([0, 600, 1024], 128, device=DEVICE)
+    out_grad = torch.randn(1024, 8, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    results = []
+    for fn in (range_attention, _reference_range_attention):
+        out, lse = fn(q, k, v, *slices)
+        results.append((out, lse, *torch.autograd.grad((out * out_grad).sum(), (q, k, v))))
+    assert portable_calls == {"forward": 0, "backward": 0}
+    ours, ref = results
+    assert_close_rel(ours[0], ref[0].to(torch.bfloat16), RTOL[torch.bfloat16])
+    assert_close_rel(ours[1], ref[1].float(), 1e-3)
+    for got, want in zip(ours[2:], ref[2:], strict=True):
+        assert_close_rel(got, want.to(torch.bfloat16), 2 * RTOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize(

@@ -316,6 +316,60 @@ def test_packed_documents_are_recognised_for_the_flash_varlen_kernels():
     assert flash_path.varlen_layout([((0, 7), (0, 7), CAUSAL)], 7, 7).causal
 
 
+def _flash_mask(layout, n: int) -> torch.Tensor:
+    """The mask flash draws for a layout of n queries and keys: documents, bottom-right causal,
+    the window."""
+    doc = torch.bucketize(torch.arange(n), torch.tensor(layout.cu_q[1:]), right=True)
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    mask = doc[:, None] == doc[None, :]
+    if layout.causal:
+        mask &= k <= q
+    if layout.window_left is not None:
+        mask &= q - k <= layout.window_left
+    return mask
+
+
+def test_sliding_windows_are_recognised_for_the_flash_window():
+    """sliding_window_slices' CAUSAL heads and BI_CAUSAL bands are causal documents under one
+    window of w keys: flash's window_size_left is w - 1; documents shorter than the window have
+    no band; a mask whose documents are all shorter is plain causal. Each layout's mask is the
+    slices' mask."""
+    for cu, window, want in (
+        ([0, 9, 16], 4, flash_path.Varlen([0, 9, 16], [0, 9, 16], 9, 9, True, 3)),
+        ([0, 3, 12, 13], 4, flash_path.Varlen([0, 3, 12, 13], [0, 3, 12, 13], 9, 9, True, 3)),
+        ([0, 3, 7], 4, flash_path.Varlen([0, 3, 7], [0, 3, 7], 4, 4, True)),
+        ([0, 20], 1, flash_path.Varlen([0, 20], [0, 20], 20, 20, True, 0)),
+    ):
+        slices = sliding_window_slices(cu, window)
+        layout = _layout(slices, cu[-1], cu[-1])
+        assert layout == want, (cu, window)
+        assert torch.equal(_flash_mask(layout, cu[-1]), dense_mask(*slices, cu[-1], cu[-1]))
+
+
+@pytest.mark.parametrize(
+    "slices, why",
+    [
+        (
+            [
+                ((0, 4), (0, 4), CAUSAL),
+                ((4, 9), (1, 9), BI),
+                ((9, 12), (9, 12), CAUSAL),
+                ((12, 16), (10, 16), BI),
+            ],
+            "two windows",
+        ),  # fmt: skip
+        (
+            [((0, 4), (0, 4), CAUSAL), ((4, 9), (1, 9), BI), ((9, 16), (9, 16), CAUSAL)],
+            "a document without a band longer than the window",
+        ),  # fmt: skip
+        ([((0, 4), (0, 4), CAUSAL), ((4, 16), (2, 16), BI)], "a band wider than its head"),
+        ([((0, 4), (0, 4), FULL), ((4, 16), (1, 16), BI)], "a full head"),
+    ],
+)
+def test_other_windows_stay_on_the_portable_path(slices, why):
+    assert flash_path.varlen_layout(slices, 16, 16) is None, why
+
+
 @pytest.mark.parametrize(
     "slices, tokens, why",
     [
