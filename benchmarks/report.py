@@ -57,6 +57,7 @@ BENCHMARKS = (
     "warm_start",
     "long_prefill",
     "decode",
+    "attention",
     "bandwidth",
     "host_overhead",
     "recompute",

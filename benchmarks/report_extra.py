@@ -30,6 +30,7 @@ def other_section(bench: str, doc: dict, kind: str, stamp: str, profile: dict | 
         "warm_start": _warm_start_section,
         "long_prefill": _long_prefill_section,
         "decode": _decode_section,
+        "attention": _attention_section,
     }
     return sections[bench](doc, kind, stamp)
 
@@ -797,4 +798,54 @@ def _decode_section(doc: dict, kind: str, stamp: str) -> str:
                      *(cell(cells[v]) for v in labels), ratio, vs_floor,
                      f"{agree(ro)} / {agree(magi)}"])  # fmt: skip
     lines.append(table(header, body))
+    return "\n".join(lines)
+
+
+def _attention_section(doc: dict, kind: str, stamp: str) -> str:
+    """benchmarks/attention.py: range_attention's TFLOP/s per mask against PyTorch's kernels."""
+    meta = doc.get("meta", {})
+    labels = {"magi": "magi", "cudnn": "cuDNN SDPA", "flash": "flash SDPA",
+              "varlen": "varlen_attn", "flex": "FlexAttention"}  # fmt: skip
+    lines = [
+        f"## {kind}: range-mask attention",
+        "",
+        stamp,
+        "",
+        f"{_commands(meta, 'benchmarks/attention.py')} · {meta.get('dtype', '?')} · "
+        f"{meta.get('heads', '?')} heads of {meta.get('head_dim', '?')} · packed tokens, one "
+        "sequence. Cells: forward / backward TFLOP/s (FlashAttention's convention: 4 × visible "
+        "pairs × head dim × heads forward, 2.5× that backward), from the median of "
+        f"{meta.get('runs', '?')} calls each; *vs best*: magi over the fastest other variant "
+        "that ran, forward / backward. Masks and variants: `benchmarks/attention.py`.",
+        "",
+    ]
+    rows = doc.get("rows", [])
+    by = {(r["mask"], r["tokens"], r["variant"]): r for r in rows}
+    variants = [v for v in labels if any(r["variant"] == v for r in rows)]
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "–"
+        if "error" in r:
+            return _line(r["error"], 40)
+        return f"{r['forward_tflops']:.0f} / {r['backward_tflops']:.0f}"
+
+    def versus(magi: dict | None, others: list[dict], key: str) -> str:
+        best = max((o[key] for o in others if key in o), default=None)
+        if not magi or key not in magi or not best:
+            return "–"
+        return f"{magi[key] / best:.2f}×"
+
+    body = []
+    for mask, tokens in dict.fromkeys((r["mask"], r["tokens"]) for r in rows):
+        cells = {v: by.get((mask, tokens, v)) for v in variants}
+        others = [c for v, c in cells.items() if v != "magi" and c]
+        magi = cells.get("magi")
+        ratio = (
+            f"{versus(magi, others, 'forward_tflops')} / {versus(magi, others, 'backward_tflops')}"
+        )
+        body.append(
+            [mask.replace("_", " "), f"{tokens:,}", *(cell(cells[v]) for v in variants), ratio]
+        )
+    lines.append(table(["mask", "tokens", *(labels[v] for v in variants), "vs best"], body))
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage: bash tools/run_gpu.sh [phase ...]   phases: build tests quickstart bench zoo profile prefill
-#   decode
+#   decode attention
 # (default: the first four). On the GPU machine: builds into build/gpu, runs the CUDA tests,
 # the quick start and the benchmarks, writing logs and result JSON to $OUT. Needs .deps/
 # (tools/stage_deps.sh). The other tools call `tools/run_gpu.sh build` first.
@@ -16,6 +16,7 @@
 # benchmarks/results/cuda_<gpu>_long_prefill.json when one exists; at most 540 s.
 # decode: benchmarks/decode.py (DECODE_ARGS more options, e.g. --batches 1 --contexts 1024)
 # appended to $OUT/decode.json, likewise started from cuda_<gpu>_decode.json; at most 540 s.
+# attention: benchmarks/attention.py (ATTENTION_ARGS, e.g. --tokens 8192 --masks causal), likewise.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 phases="${*:-build tests quickstart bench}"
@@ -81,3 +82,4 @@ run_kept() {
 }
 if has prefill; then run_kept long_prefill ${PREFILL_ARGS:-}; fi
 if has decode; then run_kept decode ${DECODE_ARGS:-}; fi
+if has attention; then run_kept attention ${ATTENTION_ARGS:-}; fi

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -490,8 +491,6 @@ def test_decode_grid_times_each_variant_and_reports_the_floor(tmp_path):
             assert r["tokens_agree"] == 1.0, r
     # The tiny model's weights (embedding tied to the LM head, counted once) and a float32
     # cache of 64 slots: 2 layers x (keys, values) x batch x 2 kv heads x 64 x head dim 16.
-    import torch
-
     model, _ = decode.build("tiny", "cpu", torch.float32, 1, 64)
     weights = sum(p.numel() for p in model.parameters()) * 4
     cfg = model.config
@@ -532,3 +531,45 @@ def test_decode_grid_times_each_variant_and_reports_the_floor(tmp_path):
         "| 1.200 ms (833 tok/s) | 1.25× | 1.20× | – / 97% |"
     ) in text, text
     assert "| 32 | 32,768 | – | not run | not run | out of memory | – | – | – / – |" in text, text
+
+
+def test_attention_benchmark_counts_visible_pairs_and_reports_tflops(tmp_path):
+    """attention.py on the CPU: a row per (mask, length, variant) that applies there (magi and
+    flash SDPA), FLOPs from the visible pairs (causal: S(S+1)/2), flash checked against magi;
+    then a CUDA-shaped run renders forward / backward TFLOP/s and magi against the best other."""
+    from benchmarks import attention, report
+
+    out = tmp_path / "att.json"
+    doc = attention.main(["--device", "cpu", "--tokens", "256", "--masks", "causal,block_causal",
+                          "--runs", "1", "--out", str(out)])  # fmt: skip
+    assert json.loads(out.read_text()) == doc
+    assert [(r["mask"], r["variant"]) for r in doc["rows"]] == [
+        ("causal", "magi"), ("causal", "flash"), ("block_causal", "magi")
+    ]  # fmt: skip
+    heads, dim = doc["meta"]["heads"], doc["meta"]["head_dim"]
+    for r in doc["rows"]:
+        assert "error" not in r and r["forward_ms"] > 0 and r["backward_ms"] > 0, r
+    assert doc["rows"][0]["flop_forward"] == 4 * (256 * 257 // 2) * dim * heads
+    assert doc["rows"][1]["max_rel_err"] < 1e-5
+    # One document of 256 tokens in blocks of 1,024: the whole square is visible.
+    assert doc["rows"][2]["flop_forward"] == 4 * 256 * 256 * dim * heads
+    # Overlapping slices are counted once per slice.
+    q = torch.tensor([[0, 4], [0, 4]], dtype=torch.int32)
+    assert attention.visible_pairs((q, q, torch.tensor([0, 1], dtype=torch.int32))) == 16 + 10
+
+    meta = {**doc["meta"], "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
+            "command": "python benchmarks/attention.py --device cuda", "heads": 16,
+            "head_dim": 128}  # fmt: skip
+    rows = [
+        {"mask": "causal", "tokens": 8192, "variant": "magi", "forward_tflops": 400.0,
+         "backward_tflops": 300.0},
+        {"mask": "causal", "tokens": 8192, "variant": "cudnn", "forward_tflops": 500.0,
+         "backward_tflops": 250.0},
+        {"mask": "causal", "tokens": 8192, "variant": "flex", "error": "out of memory"},
+    ]  # fmt: skip
+    out.write_text(json.dumps({"benchmark": "attention", "meta": meta, "rows": rows}))
+    text = report.render(report.latest_runs([out]))
+    assert "## H100: range-mask attention" in text, text
+    assert "| causal | 8,192 | 400 / 300 | 500 / 250 | out of memory | 0.80× / 1.20× |" in text, (
+        text
+    )
