@@ -5,7 +5,8 @@ lengths. The families are picked for what they add to the zoo: sliding-window at
 (Mistral), logit softcapping and alternating local layers (Gemma2), a fused qkv projection
 (Phi-3), expert routing (Mixtral; Qwen2-MoE with a shared expert), parallel residuals and
 partial rotary (GPT-NeoX), ALiBi (BLOOM), learned positions (OPT) and disentangled attention
-(DeBERTa-v2). Tiny random configs: 2 layers, hidden 64."""
+(DeBERTa-v2). Tiny random configs: 2 layers, hidden 64. Also BART, whose default call cannot be
+captured (docs/debugging.md), with the workaround that the docs give."""
 
 from __future__ import annotations
 
@@ -101,3 +102,37 @@ def test_family_compiles_whole_and_matches_eager(name):
     assert zm.compiled_entries(model), f"no compiled entry in {name}"
     # Batch and length change once each: automatic dynamic, not a capture per shape.
     assert 1 <= magi_compiler.get_counters().captures - before <= 3
+
+
+def test_a_flat_config_encoder_decoder_without_its_own_cache_compiles():
+    """BART, as docs/debugging.md describes it: called with the default use_cache=True it builds
+    its cache in forward through copy.deepcopy of the config, which Dynamo cannot trace, so the
+    entry runs eagerly with a warning that names the call; with use_cache=False it compiles
+    and matches eager."""
+    import magi_compiler
+
+    if not hasattr(transformers, "BartForConditionalGeneration"):
+        pytest.skip("this transformers has no BART")
+    torch._dynamo.reset()
+    config = transformers.BartConfig(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = transformers.BartForConditionalGeneration(config).eval()
+    ids, decoder_ids = torch.randint(3, 256, (2, 24)), torch.randint(3, 256, (2, 12))
+    eager_default = magi_compiler.magi_compile(copy.deepcopy(ref))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager_default(input_ids=ids, decoder_input_ids=decoder_ids)
+    fell = zm.fallback_warnings(caught)
+    assert fell and "copy.deepcopy" in fell[0], fell
+
+    model = magi_compiler.magi_compile(copy.deepcopy(ref))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False).logits
+        want = ref(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False).logits
+    assert not zm.fallback_warnings(caught) and not zm.fallback_reasons(model)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
