@@ -28,12 +28,8 @@ times that backward. Outputs are checked against the magi variant's.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import platform
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,7 +49,7 @@ from magi_compiler.attention import (  # noqa: E402
 )
 from magi_compiler.attention.slices import diagonal_bounds  # noqa: E402
 
-from benchmarks.long_prefill import _commit  # noqa: E402
+from benchmarks import grid  # noqa: E402
 
 MASKS = ("full", "causal", "varlen_causal", "sliding_window", "block_causal", "prefix_lm")
 VARIANTS = ("magi", "cudnn", "flash", "varlen", "flex")
@@ -160,24 +156,6 @@ def make_call(variant: str, mask: str, slices, cu: list[int], q, k, v):
     return call, time.perf_counter() - start
 
 
-def _median_ms(fn, device: str, runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
 def run_row(mask: str, tokens: int, variant: str, args, reference: dict) -> dict[str, Any]:
     device = args.device
     dtype, heads, dim = (torch.bfloat16, 16, 128) if device == "cuda" else (torch.float32, 4, 32)
@@ -201,10 +179,10 @@ def run_row(mask: str, tokens: int, variant: str, args, reference: dict) -> dict
             want = reference[(mask, tokens)]
             err = (out.detach().float() - want).abs().max() / want.abs().max()
             row["max_rel_err"] = float(err)
-        row["forward_ms"] = round(_median_ms(call, device, args.runs), 3)
+        row["forward_ms"] = round(grid.time_calls(call, device, args.runs), 3)
         grad = torch.randn_like(out)
         row["backward_ms"] = round(
-            _median_ms(
+            grid.time_calls(
                 lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True),
                 device,
                 args.runs,
@@ -235,63 +213,42 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="result JSON (default: print only)")
     p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
-    default = "8192,16384,32768" if args.device == "cuda" else "512,1024"
-    tokens = [int(t) for t in (args.tokens or default).split(",")]
-    masks = [m for m in args.masks.split(",") if m]
-    variants = [v for v in args.variants.split(",") if v]
-    for name, given, known in (("mask", masks, MASKS), ("variant", variants, VARIANTS)):
-        unknown = [g for g in given if g not in known]
-        if unknown:
-            p.error(f"unknown {name} {', '.join(unknown)}; known: {', '.join(known)}")
+    default = (8192, 16384, 32768) if args.device == "cuda" else (512, 1024)
+    tokens = grid.parse_list(args.tokens, default, int)
+    masks, variants = grid.parse_list(args.masks, ()), grid.parse_list(args.variants, ())
+    grid.check_known(p, "mask", masks, MASKS)
+    grid.check_known(p, "variant", variants, VARIANTS)
     if "magi" in variants:  # the reference for the others' errors
         variants = ["magi", *(v for v in variants if v != "magi")]
-    meta = {
-        "benchmark": "attention",
-        "device_type": args.device,
-        "device_name": (
-            torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-        ),
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _commit(),
-        "command": " ".join(
-            ["python", "benchmarks/attention.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "runs": args.runs,
-        "dtype": "bfloat16" if args.device == "cuda" else "float32",
-        "heads": 16 if args.device == "cuda" else 4,
-        "head_dim": 128 if args.device == "cuda" else 32,
-    }
-    doc: dict[str, Any] = {"benchmark": "attention", "meta": meta, "rows": []}
-    if args.append and args.out and Path(args.out).exists():
-        old = json.loads(Path(args.out).read_text())
-        asked = {(m, n, v) for m in masks for n in tokens for v in variants}
-        doc["rows"] = [
-            r for r in old.get("rows", []) if (r["mask"], r["tokens"], r["variant"]) not in asked
-        ]
-        meta["commands"] = [
-            *old.get("meta", {}).get("commands", [old.get("meta", {}).get("command")]),
-            meta["command"],
-        ]
-    reference: dict = {}
+    meta = grid.run_meta(
+        "attention", args.device, argv,
+        runs=args.runs,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        heads=16 if args.device == "cuda" else 4,
+        head_dim=128 if args.device == "cuda" else 32,
+    )  # fmt: skip
     order = {name: i for i, name in enumerate((*MASKS, *VARIANTS))}
+    results = grid.Results(
+        meta, args.out, args.append,
+        key=lambda r: (r["mask"], r["tokens"], r["variant"]),
+        asked=[(m, n, v) for m in masks for n in tokens for v in variants],
+        order=lambda r: (order[r["mask"]], r["tokens"], order[r["variant"]]),
+    )  # fmt: skip
+    reference: dict = {}
     for mask in masks:
         for n in tokens:
             for variant in variants:
                 if not applies(variant, mask, args.device):
                     continue
                 row = run_row(mask, n, variant, args, reference)
-                doc["rows"].append(row)
-                doc["rows"].sort(key=lambda r: (order[r["mask"]], r["tokens"], order[r["variant"]]))
+                results.add(row)
                 shown = row.get("error") or (
                     f"forward {row['forward_ms']:.2f} ms ({row['forward_tflops']} TFLOP/s), "
                     f"backward {row['backward_ms']:.2f} ms ({row['backward_tflops']} TFLOP/s)"
                 )
                 print(f"[{mask} {n} {variant}] {shown}", flush=True)
-                if args.out:
-                    Path(args.out).write_text(json.dumps(doc, indent=1))
             reference.pop((mask, n), None)
-    return doc
+    return results.doc
 
 
 if __name__ == "__main__":

@@ -29,10 +29,7 @@ layer and row. A CUDA-graph replay of a 1B-parameter model cannot go below it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import platform
 import statistics
 import sys
 import time
@@ -44,8 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import zoo_models  # noqa: E402
-from benchmarks.long_prefill import _commit, time_calls  # noqa: E402
+from benchmarks import grid, zoo_models  # noqa: E402
 
 VARIANTS = ("eager", "inductor", "magi")
 GRID = {"real": ((1, 8, 32), (1024, 8192, 32768)), "tiny": ((1, 2), (64, 128))}
@@ -58,7 +54,7 @@ def copy_gbps(device: str) -> float | None:
         return None
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_calls(lambda: dst.copy_(src), device, 10)
+    ms = grid.time_calls(lambda: dst.copy_(src), device, 10)
     return 2 * 2**30 / (ms * 1e-3) / 1e9
 
 
@@ -162,55 +158,37 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
     args.size = args.size or ("real" if args.device == "cuda" else "tiny")
-    grid = GRID[args.size]
-    batches = [int(b) for b in args.batches.split(",")] if args.batches else list(grid[0])
-    contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else list(grid[1])
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        p.error(f"unknown variant {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    default_batches, default_contexts = GRID[args.size]
+    batches = grid.parse_list(args.batches, default_batches, int)
+    contexts = grid.parse_list(args.contexts, default_contexts, int)
+    variants = grid.parse_list(args.variants, ())
+    grid.check_known(p, "variant", variants, VARIANTS)
     too_short = [c for c in contexts if c < args.prompt + args.steps + 1]
     if too_short:
         p.error(f"context {too_short[0]} holds fewer than --prompt + --steps + 1 tokens")
-    meta = {
-        "benchmark": "decode",
-        "device_type": args.device,
-        "device_name": (
-            torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-        ),
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _commit(),
-        "command": " ".join(
-            ["python", "benchmarks/decode.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "size": args.size,
-        "dtype": "bfloat16" if args.device == "cuda" else "float32",
-        "prompt": args.prompt,
-        "steps": args.steps,
-        "runs": args.runs,
-        "copy_gbps": copy_gbps(args.device),
-    }
-    doc: dict[str, Any] = {"benchmark": "decode", "meta": meta, "rows": []}
-    if args.append and args.out and Path(args.out).exists():
-        old = json.loads(Path(args.out).read_text())
-        asked = {(b, c, v) for b in batches for c in contexts for v in variants}
-        doc["rows"] = [
-            r for r in old.get("rows", []) if (r["batch"], r["context"], r["variant"]) not in asked
-        ]
-        meta["commands"] = [
-            *old.get("meta", {}).get("commands", [old.get("meta", {}).get("command")]),
-            meta["command"],
-        ]
+    meta = grid.run_meta(
+        "decode", args.device, argv,
+        size=args.size,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        prompt=args.prompt,
+        steps=args.steps,
+        runs=args.runs,
+        copy_gbps=copy_gbps(args.device),
+    )  # fmt: skip
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    results = grid.Results(
+        meta, args.out, args.append,
+        key=lambda r: (r["batch"], r["context"], r["variant"]),
+        asked=[(b, c, v) for b in batches for c in contexts for v in variants],
+        order=lambda r: (r["context"], r["batch"], order[r["variant"]]),
+    )  # fmt: skip
     reference: dict = {}
     total, done = len(batches) * len(contexts) * len(variants), 0
-    order = {v: i for i, v in enumerate(VARIANTS)}
     for context in contexts:
         for batch in batches:
             for variant in variants:
                 row = run_point(batch, context, variant, args, reference)
-                doc["rows"].append(row)
-                doc["rows"].sort(key=lambda r: (r["context"], r["batch"], order[r["variant"]]))
+                results.add(row)
                 done += 1
                 shown = row.get("error") or (
                     f"{row['ms_per_token']:.3f} ms/token, {row['tokens_per_s']:,.0f} tokens/s, "
@@ -220,10 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
                     f"[{done}/{total}] batch {batch} context {context} {variant}: {shown}",
                     flush=True,
                 )
-                if args.out:  # after each row: a run cut short keeps what it measured
-                    Path(args.out).write_text(json.dumps(doc, indent=1))
             reference.pop((batch, context), None)
-    return doc
+    return results.doc
 
 
 if __name__ == "__main__":

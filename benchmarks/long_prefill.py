@@ -34,14 +34,8 @@ bf16 on CUDA, float32 on the CPU (the tiny size: 256 and 512 tokens).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import math
-import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +46,10 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import grid  # noqa: E402
+
 MODELS = ("block", "llama")
 VARIANTS = ("eager", "inductor", "magi")
 TOKENS = {"real": (16384, 32768, 100000), "tiny": (256, 512)}
@@ -90,7 +88,6 @@ def build(model: str, size: str, device: str, dtype: torch.dtype) -> nn.Module:
         dims = (2048, 16, 8192) if size == "real" else (64, 4, 256)
         with torch.device(device):
             return WrittenOutBlock(*dims).to(dtype).eval()
-    sys.path.insert(0, str(ROOT))
     from benchmarks import zoo_models
 
     return zoo_models.build(zoo_models.FAMILIES["llama"], size, device, dtype)
@@ -125,7 +122,7 @@ def measured_matrix_tflops(device: str) -> float | None:
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
         a @ b  # warm-ups (time_calls adds a third)
-    ms = time_calls(lambda: a @ b, device, 10)
+    ms = grid.time_calls(lambda: a @ b, device, 10)
     return 2 * 8192**3 / (ms * 1e-3) / 1e12
 
 
@@ -155,25 +152,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_calls(fn, device: str, runs: int) -> float:
-    """Median ms per call, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(runs):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
 def run_one(model: str, variant: str, tokens: int, args: argparse.Namespace, reference: dict):
     device, dtype = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
     row: dict[str, Any] = {"model": model, "tokens": tokens, "variant": variant}
@@ -201,7 +179,7 @@ def run_one(model: str, variant: str, tokens: int, args: argparse.Namespace, ref
                 )
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            row["ms"] = round(time_calls(lambda: call(compiled), device, args.runs), 3)
+            row["ms"] = round(grid.time_calls(lambda: call(compiled), device, args.runs), 3)
             if device == "cuda":
                 row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     except torch.OutOfMemoryError:
@@ -215,18 +193,6 @@ def run_one(model: str, variant: str, tokens: int, args: argparse.Namespace, ref
         if device == "cuda":
             torch.cuda.empty_cache()
     return row
-
-
-def _commit() -> str:
-    if os.environ.get("MAGI_GIT_COMMIT"):
-        return os.environ["MAGI_GIT_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        return out.stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -243,61 +209,38 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
     args.size = args.size or ("real" if args.device == "cuda" else "tiny")
-    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS[args.size])
-    models = [m for m in args.models.split(",") if m]
-    variants = [v for v in args.variants.split(",") if v]
-    for name, given, known in (("model", models, MODELS), ("variant", variants, VARIANTS)):
-        unknown = [g for g in given if g not in known]
-        if unknown:
-            p.error(f"unknown {name} {', '.join(unknown)}; known: {', '.join(known)}")
-    meta = {
-        "benchmark": "long_prefill",
-        "device_type": args.device,
-        "device_name": (
-            torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-        ),
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _commit(),
-        "command": " ".join(
-            ["python", "benchmarks/long_prefill.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "size": args.size,
-        "dtype": "bfloat16" if args.device == "cuda" else "float32",
-        "runs": args.runs,
-        "matrix_tflops": measured_matrix_tflops(args.device),
-    }
-    doc: dict[str, Any] = {"benchmark": "long_prefill", "meta": meta, "rows": []}
-    if args.append and args.out and Path(args.out).exists():
-        old = json.loads(Path(args.out).read_text())
-        asked = {(m, n, v) for m in models for n in tokens for v in variants}
-        doc["rows"] = [
-            r for r in old.get("rows", []) if (r["model"], r["tokens"], r["variant"]) not in asked
-        ]
-        meta["commands"] = [
-            *old.get("meta", {}).get("commands", [old.get("meta", {}).get("command")]),
-            meta["command"],
-        ]
+    tokens = grid.parse_list(args.tokens, TOKENS[args.size], int)
+    models, variants = grid.parse_list(args.models, ()), grid.parse_list(args.variants, ())
+    grid.check_known(p, "model", models, MODELS)
+    grid.check_known(p, "variant", variants, VARIANTS)
+    meta = grid.run_meta(
+        "long_prefill", args.device, argv,
+        size=args.size,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        runs=args.runs,
+        matrix_tflops=measured_matrix_tflops(args.device),
+    )  # fmt: skip
+    order = {name: i for i, name in enumerate((*MODELS, *VARIANTS))}
+    results = grid.Results(
+        meta, args.out, args.append,
+        key=lambda r: (r["model"], r["tokens"], r["variant"]),
+        asked=[(m, n, v) for m in models for n in tokens for v in variants],
+        order=lambda r: (order[r["model"]], r["tokens"], order[r["variant"]]),
+    )  # fmt: skip
     reference: dict = {}
     total, done = len(models) * len(tokens) * len(variants), 0
-    order = {name: i for i, name in enumerate((*MODELS, *VARIANTS))}
     for model in models:
         for n in tokens:
             for variant in variants:
                 row = run_one(model, variant, n, args, reference)
-                doc["rows"].append(row)
-                doc["rows"].sort(
-                    key=lambda r: (order[r["model"]], r["tokens"], order[r["variant"]])
-                )
+                results.add(row)
                 done += 1
                 shown = (
                     row.get("error") or f"{row['ms']:.1f} ms, peak {row.get('peak_gib', '-')} GiB"
                 )
                 print(f"[{done}/{total}] {model} {n} tokens {variant}: {shown}", flush=True)
-                if args.out:  # after each row: a run cut short keeps what it measured
-                    Path(args.out).write_text(json.dumps(doc, indent=1))
             reference.pop((model, n), None)
-    return doc
+    return results.doc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""What the grid benchmarks share (``long_prefill.py``, ``decode.py``, ``attention.py``): one
+JSON file of rows, one row per point of a grid, written after each row so a run cut short keeps
+what it measured, and ``--append`` for a run split over several commands.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.harness import git_commit
+
+
+def time_calls(fn: Callable[[], Any], device: str, runs: int) -> float:
+    """Median ms per call of ``fn`` over ``runs`` calls after one warm-up call: CUDA events on
+    CUDA, the host clock on the CPU."""
+    fn()
+    times = []
+    for _ in range(runs):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def run_meta(benchmark: str, device: str, argv: list[str] | None, **fields: Any) -> dict:
+    """The meta of a run of ``benchmarks/<benchmark>.py``: device, torch version, date, commit
+    and command line, then ``fields``."""
+    args = argv if argv is not None else sys.argv[1:]
+    return {
+        "benchmark": benchmark,
+        "device_type": device,
+        "device_name": (
+            torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+        ),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit() or "?",
+        "command": " ".join(["python", f"benchmarks/{benchmark}.py", *args]),
+        **fields,
+    }
+
+
+class Results:
+    """The rows of one run: with ``append``, the rows of ``out`` whose key (``key(row)``) this
+    run does not ask for are kept, and the meta lists every command that wrote the file."""
+
+    def __init__(
+        self,
+        meta: dict,
+        out: str | None,
+        append: bool,
+        key: Callable[[dict], tuple],
+        asked: Iterable[tuple],
+        order: Callable[[dict], tuple],
+    ) -> None:
+        self.out, self.order = out, order
+        self.doc: dict[str, Any] = {"benchmark": meta["benchmark"], "meta": meta, "rows": []}
+        if append and out and Path(out).exists():
+            old = json.loads(Path(out).read_text())
+            asked = set(asked)
+            self.doc["rows"] = [r for r in old.get("rows", []) if key(r) not in asked]
+            old_meta = old.get("meta", {})
+            meta["commands"] = [
+                *old_meta.get("commands", [old_meta.get("command")]),
+                meta["command"],
+            ]
+
+    def add(self, row: dict) -> None:
+        """Adds a row, keeps the rows in order and writes the file."""
+        self.doc["rows"].append(row)
+        self.doc["rows"].sort(key=self.order)
+        if self.out:
+            Path(self.out).write_text(json.dumps(self.doc, indent=1))
+
+
+def parse_list(text: str | None, default: Iterable[Any], cast: Callable = str) -> list[Any]:
+    """A comma-separated option as a list (``default`` when not given)."""
+    return [cast(x) for x in text.split(",") if x] if text else list(default)
+
+
+def check_known(parser: Any, name: str, given: list[str], known: Iterable[str]) -> None:
+    """``parser.error`` naming the values of ``given`` that are not ``known``."""
+    known = tuple(known)
+    unknown = [g for g in given if g not in known]
+    if unknown:
+        parser.error(f"unknown {name} {', '.join(unknown)}; known: {', '.join(known)}")
