@@ -215,4 +215,10 @@ ir::TensorType broadcast_type(const ir::TensorType& a, const ir::TensorType& b,
   return t;
 }
 
+bool flash_takes(const ir::TensorType& q) {
+  if (q.rank() != 4 || (q.dtype != c10::kBFloat16 && q.dtype != c10::kHalf)) return false;
+  const ir::SymExpr& d = q.sizes[3];
+  return d.is_constant() && d.constant_value() % 8 == 0 && d.constant_value() <= 256;
+}
+
 }  // namespace magi::passes::attention_match

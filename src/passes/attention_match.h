@@ -60,5 +60,8 @@ bool broadcasts_to(const ir::TensorType& m, const ir::TensorType& scores);
 /// The broadcast of two tensor types' sizes (each dim equal or 1), contiguous, of `dtype`.
 ir::TensorType broadcast_type(const ir::TensorType& a, const ir::TensorType& b,
                               c10::ScalarType dtype);
+/// Does CUDA flash attention take a query of type `q` ([b, h, s, d])? bf16 or f16, and a
+/// constant head dim that is a multiple of 8 up to 256.
+bool flash_takes(const ir::TensorType& q);
 
 }  // namespace magi::passes::attention_match

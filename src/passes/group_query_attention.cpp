@@ -416,17 +416,10 @@ ir::Node* efficient_as_flash(ir::Graph& graph, ir::Node* node) {
   }
   const auto& q = node->input(0)->tensor_type();
   const auto& out = node->output(0)->tensor_type();
-  if (!q || !out || q->rank() != 4 || !q->device.is_cuda() ||
-      (q->dtype != c10::kBFloat16 && q->dtype != c10::kHalf)) {
-    return node;
-  }
-  const ir::SymExpr& head_dim = q->sizes[3];
-  if (!head_dim.is_constant() || head_dim.constant_value() % 8 != 0 ||
-      head_dim.constant_value() > 256) {
-    return node;
-  }
-  const AttentionOp flash_op = {"aten::_scaled_dot_product_efficient_attention", false, 1, 5, {}};
-  if (!reads_repeated_heads(*node, flash_op)) return node;
+  if (!q || !out || !q->device.is_cuda() || !attention_match::flash_takes(*q)) return node;
+  // key 1, value 2, dropout_p 5
+  const AttentionOp efficient = {"aten::_scaled_dot_product_efficient_attention", false, 1, 5, {}};
+  if (!reads_repeated_heads(*node, efficient)) return node;
 
   graph.set_insert_point(node);
   // _scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,

@@ -402,10 +402,7 @@ std::string choose_operator(const Chain& c, std::string* why) {
     return "";
   }
   if (q->device.is_cuda()) {
-    const bool half = dtype == c10::kBFloat16 || dtype == c10::kHalf;
-    const bool head_dim_ok =
-        qs[3].is_constant() && qs[3].constant_value() % 8 == 0 && qs[3].constant_value() <= 256;
-    if (half && head_dim_ok) return "aten::_scaled_dot_product_flash_attention";
+    if (attention_match::flash_takes(*q)) return "aten::_scaled_dot_product_flash_attention";
     *why = std::string("no flash attention for ") + c10::toString(dtype) + " with head dim " +
            qs[3].str() + " (bf16 or f16, a multiple of 8 up to 256)";
     return "";

@@ -639,7 +639,8 @@ bool recognize_causal_masks(ir::Graph& graph) {
     const std::string why = judge(interpreter, *node, *args, &keeps_all);
     const std::string at = attention_match::node_location(*node);
     if (!why.empty() && reads_graph_input(node->input(args->mask), reads_input)) {
-      MAGI_LOG_DEBUG("recognize_causal_masks: ", at, ": mask kept: it depends on the inputs");
+      MAGI_LOG_DEBUG("recognize_causal_masks: ", at, ": mask kept: it depends on the inputs (", why,
+                     ")");
       continue;
     }
     if (!why.empty()) {
