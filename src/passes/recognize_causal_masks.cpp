@@ -343,11 +343,16 @@ class Interpreter {
     const int64_t rank = rank_of(node.output());
     const auto dim = normalised_dim(constant_int(node, 1), rank);
     if (!dim) return unknown();
-    std::vector<std::pair<Entries, int64_t>> pieces;  // entries, length along dim
-    for (const ir::Value* piece : list->inputs()) {
-      const ir::TensorType* t = type_of(piece);
-      if (t == nullptr || t->rank() != rank || !t->sizes[*dim].is_constant()) return unknown();
-      pieces.push_back({of(piece), t->sizes[*dim].constant_value()});
+    // Entries and length along dim; the last piece's length places nothing after it, so it may
+    // be symbolic (-1): a sequence of any length continued, as a dynamic capture records it.
+    std::vector<std::pair<Entries, int64_t>> pieces;
+    const auto& inputs = list->inputs();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const ir::TensorType* t = type_of(inputs[i]);
+      if (t == nullptr || t->rank() != rank) return unknown();
+      const ir::SymExpr& length = t->sizes[*dim];
+      if (!length.is_constant() && i + 1 < inputs.size()) return unknown();
+      pieces.push_back({of(inputs[i]), length.is_constant() ? length.constant_value() : -1});
     }
     if (pieces.empty()) return unknown();
     // coef * (position along the cat) + base; found from the first non-constant piece.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -192,3 +193,27 @@ def test_hugging_face_sdpa_models_attend_causally_without_a_mask(
         tmp_path / dumps[-1] / "attention_patterns" / "inference.json", encoding="utf-8"
     ) as f:
         assert all(p["pass"] == "recognize_causal_masks" for p in json.load(f))
+
+
+def test_a_sequence_length_that_changes_keeps_is_causal(assert_close_rel):
+    """A prompt of another length makes the sequence dim dynamic (automatic dynamic). The
+    dynamic capture builds the positions with a symbolic length (a concatenation whose last
+    piece has no fixed size) and transformers' packed-sequence check from them; the mask is
+    still the causal one, and every layer gets is_causal."""
+    pytest.importorskip("transformers")
+    from benchmarks import zoo_models
+
+    torch._dynamo.reset()  # automatic dynamic starts from this test's sizes
+    fam = zoo_models.FAMILIES["llama"]
+    eager = zoo_models.build(fam, "tiny", "cpu", torch.float32, seed=6)
+    compiled = magi_compile(copy.deepcopy(eager))
+    with torch.no_grad():
+        for length in (2 * SEQ, 3 * SEQ, 4 * SEQ):
+            ids = torch.randint(0, eager.config.vocab_size, (1, length))
+            want = eager(input_ids=ids, use_cache=False).logits
+            assert_close_rel(compiled(input_ids=ids, use_cache=False).logits, want, 1e-5)
+    header = str(last_compiled().graph).splitlines()[0]
+    assert re.search(r"i64\[1, s\d+\]", header), header  # the ids' length is symbolic
+    lines = _attention_lines()
+    assert len(lines) == eager.config.num_hidden_layers, lines
+    assert all(", True, None, " in line for line in lines), lines
