@@ -94,9 +94,10 @@ def test_fewer_allocations_and_no_higher_peak(monkeypatch, lowered, backend):
 def test_row_chunks_lower_the_peak_of_a_long_prompt(mode, assert_close_rel):
     """A Llama block over 16,384 tokens in bf16: with chunk_rows=2048 its MLP (4096 wide)
     runs in 8 chunks, the peak of allocated memory drops by at least the unchunked gate and up
-    projections less three of one chunk's intermediates (its gate, up and their gated product
-    may be live at once), and the output matches eager (also replayed from a FULL CUDA graph).
-    On an H100: 288 MiB unchunked, 68 MiB in chunks."""
+    projections, less one chunk's, plus two of one chunk's 512-wide results (its down projection
+    and its output before the copy into the whole; 2 MiB each) and 1 MiB of small buffers; the
+    output matches eager (also replayed from a FULL CUDA graph). On an H100: 288 MiB unchunked,
+    68.0 MiB in chunks."""
     eager = _block(512, 4096)
     x = torch.randn(1, 16384, 512, device="cuda", dtype=torch.bfloat16)
     peaks = {}
@@ -117,4 +118,5 @@ def test_row_chunks_lower_the_peak_of_a_long_prompt(mode, assert_close_rel):
             del compiled, got
     wide = 16384 * 4096 * 2  # one unchunked 4096-wide bf16 intermediate
     if mode == "NONE":
-        assert peaks[2048] <= peaks[0] - 2 * wide + 3 * wide // 8, peaks
+        narrow = 2048 * 512 * 2  # one chunk's rows at the block's width, bf16
+        assert peaks[2048] <= peaks[0] - 2 * wide + 2 * wide // 8 + 2 * narrow + 2**20, peaks
