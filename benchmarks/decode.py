@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
         for batch in batches:
             for variant in variants:
                 row = run_point(batch, context, variant, args, reference)
-                results.add(row)
+                results.add({**row, "copy_gbps": meta["copy_gbps"]})
                 done += 1
                 shown = row.get("error") or (
                     f"{row['ms_per_token']:.3f} ms/token, {row['tokens_per_s']:,.0f} tokens/s, "

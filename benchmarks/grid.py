@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -17,7 +19,24 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import git_commit
+
+def git_commit() -> str | None:
+    """The repository's short commit, with "+dirty" when the code a run measures (python, src,
+    include, kernels, benchmarks) has uncommitted changes; None outside a git checkout.
+    ``MAGI_GIT_COMMIT`` overrides it: for a copy of a working tree whose git metadata is not
+    the tree's own (the GPU machine's copy of this checkout), the caller names the commit."""
+    if os.environ.get("MAGI_GIT_COMMIT"):
+        return os.environ["MAGI_GIT_COMMIT"]
+    root = Path(__file__).resolve().parents[1]
+    try:
+        git = ["git", "-C", str(root)]
+        run: dict[str, Any] = dict(capture_output=True, text=True, timeout=10)
+        rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()
+        paths = ["python", "src", "include", "kernels", "benchmarks"]
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], **run).stdout.strip()
+        return (rev + ("+dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def time_calls(fn: Callable[[], Any], device: str, runs: int) -> float:
@@ -53,14 +72,30 @@ def run_meta(benchmark: str, device: str, argv: list[str] | None, **fields: Any)
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit() or "?",
-        "command": " ".join(["python", f"benchmarks/{benchmark}.py", *args]),
+        "command": " ".join(["python", f"benchmarks/{benchmark}.py", *_measuring(args)]),
         **fields,
     }
 
 
+def _measuring(args: list[str]) -> list[str]:
+    """The options of a command line that decide what it measured (without ``--out FILE`` and
+    ``--append``, which say where the rows went)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif a != "--append" and not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 class Results:
     """The rows of one run: with ``append``, the rows of ``out`` whose key (``key(row)``) this
-    run does not ask for are kept, and the meta lists every command that wrote the file."""
+    run does not ask for are kept, and the meta lists every command that wrote the file. Each
+    row carries the commit it was measured at (``git_commit``); the meta's ``git_commit`` names
+    every commit among the rows, in the order the rows came (``a + b`` after an append)."""
 
     def __init__(
         self,
@@ -71,13 +106,15 @@ class Results:
         asked: Iterable[tuple],
         order: Callable[[dict], tuple],
     ) -> None:
-        self.out, self.order = out, order
+        self.out, self.order, self.commit = out, order, meta["git_commit"]
         self.doc: dict[str, Any] = {"benchmark": meta["benchmark"], "meta": meta, "rows": []}
         if append and out and Path(out).exists():
             old = json.loads(Path(out).read_text())
             asked = set(asked)
             self.doc["rows"] = [r for r in old.get("rows", []) if key(r) not in asked]
             old_meta = old.get("meta", {})
+            for r in self.doc["rows"]:  # rows written before rows carried their commit
+                r.setdefault("git_commit", old_meta.get("git_commit", "?"))
             meta["commands"] = [
                 *old_meta.get("commands", [old_meta.get("command")]),
                 meta["command"],
@@ -85,7 +122,11 @@ class Results:
 
     def add(self, row: dict) -> None:
         """Adds a row, keeps the rows in order and writes the file."""
+        meta = self.doc["meta"]
+        row.setdefault("git_commit", self.commit)
         self.doc["rows"].append(row)
+        commits = dict.fromkeys(r["git_commit"] for r in self.doc["rows"])
+        meta["git_commit"] = " + ".join(commits)
         self.doc["rows"].sort(key=self.order)
         if self.out:
             Path(self.out).write_text(json.dumps(self.doc, indent=1))

@@ -34,18 +34,17 @@ import itertools
 import math
 import os
 import statistics
-import subprocess
 import time
 import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from benchmarks.grid import git_commit  # noqa: F401 - bandwidth.py and zoo.py read it here
 from benchmarks.workloads import Case, Workload, describe
 
 OVERRUN = 2.0  # a workload may use up to this many times its share of the budget
@@ -53,25 +52,6 @@ ROUNDS = 5  # interleaved timing rounds
 # Run order; eager is the reference. The *_cg variants replay CUDA graphs (CUDA only).
 VARIANTS = ("eager", "magi", "magi_cg", "inductor", "inductor_ro")
 CUDA_ONLY = ("magi_cg", "inductor_ro")
-
-
-def git_commit() -> str | None:
-    """The repository's short commit, with "+dirty" when the code a run measures (python, src,
-    include, kernels, benchmarks) has uncommitted changes; None outside a git checkout.
-    ``MAGI_GIT_COMMIT`` overrides it: for a copy of a working tree whose git metadata is not
-    the tree's own (the GPU machine's copy of this checkout), the caller names the commit."""
-    if os.environ.get("MAGI_GIT_COMMIT"):
-        return os.environ["MAGI_GIT_COMMIT"]
-    root = Path(__file__).resolve().parents[1]
-    try:
-        git = ["git", "-C", str(root)]
-        run: dict[str, Any] = dict(capture_output=True, text=True, timeout=10)
-        rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()
-        paths = ["python", "src", "include", "kernels", "benchmarks"]
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], **run).stdout.strip()
-        return (rev + ("+dirty" if dirty else "")) or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 @dataclass

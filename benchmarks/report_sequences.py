@@ -84,7 +84,11 @@ def decode_section(doc: dict, kind: str, stamp: str) -> str:
     """benchmarks/decode.py: ms per token of greedy decode with a static KV cache."""
     meta = doc.get("meta", {})
     labels = {"eager": "eager", "inductor": "torch.compile reduce-overhead", "magi": "magi FULL"}
-    gbps = meta.get("copy_gbps")
+    rows = doc.get("rows", [])
+    # The bandwidth each point was measured beside (older rows: the run's, in the meta).
+    point_gbps = [r.get("copy_gbps", meta.get("copy_gbps")) for r in rows]
+    measured = sorted({round(g) for g in point_gbps if g})
+    gbps_text = " to ".join(f"{g:,} GB/s" for g in (measured[:1] + measured[-1:])[: len(measured)])
     model = "HF LlamaForCausalLM, " + (
         "Llama-3.2-1B shape" if meta.get("size") == "real" else "tiny config"
     )
@@ -99,12 +103,11 @@ def decode_section(doc: dict, kind: str, stamp: str) -> str:
         f"*ms/token*: median over {meta.get('runs', '?')} generations of one step's time "
         "(one synchronisation per generation); *floor*: the bytes a step reads (every weight "
         "once, every cache slot's keys and values) at the copy bandwidth measured in the run"
-        + (f" ({gbps:,.0f} GB/s)" if gbps else " (not measured on the CPU)")
+        + (f" ({gbps_text})" if measured else " (not measured on the CPU)")
         + "; *agree*: the fraction of greedy tokens equal to eager's, reduce-overhead / magi (in bf16 a near tie "
         "between random logits can flip, and the sequences part from there on).",
         "",
     ]
-    rows = doc.get("rows", [])
     by = {(r["batch"], r["context"], r["variant"]): r for r in rows}
 
     def cell(r: dict | None) -> str:
@@ -127,6 +130,9 @@ def decode_section(doc: dict, kind: str, stamp: str) -> str:
         ok = [c for c in (magi, ro) if c and "ms_per_token" in c]
         ratio = f"{ro['ms_per_token'] / magi['ms_per_token']:.2f}×" if len(ok) == 2 else "–"
         nbytes = next((c["bytes"] for c in cells.values() if c and "bytes" in c), None)
+        gbps = next((c.get("copy_gbps") for c in cells.values() if c), None) or meta.get(
+            "copy_gbps"
+        )
         floor = nbytes / (gbps * 1e9) * 1e3 if nbytes and gbps else None
         vs_floor = "–"
         if floor and magi and "ms_per_token" in magi:

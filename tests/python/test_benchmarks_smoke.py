@@ -573,3 +573,19 @@ def test_attention_benchmark_counts_visible_pairs_and_reports_tflops(tmp_path):
     assert "| causal | 8,192 | 400 / 300 | 500 / 250 | out of memory | 0.80× / 1.20× |" in text, (
         text
     )
+
+
+@pytest.mark.parametrize("script", ["decode", "attention", "long_prefill"])
+def test_grid_benchmarks_start_as_plain_scripts(script):
+    """Run as ``python benchmarks/<script>.py`` from elsewhere, with nothing on PYTHONPATH, a
+    grid benchmark imports (the tests' own sys.path would hide a missing path entry)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
+        cwd="/", env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"usage: {script}.py"), done.stdout
