@@ -15,8 +15,8 @@ heads of dim 128 on CUDA, 4 heads of 32 on the CPU):
   the earlier blocks of its document fully;
 - ``prefix_lm``: the same documents, the first quarter of each seen fully, the rest causal.
 
-Variants: ``magi`` (``range_attention``; packed documents and sliding windows run on PyTorch's
-flash varlen kernels, the others on the portable path), ``cudnn`` and ``flash`` (SDPA with one
+Variants: ``magi`` (``range_attention``, on PyTorch's flash varlen kernels in one call or in
+layers, docs/attention.md), ``cudnn`` and ``flash`` (SDPA with one
 backend, dense masks only), ``varlen`` (``torch.nn.attention.varlen.varlen_attn``, documents,
 with or without the window), ``flex`` (``flex_attention`` compiled, with the mask as a block mask; its
 compile time is reported apart). Each row: median ms of ``--runs`` calls after a warm-up (CUDA

@@ -1,6 +1,6 @@
 """range_attention on CUDA tensors: each mask type, overlapping mixes, GQA, head dims, softcap
 and sinks against the dense float64 reference (the portable path), packed documents on the
-flash varlen kernels forward and backward, the backward against the reference's autograd, and a
+flash varlen kernels forward and backward (in one call or in layers), the backward against the reference's autograd, and a
 packed-attention module under magi_compile. The checks mirror tests/python/test_range_attention.py."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 import torch
 from magi_compiler import inspection, magi_compile
 from magi_compiler.attention import (
+    block_causal_slices,
     portable,
     prefix_lm_slices,
     range_attention,
@@ -159,14 +160,33 @@ def test_packed_documents_run_on_flash_forward_and_backward(
         assert_close_rel(got, want.to(dtype), 2 * RTOL[dtype])
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_sliding_windows_run_on_flash_forward_and_backward(
-    head_dim, portable_calls, assert_close_rel
+def _mixed_slices():
+    """Every mask type, overlapping in queries and keys, a CAUSAL slice with more queries
+    than keys, queries no slice covers (1000..1023)."""
+    q = [[0, 400], [300, 700], [500, 900], [100, 350], [700, 1000]]
+    k = [[0, 500], [200, 650], [600, 1024], [0, 200], [800, 900]]
+    return i32(q), i32(k), torch.tensor([FULL, CAUSAL, INV, BI, CAUSAL], device=DEVICE)
+
+
+LAYERED = {
+    "sliding window": lambda: sliding_window_slices([0, 600, 1024], 128, device=DEVICE),
+    "block causal": lambda: block_causal_slices([0, 600, 1024], 128, device=DEVICE),
+    "prefix lm": lambda: prefix_lm_slices([0, 600, 1024], [150, 100], device=DEVICE),
+    "all four types": _mixed_slices,
+}
+
+
+@pytest.mark.parametrize("mask", list(LAYERED))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_range_masks_run_on_flash_forward_and_backward(
+    mask, head_dim, portable_calls, assert_close_rel
 ):
-    """Documents of 600 and 424 tokens under a 128-key sliding window (sliding_window_slices)
-    in bf16: flash with its window, out, lse and gradients equal to the reference."""
+    """Sliding windows (one flash call with its window), block-causal masks (keys gathered per
+    block), prefix-LM masks (two calls merged) and a mix of every type (one call per flash mask
+    and layer of non-overlapping queries) over 1,024 tokens, GQA 8/2, in bf16: out, lse and the
+    gradients equal the float64 reference's, and the portable path never runs."""
     q, k, v = qkv(1024, 1024, 8, 2, head_dim, torch.bfloat16, grad=True)
-    slices = sliding_window_slices([0, 600, 1024], 128, device=DEVICE)
+    slices = LAYERED[mask]()
     out_grad = torch.randn(1024, 8, head_dim, device=DEVICE, dtype=torch.bfloat16)
     results = []
     for fn in (range_attention, _reference_range_attention):
@@ -175,6 +195,7 @@ def test_sliding_windows_run_on_flash_forward_and_backward(
     assert portable_calls == {"forward": 0, "backward": 0}
     ours, ref = results
     assert_close_rel(ours[0], ref[0].to(torch.bfloat16), RTOL[torch.bfloat16])
+    assert torch.equal(torch.isinf(ours[1]), torch.isinf(ref[1]))
     assert_close_rel(ours[1], ref[1].float(), 1e-3)
     for got, want in zip(ours[2:], ref[2:], strict=True):
         assert_close_rel(got, want.to(torch.bfloat16), 2 * RTOL[torch.bfloat16])

@@ -558,3 +558,155 @@ def test_under_magi_compile_with_a_list_of_mask_types(counters, assert_close_rel
         expected = range_attention(q, k, v, q_ranges, k_ranges, [CAUSAL, FULL])[0] * 2.0
         assert_close_rel(attend(q, k, v, q_ranges, k_ranges), expected, 1e-6)
     assert inspection.last_compiled().boundary_ops == ("magi::range_attention",)
+
+
+# --- flash layers, checked on the CPU with a dense stand-in for flash's varlen kernels -----------
+
+
+def _standin_mask(n_q, n_k, causal, left, right):
+    """The pairs flash's varlen kernels see in one sequence: diagonal aligned to the bottom
+    right, ``causal`` or a window of ``left``/``right`` keys (-1: no bound)."""
+    i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+    diagonal = i + n_k - n_q
+    mask = torch.ones(n_q, n_k, dtype=torch.bool)
+    if causal or right >= 0:
+        mask &= j <= diagonal + (0 if causal else right)
+    if left >= 0:
+        mask &= j >= diagonal - left
+    return mask
+
+
+def _standin_sequences(q, k, cu_q, cu_k, causal, left, right, scale):
+    """Per sequence: its rows, keys and float64 scores (heads, rows, keys), masked."""
+    hq, hk = q.shape[1], k.shape[1]
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for a, b, c, e in zip(cq, cq[1:], ck, ck[1:], strict=False):
+        qs = q[a:b].double().transpose(0, 1)
+        ks = k[c:e].double().repeat_interleave(hq // hk, dim=1).transpose(0, 1)
+        scores = (qs @ ks.transpose(1, 2) * scale).masked_fill(
+            ~_standin_mask(b - a, e - c, causal, left, right), float("-inf")
+        )
+        yield (a, b, c, e), scores
+
+
+def _standin_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, scale):
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=torch.float64)
+    lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float64)
+    g = q.shape[1] // k.shape[1]
+    for (a, b, c, e), scores in _standin_sequences(q, k, cu_q, cu_k, causal, left, right, scale):
+        assert bool(torch.isfinite(scores).any(-1).all()), "a flash row without a key"
+        assert b - a <= max_q and e - c <= max_k
+        row_lse = scores.logsumexp(-1)
+        vs = v[c:e].double().repeat_interleave(g, dim=1).transpose(0, 1)
+        out[a:b] = (torch.exp(scores - row_lse[..., None]) @ vs).transpose(0, 1)
+        lse[:, a:b] = row_lse
+    return out.to(q.dtype), lse.float()
+
+
+def _standin_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, left, right, sc):
+    """FlashAttention's backward from the statistics it is handed (out and lse)."""
+    hq, hk = q.shape[1], k.shape[1]
+    g = hq // hk
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    for (a, b, c, e), scores in _standin_sequences(q, k, cu_q, cu_k, causal, left, right, sc):
+        p = torch.exp(scores - lse[:, a:b].double()[..., None])  # (hq, rows, keys)
+        do = dout[a:b].double().transpose(0, 1)
+        vs = v[c:e].double().repeat_interleave(g, dim=1).transpose(0, 1)
+        ks = k[c:e].double().repeat_interleave(g, dim=1).transpose(0, 1)
+        delta = (do * out[a:b].double().transpose(0, 1)).sum(-1, keepdim=True)
+        ds = p * (do @ vs.transpose(1, 2) - delta)
+        dq[a:b] = (ds @ ks * sc).transpose(0, 1)
+        qs = q[a:b].double().transpose(0, 1)
+        dk[c:e] = (ds.transpose(1, 2) @ qs * sc).transpose(0, 1).reshape(e - c, hk, g, -1).sum(2)
+        dv[c:e] = (p.transpose(1, 2) @ do).transpose(0, 1).reshape(e - c, hk, g, -1).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _slices_of(built) -> list:
+    q, k, t = (x.tolist() for x in built)
+    return [(tuple(a), tuple(b), c) for a, b, c in zip(q, k, t, strict=True)]
+
+
+LAYERED = {
+    "block causal": (_slices_of(block_causal_slices([0, 9, 24, 30], 4)), 30, 30),
+    "prefix lm": (_slices_of(prefix_lm_slices([0, 11, 30], [4, 7])), 30, 30),
+    "all four types, overlapping": (
+        [
+            ((0, 10), (0, 12), FULL),
+            ((4, 14), (2, 20), CAUSAL),
+            ((8, 20), (10, 26), INV),
+            ((6, 18), (8, 28), BI),
+            ((2, 8), (0, 6), FULL),
+        ],
+        24,
+        28,
+    ),  # fmt: skip
+    "more queries than keys, gaps, an empty slice": (
+        [
+            ((0, 9), (3, 7), CAUSAL),
+            ((12, 20), (0, 5), INV),
+            ((14, 22), (20, 25), BI),
+            ((22, 24), (1, 1), FULL),
+        ],
+        24,
+        28,
+    ),  # fmt: skip
+    "documents of mixed types": (
+        [((0, 6), (0, 6), FULL), ((6, 15), (6, 15), CAUSAL), ((15, 24), (15, 28), CAUSAL)],
+        24,
+        28,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERED))
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+def test_flash_layers_compute_every_mask_type(name, heads, monkeypatch, assert_close_rel):
+    """Slices that are not one varlen call run as layers of flash calls merged by log-sum-exp;
+    with flash's kernels replaced by a dense stand-in of their semantics (bottom-right diagonal,
+    windows, the backward from the handed out and lse), the forward and the backward equal the
+    dense reference's, in float32; a query that no slice covers gets zeros and -inf."""
+    monkeypatch.setattr(flash_path, "flash_forward", _standin_forward)
+    monkeypatch.setattr(flash_path, "flash_backward", _standin_backward)
+    slices, tq, tk = LAYERED[name]
+    calls = flash_path.layers(slices, tq, tk)
+    assert calls is not None and len(calls) <= flash_path.MAX_LAYERS, name
+    q, k, v = qkv(tq, tk, *heads, 16)
+    ranges = (i32([s[0] for s in slices]), i32([s[1] for s in slices]),
+              torch.tensor([s[2] for s in slices], dtype=torch.int32))  # fmt: skip
+    qr, kr, vr = (x.double().requires_grad_() for x in (q, k, v))
+    ref_out, ref_lse = _reference_range_attention(qr, kr, vr, *ranges, softmax_scale=0.3)
+    out, lse = flash_path.forward(q, k, v, calls, 0.3)
+    assert_close_rel(out, ref_out.float(), 1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), name
+    assert_close_rel(lse, ref_lse.float(), 1e-5)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
+    for got, want in zip(flash_path.backward(dout, q, k, v, out, lse, calls, 0.3), grads,
+                         strict=True):  # fmt: skip
+        assert_close_rel(got, want.float(), 1e-4)
+
+
+def test_flash_layers_gather_only_what_they_must():
+    """Packed documents are one call over the tensors as they are; block-causal masks one call
+    whose keys are gathered per block; prefix-LM masks two calls (full prefixes, then the
+    causal rest over gathered queries); slices needing more than MAX_LAYERS layers, none."""
+    (docs,) = flash_path.layers(_slices_of(varlen_slices([0, 5, 12], causal=True)), 12, 12)
+    assert docs.q_rows is None and docs.k_rows is None and docs.causal
+    (blocks,) = flash_path.layers(LAYERED["block causal"][0], 30, 30)
+    assert blocks.q_rows is None and not blocks.causal
+    assert blocks.k_rows == ((0, 4), (0, 8), (0, 9), (9, 13), (9, 17), (9, 21), (9, 24),
+                             (24, 28), (24, 30))  # fmt: skip
+    assert blocks.cu_q == (0, 4, 8, 9, 13, 17, 21, 24, 28, 30) and blocks.max_k == 15
+    full, causal = flash_path.layers(LAYERED["prefix lm"][0], 30, 30)
+    assert (full.causal, full.q_rows, full.k_rows) == (
+        False,
+        ((0, 4), (11, 18)),
+        ((0, 4), (11, 18)),
+    )
+    # Its keys, each whole document, tile the tokens: read as they are.
+    assert (causal.causal, causal.q_rows, causal.k_rows) == (True, ((4, 11), (18, 30)), None)
+    stacked = [((0, 8), (i, i + 8), FULL) for i in range(flash_path.MAX_LAYERS + 1)]
+    assert flash_path.layers(stacked, 8, 30) is None
+    assert len(flash_path.layers(stacked[:-1], 8, 30)) == flash_path.MAX_LAYERS
+    assert flash_path.layers([((0, 4), (2, 2), FULL)], 4, 4) is None  # nothing to compute

@@ -2,10 +2,10 @@
 
 Two operators carry the work, so that a kernel can replace the portable path without changing
 any caller: ``magi::range_attention`` (forward: out and lse) and
-``magi::range_attention_backward`` (dq, dk, dv, dsink). Slices that are packed documents of
-one type run on PyTorch's flash varlen kernels on CUDA (``flash_path.py``); the rest on the
-portable path. Both are graph boundaries and
-compute-sensitive, like the FlashAttention recipe in docs/custom_ops.md: under ``magi_compile``
+``magi::range_attention_backward`` (dq, dk, dv, dsink). On CUDA, in float16 and bfloat16,
+slices run on PyTorch's flash varlen kernels, in one call or in layers merged by log-sum-exp
+(``flash_path.py``); softcap, sinks, the deterministic backward and the rest run on the
+portable path. Both are graph boundaries and compute-sensitive, like the FlashAttention recipe in docs/custom_ops.md: under ``magi_compile``
 the graphs are cut at them and their outputs are saved rather than recomputed.
 
 Checks on shapes, dtypes and devices run in ``range_attention`` (so they also fire while a
@@ -142,10 +142,10 @@ def _range_attention_backward(
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     slices = _checked_slices(q_ranges, k_ranges, mask_types, q.shape[0], k.shape[0])
-    layout = flash_path.plan(q, k, v, slices, sink, softcap, deterministic)
+    calls = flash_path.plan(q, k, v, slices, sink, softcap, deterministic)
     # Autograd hands an unused lse a gradient of zeros; flash's backward takes none.
-    if layout is not None and (dlse is None or not bool(dlse.any())):
-        dq, dk, dv = flash_path.backward(dout, q, k, v, out, lse, layout, softmax_scale)
+    if calls is not None and (dlse is None or not bool(dlse.any())):
+        dq, dk, dv = flash_path.backward(dout, q, k, v, out, lse, calls, softmax_scale)
         return dq, dk, dv, q.new_empty((0,), dtype=torch.float32)
     sink2d = None if sink is None else sink.reshape(-1, q.shape[1])
     dq, dk, dv, dsink = portable.backward(
@@ -206,9 +206,9 @@ def _range_attention(
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     slices = _checked_slices(q_ranges, k_ranges, mask_types, q.shape[0], k.shape[0])
-    layout = flash_path.plan(q, k, v, slices, sink, softcap, deterministic)
-    if layout is not None:
-        return flash_path.forward(q, k, v, layout, softmax_scale)
+    calls = flash_path.plan(q, k, v, slices, sink, softcap, deterministic)
+    if calls is not None:
+        return flash_path.forward(q, k, v, calls, softmax_scale)
     sink2d = None if sink is None else sink.reshape(-1, q.shape[1])
     return portable.forward(q, k, v, slices, sink2d, softmax_scale, softcap)
 
