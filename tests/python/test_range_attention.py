@@ -710,3 +710,41 @@ def test_flash_layers_gather_only_what_they_must():
     assert flash_path.layers(stacked, 8, 30) is None
     assert len(flash_path.layers(stacked[:-1], 8, 30)) == flash_path.MAX_LAYERS
     assert flash_path.layers([((0, 4), (2, 2), FULL)], 4, 4) is None  # nothing to compute
+
+
+def test_ranges_are_read_once_until_they_change(monkeypatch, assert_close_rel):
+    """Calls with the same range tensors read them to the host (a synchronisation on CUDA) once;
+    a range changed in place is read again, checked again and used; so are new tensors with the
+    same values, and inference tensors (no version counter) every call."""
+    reads = []
+    original = torch.Tensor.tolist
+
+    def counting(self):
+        reads.append(tuple(self.shape))
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    q, k, v = qkv(16, 16, 2, 2, 8)
+    q_ranges, k_ranges = i32([[0, 8], [8, 16]]), i32([[0, 8], [0, 16]])
+    types = torch.tensor([FULL, CAUSAL], dtype=torch.int32)
+    first, _ = range_attention(q, k, v, q_ranges, k_ranges, types)
+    assert len(reads) == 3
+    again, _ = range_attention(q, k, v, q_ranges, k_ranges, types)
+    assert len(reads) == 3 and torch.equal(first, again)
+    k_ranges[1, 0] = 8  # the second slice now sees keys 8..15 only
+    changed, _ = range_attention(q, k, v, q_ranges, k_ranges, types)
+    assert len(reads) == 6
+    want, _ = _reference_range_attention(q, k, v, q_ranges, k_ranges, types)
+    assert_close_rel(changed, want.float(), 1e-5)
+    assert not torch.allclose(changed[8:], first[8:])
+    k_ranges[1, 1] = 17
+    reads.clear()
+    with pytest.raises(UserError, match=r"k_ranges\[1\] is \[8, 17\), outside the 16 tokens"):
+        range_attention(q, k, v, q_ranges, k_ranges, types)
+    range_attention(q, k, v, q_ranges.clone(), k_ranges.clone().clamp_(max=16), types)
+    assert len(reads) == 6
+    with torch.inference_mode():
+        inference = (q_ranges.clone(), k_ranges.clone().clamp_(max=16), types.clone())
+        for _ in range(2):
+            range_attention(q, k, v, *inference)
+    assert len(reads) == 12

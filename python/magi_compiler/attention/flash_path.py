@@ -142,6 +142,11 @@ class Layer(NamedTuple):
 
 def layers(slices, tokens_q: int, tokens_k: int) -> tuple[Layer, ...] | None:
     """The flash calls that compute ``slices`` (see the module's docstring), or None."""
+    return _layers(tuple(slices), tokens_q, tokens_k)
+
+
+@functools.lru_cache(maxsize=64)
+def _layers(slices: tuple, tokens_q: int, tokens_k: int) -> tuple[Layer, ...] | None:
     whole = varlen_layout(slices, tokens_q, tokens_k)
     if whole is not None:
         wl = -1 if whole.window_left is None else whole.window_left

@@ -16,6 +16,7 @@ the operator runs.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -291,8 +292,37 @@ def _check_index_tensor(name: str, x, trailing: tuple[int, ...], device) -> None
         _fail(f"{name} is on {x.device} but q is on {device}; move it to q's device")
 
 
+# The checked slices of recent calls, by the identity and version of their three tensors: the
+# ranges are read to the host (a device synchronisation on CUDA) once, not once per layer and
+# step. Entries hold weak references; a tensor changed in place has a new version, a new tensor
+# a new identity. Inference tensors have no version counter and are read every call.
+_SLICES_SEEN: dict[tuple, tuple] = {}
+_SLICES_KEPT = 64
+
+
 def _checked_slices(q_ranges, k_ranges, mask_types, tokens_q: int, tokens_k: int):
-    """The slices as Python ints, after checking every range and mask type."""
+    """The slices as a tuple of Python ints, after checking every range and mask type."""
+    tensors = (q_ranges, k_ranges, mask_types)
+    key = (*map(id, tensors), tokens_q, tokens_k)
+    cacheable = not any(x.is_inference() for x in tensors)
+    if cacheable:
+        versions = tuple(x._version for x in tensors)
+        seen = _SLICES_SEEN.get(key)
+        if (
+            seen
+            and seen[1] == versions
+            and all(r() is x for r, x in zip(seen[0], tensors, strict=True))
+        ):
+            return seen[2]
+    slices = _read_slices(q_ranges, k_ranges, mask_types, tokens_q, tokens_k)
+    if cacheable:
+        if len(_SLICES_SEEN) >= _SLICES_KEPT:
+            del _SLICES_SEEN[next(iter(_SLICES_SEEN))]
+        _SLICES_SEEN[key] = (tuple(weakref.ref(x) for x in tensors), versions, slices)
+    return slices
+
+
+def _read_slices(q_ranges, k_ranges, mask_types, tokens_q: int, tokens_k: int):
     q_list, k_list, t_list = q_ranges.tolist(), k_ranges.tolist(), mask_types.tolist()
     for name, ranges, tokens in (("q_ranges", q_list, tokens_q), ("k_ranges", k_list, tokens_k)):
         for i, (start, end) in enumerate(ranges):
@@ -311,4 +341,4 @@ def _checked_slices(q_ranges, k_ranges, mask_types, tokens_q: int, tokens_k: int
     for i, t in enumerate(t_list):
         if t not in valid:
             _fail(f"mask_types[{i}] is {t}; use 0 FULL, 1 CAUSAL, 2 INV_CAUSAL or 3 BI_CAUSAL")
-    return [(tuple(a), tuple(b), t) for a, b, t in zip(q_list, k_list, t_list, strict=True)]
+    return tuple((tuple(a), tuple(b), t) for a, b, t in zip(q_list, k_list, t_list, strict=True))
