@@ -12,6 +12,7 @@ import torch
 from magi_compiler import inspection, magi_compile
 from magi_compiler.attention import (
     block_causal_slices,
+    cudnn_path,
     portable,
     prefix_lm_slices,
     range_attention,
@@ -158,6 +159,33 @@ def test_packed_documents_run_on_flash_forward_and_backward(
     assert_close_rel(ours[1], ref[1].float(), 1e-3)
     for got, want in zip(ours[2:], ref[2:], strict=True):
         assert_close_rel(got, want.to(dtype), 2 * RTOL[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_one_dense_document_decides_between_cudnn_and_flash(
+    causal, head_dim, portable_calls, assert_close_rel
+):
+    """One document of 2,048 tokens, 8 heads, bf16: the first forward and the first backward
+    each run cuDNN and flash and keep the faster (cuDNN must have run and agreed: the decision
+    lists both timings); out, lse and the gradients equal the float64 reference's."""
+    cudnn_path.clear()
+    q, k, v = qkv(2048, 2048, 8, 8, head_dim, torch.bfloat16, grad=True)
+    slices = varlen_slices([0, 2048], causal=causal, device=DEVICE)
+    out_grad = torch.randn(2048, 8, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    results = []
+    for fn in (range_attention, _reference_range_attention):
+        out, lse = fn(q, k, v, *slices)
+        results.append((out, lse, *torch.autograd.grad((out * out_grad).sum(), (q, k, v))))
+    assert portable_calls == {"forward": 0, "backward": 0}
+    log = cudnn_path.choices()
+    assert [e["direction"] for e in log] == ["forward", "backward"], log
+    assert all(set(e.get("ms", {})) == {"cudnn", "flash"} for e in log), log
+    ours, ref = results
+    assert_close_rel(ours[0], ref[0].to(torch.bfloat16), RTOL[torch.bfloat16])
+    assert_close_rel(ours[1], ref[1].float(), 1e-3)
+    for got, want in zip(ours[2:], ref[2:], strict=True):
+        assert_close_rel(got, want.to(torch.bfloat16), 2 * RTOL[torch.bfloat16])
 
 
 def _mixed_slices():

@@ -748,3 +748,81 @@ def test_ranges_are_read_once_until_they_change(monkeypatch, assert_close_rel):
         for _ in range(2):
             range_attention(q, k, v, *inference)
     assert len(reads) == 12
+
+
+# --- one dense document on cuDNN: eligibility and the decision (the kernels: tests/gpu) --------
+
+
+def test_cudnn_is_considered_for_one_dense_document_only(monkeypatch):
+    """One FULL document, or one CAUSAL document with as many queries as keys, with as many
+    key/value heads as query heads and a head dim up to 128; not packed documents, windows,
+    grouped heads, bottom-right causal over more keys, head dim 256, or with cuDNN SDPA off."""
+    from magi_compiler.attention import cudnn_path
+
+    def dense(slices, tq, tk, hq=4, hk=4, d=64):
+        q, k, v = qkv(tq, tk, hq, hk, d)
+        return cudnn_path.dense_causal(q, k, v, flash_path.layers(slices, tq, tk))
+
+    assert dense([((0, 16), (0, 20), FULL)], 16, 20) is False
+    assert dense([((0, 16), (0, 16), CAUSAL)], 16, 16) is True
+    assert dense([((0, 16), (0, 20), CAUSAL)], 16, 20) is None
+    assert dense(_slices_of(varlen_slices([0, 8, 16])), 16, 16) is None
+    assert dense(_slices_of(sliding_window_slices([0, 16], 4)), 16, 16) is None
+    assert dense([((0, 16), (0, 16), FULL)], 16, 16, hk=2) is None
+    assert dense([((0, 16), (0, 16), FULL)], 16, 16, d=256) is None
+    monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)
+    assert dense([((0, 16), (0, 16), FULL)], 16, 16) is None
+
+
+def test_cudnn_is_chosen_once_per_shape_when_it_runs_agrees_and_is_faster(monkeypatch):
+    """The first call of a shape and direction runs both kernels: cuDNN is taken when it ran,
+    agreed with flash and was faster, and the verdict is kept (no kernel runs to decide again);
+    a failure, a disagreement or a slower cuDNN keeps flash, with the reason listed; inside a
+    CUDA-graph capture nothing is decided."""
+    from magi_compiler.attention import cudnn_path
+
+    cudnn_path.clear()
+    ms = {"cudnn": 1.0, "flash": 2.0}
+    runs = []
+
+    def runner(name, value):
+        def run():
+            runs.append(name)
+            if isinstance(value, Exception):
+                raise value
+            return (value,)
+
+        run.kind = name
+        return run
+
+    monkeypatch.setattr(cudnn_path, "_median_ms", lambda fn: ms[fn.kind])
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    good, flash = torch.ones(4, 2), torch.ones(4, 2)
+
+    def decide(q_tokens, cudnn_result, direction="forward"):
+        q = torch.empty(q_tokens, 4, 64)
+        return cudnn_path.use_cudnn(direction, q, q, True, runner("cudnn", cudnn_result),
+                                    runner("flash", flash))  # fmt: skip
+
+    assert decide(16, good) is True
+    runs.clear()
+    assert decide(16, good) is True and runs == []
+    off = torch.full((4, 2), 1.5)
+    assert decide(32, off) is False
+    assert decide(48, RuntimeError("cuDNN Frontend error: no engine\nmore")) is False
+    ms["cudnn"] = 3.0
+    assert decide(64, good) is False
+    capturing[0] = True
+    runs.clear()
+    assert decide(80, good) is False and runs == []
+    log = cudnn_path.choices()
+    assert [(e["q"][0], e["chosen"]) for e in log] == [
+        (16, "cudnn"), (32, "flash"), (48, "flash"), (64, "flash")
+    ]  # fmt: skip
+    assert log[0]["ms"] == {"cudnn": 1.0, "flash": 2.0}
+    assert log[1]["why"] == "result 0 differs from flash's by 0.5 (scale 1)"
+    assert log[2]["why"] == "cuDNN failed: RuntimeError: cuDNN Frontend error: no engine"
+    assert log[3]["ms"] == {"cudnn": 3.0, "flash": 2.0}
+    cudnn_path.clear()
+    assert cudnn_path.choices() == []

@@ -4,7 +4,8 @@ Two operators carry the work, so that a kernel can replace the portable path wit
 any caller: ``magi::range_attention`` (forward: out and lse) and
 ``magi::range_attention_backward`` (dq, dk, dv, dsink). On CUDA, in float16 and bfloat16,
 slices run on PyTorch's flash varlen kernels, in one call or in layers merged by log-sum-exp
-(``flash_path.py``); softcap, sinks, the deterministic backward and the rest run on the
+(``flash_path.py``), and one dense document on cuDNN's kernels where they are faster
+(``cudnn_path.py``); softcap, sinks, the deterministic backward and the rest run on the
 portable path. Both are graph boundaries and compute-sensitive, like the FlashAttention recipe in docs/custom_ops.md: under ``magi_compile``
 the graphs are cut at them and their outputs are saved rather than recomputed.
 
@@ -15,6 +16,7 @@ the operator runs.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from magi_compiler._custom_op import magi_register_custom_op
-from magi_compiler.attention import flash_path, portable
+from magi_compiler.attention import cudnn_path, flash_path, portable
 from magi_compiler.attention.slices import AttnMaskType
 from magi_compiler.errors import UserError
 
@@ -146,7 +148,16 @@ def _range_attention_backward(
     calls = flash_path.plan(q, k, v, slices, sink, softcap, deterministic)
     # Autograd hands an unused lse a gradient of zeros; flash's backward takes none.
     if calls is not None and (dlse is None or not bool(dlse.any())):
-        dq, dk, dv = flash_path.backward(dout, q, k, v, out, lse, calls, softmax_scale)
+        dense = cudnn_path.dense_causal(q, k, v, calls)
+        args = (dout, q, k, v, out, lse)
+        flash = functools.partial(flash_path.backward, *args, calls, softmax_scale)
+        if dense is not None and cudnn_path.use_cudnn(
+            "backward", q, k, dense, functools.partial(cudnn_path.backward, *args, dense,
+                                                       softmax_scale), flash,
+        ):  # fmt: skip
+            dq, dk, dv = cudnn_path.backward(*args, dense, softmax_scale)
+        else:
+            dq, dk, dv = flash()
         return dq, dk, dv, q.new_empty((0,), dtype=torch.float32)
     sink2d = None if sink is None else sink.reshape(-1, q.shape[1])
     dq, dk, dv, dsink = portable.backward(
@@ -209,7 +220,14 @@ def _range_attention(
     slices = _checked_slices(q_ranges, k_ranges, mask_types, q.shape[0], k.shape[0])
     calls = flash_path.plan(q, k, v, slices, sink, softcap, deterministic)
     if calls is not None:
-        return flash_path.forward(q, k, v, calls, softmax_scale)
+        dense = cudnn_path.dense_causal(q, k, v, calls)
+        flash = functools.partial(flash_path.forward, q, k, v, calls, softmax_scale)
+        if dense is not None and cudnn_path.use_cudnn(
+            "forward", q, k, dense,
+            functools.partial(cudnn_path.forward, q, k, v, dense, softmax_scale), flash,
+        ):  # fmt: skip
+            return cudnn_path.forward(q, k, v, dense, softmax_scale)
+        return flash()
     sink2d = None if sink is None else sink.reshape(-1, q.shape[1])
     return portable.forward(q, k, v, slices, sink2d, softmax_scale, softcap)
 
