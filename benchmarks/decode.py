@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
         key=lambda r: (r["batch"], r["context"], r["variant"]),
         asked=[(b, c, v) for b in batches for c in contexts for v in variants],
         order=lambda r: (r["context"], r["batch"], order[r["variant"]]),
+        per_row=("copy_gbps",),
     )  # fmt: skip
     reference: dict = {}
     total, done = len(batches) * len(contexts) * len(variants), 0
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
         for batch in batches:
             for variant in variants:
                 row = run_point(batch, context, variant, args, reference)
-                results.add({**row, "copy_gbps": meta["copy_gbps"]})
+                results.add(row)
                 done += 1
                 shown = row.get("error") or (
                     f"{row['ms_per_token']:.3f} ms/token, {row['tokens_per_s']:,.0f} tokens/s, "

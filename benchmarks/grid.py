@@ -22,7 +22,8 @@ import torch
 
 def git_commit() -> str | None:
     """The repository's short commit, with "+dirty" when the code a run measures (python, src,
-    include, kernels, benchmarks) has uncommitted changes; None outside a git checkout.
+    include, kernels, benchmarks but its results) has uncommitted changes; None outside a git
+    checkout.
     ``MAGI_GIT_COMMIT`` overrides it: for a copy of a working tree whose git metadata is not
     the tree's own (the GPU machine's copy of this checkout), the caller names the commit."""
     if os.environ.get("MAGI_GIT_COMMIT"):
@@ -32,7 +33,7 @@ def git_commit() -> str | None:
         git = ["git", "-C", str(root)]
         run: dict[str, Any] = dict(capture_output=True, text=True, timeout=10)
         rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()
-        paths = ["python", "src", "include", "kernels", "benchmarks"]
+        paths = ["python", "src", "include", "kernels", "benchmarks", ":!benchmarks/results"]
         dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], **run).stdout.strip()
         return (rev + ("+dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
@@ -94,8 +95,9 @@ def _measuring(args: list[str]) -> list[str]:
 class Results:
     """The rows of one run: with ``append``, the rows of ``out`` whose key (``key(row)``) this
     run does not ask for are kept, and the meta lists every command that wrote the file. Each
-    row carries the commit it was measured at (``git_commit``); the meta's ``git_commit`` names
-    every commit among the rows, in the order the rows came (``a + b`` after an append)."""
+    row carries the commit it was measured at (``git_commit``) and the meta fields named in
+    ``per_row`` (measurements of the run beside it, such as the copy bandwidth); the meta's
+    ``git_commit`` names the commits among the rows, earlier runs first (``a + b``)."""
 
     def __init__(
         self,
@@ -105,28 +107,35 @@ class Results:
         key: Callable[[dict], tuple],
         asked: Iterable[tuple],
         order: Callable[[dict], tuple],
+        per_row: Iterable[str] = (),
     ) -> None:
-        self.out, self.order, self.commit = out, order, meta["git_commit"]
+        self.out, self.order = out, order
+        self.stamp = {f: meta[f] for f in ("git_commit", *per_row)}
         self.doc: dict[str, Any] = {"benchmark": meta["benchmark"], "meta": meta, "rows": []}
         if append and out and Path(out).exists():
             old = json.loads(Path(out).read_text())
             asked = set(asked)
             self.doc["rows"] = [r for r in old.get("rows", []) if key(r) not in asked]
             old_meta = old.get("meta", {})
-            for r in self.doc["rows"]:  # rows written before rows carried their commit
-                r.setdefault("git_commit", old_meta.get("git_commit", "?"))
+            for r in self.doc["rows"]:  # rows written before rows carried these fields
+                for field in self.stamp:
+                    r.setdefault(field, old_meta.get(field, "?" if field == "git_commit" else None))
             meta["commands"] = [
                 *old_meta.get("commands", [old_meta.get("command")]),
                 meta["command"],
             ]
+        # Commits in the order their runs came: the kept rows' (in row order), then this run's.
+        self.commits = list(dict.fromkeys([*(r["git_commit"] for r in self.doc["rows"]),
+                                           self.stamp["git_commit"]]))  # fmt: skip
 
     def add(self, row: dict) -> None:
         """Adds a row, keeps the rows in order and writes the file."""
         meta = self.doc["meta"]
-        row.setdefault("git_commit", self.commit)
+        for field, value in self.stamp.items():
+            row.setdefault(field, value)
         self.doc["rows"].append(row)
-        commits = dict.fromkeys(r["git_commit"] for r in self.doc["rows"])
-        meta["git_commit"] = " + ".join(commits)
+        present = {r["git_commit"] for r in self.doc["rows"]}
+        meta["git_commit"] = " + ".join(c for c in self.commits if c in present)
         self.doc["rows"].sort(key=self.order)
         if self.out:
             Path(self.out).write_text(json.dumps(self.doc, indent=1))

@@ -589,3 +589,34 @@ def test_grid_benchmarks_start_as_plain_scripts(script):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith(f"usage: {script}.py"), done.stdout
+
+
+def test_appended_rows_keep_the_commit_and_measurements_of_their_run(tmp_path):
+    """A grid file appended to: the kept rows carry the commit and the per-row meta fields of
+    the run that measured them (from the old meta when they predate per-row fields), new rows
+    this run's, and the meta names the commits, earlier run first."""
+    from benchmarks import grid
+
+    out = tmp_path / "grid.json"
+    old_meta = {"benchmark": "b", "git_commit": "old1234", "copy_gbps": 1000.0, "command": "c1"}
+    out.write_text(json.dumps({"benchmark": "b", "meta": old_meta,
+                               "rows": [{"n": 1, "ms": 5.0}, {"n": 2, "ms": 6.0}]}))  # fmt: skip
+    meta = {"benchmark": "b", "git_commit": "new5678", "copy_gbps": 2000.0, "command": "c2"}
+    results = grid.Results(meta, str(out), True, key=lambda r: (r["n"],), asked=[(2,)],
+                           order=lambda r: (r["n"],), per_row=("copy_gbps",))  # fmt: skip
+    results.add({"n": 2, "ms": 4.0})
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == [
+        {"n": 1, "ms": 5.0, "git_commit": "old1234", "copy_gbps": 1000.0},
+        {"n": 2, "ms": 4.0, "git_commit": "new5678", "copy_gbps": 2000.0},
+    ]
+    assert doc["meta"]["git_commit"] == "old1234 + new5678"
+    assert doc["meta"]["commands"] == ["c1", "c2"]
+    meta = {"benchmark": "b", "git_commit": "new5678", "copy_gbps": 2000.0, "command": "c3"}
+    results = grid.Results(meta, str(out), True, key=lambda r: (r["n"],),
+                           asked=[(1,)], order=lambda r: (r["n"],), per_row=("copy_gbps",))  # fmt: skip
+    results.add({"n": 1, "ms": 3.0})
+    assert json.loads(out.read_text())["meta"]["git_commit"] == "new5678"
+    assert grid._measuring(["--tokens", "8", "--out", "f.json", "--append", "--out=g"]) == [
+        "--tokens", "8"
+    ]  # fmt: skip

@@ -313,7 +313,10 @@ def _check_index_tensor(name: str, x, trailing: tuple[int, ...], device) -> None
 # The checked slices of recent calls, by the identity and version of their three tensors: the
 # ranges are read to the host (a device synchronisation on CUDA) once, not once per layer and
 # step. Entries hold weak references; a tensor changed in place has a new version, a new tensor
-# a new identity. Inference tensors have no version counter and are read every call.
+# a new identity. Inference tensors have no version counter and are read every call, and so
+# are all tensors while a CUDA graph is captured: a replay would run the mask the capture saw,
+# whatever the ranges then hold, so the read fails the capture instead. A write that bypasses
+# the version counter (through ``.data`` or a NumPy/DLPack alias) is not seen.
 _SLICES_SEEN: dict[tuple, tuple] = {}
 _SLICES_KEPT = 64
 
@@ -322,7 +325,7 @@ def _checked_slices(q_ranges, k_ranges, mask_types, tokens_q: int, tokens_k: int
     """The slices as a tuple of Python ints, after checking every range and mask type."""
     tensors = (q_ranges, k_ranges, mask_types)
     key = (*map(id, tensors), tokens_q, tokens_k)
-    cacheable = not any(x.is_inference() for x in tensors)
+    cacheable = not any(x.is_inference() for x in tensors) and not _capturing(q_ranges)
     if cacheable:
         versions = tuple(x._version for x in tensors)
         seen = _SLICES_SEEN.get(key)
@@ -338,6 +341,10 @@ def _checked_slices(q_ranges, k_ranges, mask_types, tokens_q: int, tokens_k: int
             del _SLICES_SEEN[next(iter(_SLICES_SEEN))]
         _SLICES_SEEN[key] = (tuple(weakref.ref(x) for x in tensors), versions, slices)
     return slices
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _read_slices(q_ranges, k_ranges, mask_types, tokens_q: int, tokens_k: int):
