@@ -224,12 +224,15 @@ def plan(q, k, v, slices, sink, softcap: float, deterministic: bool) -> tuple[La
     return layers(slices, q.shape[0], k.shape[0])
 
 
-@functools.lru_cache(maxsize=256)
+# Device copies of the offsets and gather indices of recent masks. A model's layers share one
+# mask per step, so a few entries cover it; the indices of a long sequence are megabytes of
+# device memory each, so few are kept.
+@functools.lru_cache(maxsize=64)
 def _on_device(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=16)
 def _rows(ranges: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
     """The indices of ``ranges``, in order (int64 on ``device``)."""
     return torch.cat([torch.arange(a, b) for a, b in ranges]).to(device)
