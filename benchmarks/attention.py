@@ -156,6 +156,26 @@ def make_call(variant: str, mask: str, slices, cu: list[int], q, k, v):
     return call, time.perf_counter() - start
 
 
+def magi_kernels(q, k, v, slices) -> str:
+    """What range_attention ran for this call, forward / backward: ``cudnn`` (one dense document
+    where the first call found cuDNN faster), ``flash`` (one varlen call), ``flash xN`` (N calls
+    merged) or ``portable``."""
+    from magi_compiler.attention import cudnn_path, flash_path, op
+
+    checked = op._checked_slices(*slices, q.shape[0], k.shape[0])
+    calls = flash_path.plan(q, k, v, checked, None, 0.0, False)
+    if calls is None:
+        return "portable / portable"
+    on_flash = "flash" if len(calls) == 1 else f"flash x{len(calls)}"
+    chosen = {e["direction"]: e["chosen"] for e in cudnn_path.choices()
+              if e["q"] == tuple(q.shape) and e["k"] == tuple(k.shape)}  # fmt: skip
+    if cudnn_path.dense_causal(q, k, v, calls) is None:
+        chosen = {}
+    return " / ".join(
+        "cudnn" if chosen.get(d) == "cudnn" else on_flash for d in ("forward", "backward")
+    )
+
+
 def run_row(mask: str, tokens: int, variant: str, args, reference: dict) -> dict[str, Any]:
     device = args.device
     dtype, heads, dim = (torch.bfloat16, 16, 128) if device == "cuda" else (torch.float32, 4, 32)
@@ -189,6 +209,8 @@ def run_row(mask: str, tokens: int, variant: str, args, reference: dict) -> dict
             ),
             3,
         )
+        if variant == "magi":
+            row["kernels"] = magi_kernels(q, k, v, slices)
         row["forward_tflops"] = round(row["flop_forward"] / row["forward_ms"] / 1e9, 3)
         row["backward_tflops"] = round(2.5 * row["flop_forward"] / row["backward_ms"] / 1e9, 3)
     except torch.OutOfMemoryError:

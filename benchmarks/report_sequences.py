@@ -159,7 +159,9 @@ def attention_section(doc: dict, kind: str, stamp: str) -> str:
         "sequence. Cells: forward / backward TFLOP/s (FlashAttention's convention: 4 × visible "
         "pairs × head dim × heads forward, 2.5× that backward), from the median of "
         f"{meta.get('runs', '?')} calls each; *vs best*: magi over the fastest other variant "
-        "that ran, forward / backward. Masks and variants: `benchmarks/attention.py`.",
+        "that ran, forward / backward. Beside magi's numbers, where recorded, the kernels it ran "
+        "forward / backward (cuDNN, flash in one call or in N calls merged, or the portable "
+        "path). Masks and variants: `benchmarks/attention.py`.",
         "",
     ]
     rows = doc.get("rows", [])
@@ -171,7 +173,8 @@ def attention_section(doc: dict, kind: str, stamp: str) -> str:
             return "–"
         if "error" in r:
             return _line(r["error"], 40)
-        return f"{r['forward_tflops']:.0f} / {r['backward_tflops']:.0f}"
+        kernels = f" ({r['kernels']})" if "kernels" in r else ""
+        return f"{r['forward_tflops']:.0f} / {r['backward_tflops']:.0f}{kernels}"
 
     def versus(magi: dict | None, others: list[dict], key: str) -> str:
         best = max((o[key] for o in others if key in o), default=None)

@@ -551,6 +551,8 @@ def test_attention_benchmark_counts_visible_pairs_and_reports_tflops(tmp_path):
         assert "error" not in r and r["forward_ms"] > 0 and r["backward_ms"] > 0, r
     assert doc["rows"][0]["flop_forward"] == 4 * (256 * 257 // 2) * dim * heads
     assert doc["rows"][1]["max_rel_err"] < 1e-5
+    assert doc["rows"][0]["kernels"] == "portable / portable"  # CPU tensors
+    assert "kernels" not in doc["rows"][1]
     # One document of 256 tokens in blocks of 1,024: the whole square is visible.
     assert doc["rows"][2]["flop_forward"] == 4 * 256 * 256 * dim * heads
     # Overlapping slices are counted once per slice.
@@ -562,7 +564,7 @@ def test_attention_benchmark_counts_visible_pairs_and_reports_tflops(tmp_path):
             "head_dim": 128}  # fmt: skip
     rows = [
         {"mask": "causal", "tokens": 8192, "variant": "magi", "forward_tflops": 400.0,
-         "backward_tflops": 300.0},
+         "backward_tflops": 300.0, "kernels": "cudnn / flash"},
         {"mask": "causal", "tokens": 8192, "variant": "cudnn", "forward_tflops": 500.0,
          "backward_tflops": 250.0},
         {"mask": "causal", "tokens": 8192, "variant": "flex", "error": "out of memory"},
@@ -570,9 +572,30 @@ def test_attention_benchmark_counts_visible_pairs_and_reports_tflops(tmp_path):
     out.write_text(json.dumps({"benchmark": "attention", "meta": meta, "rows": rows}))
     text = report.render(report.latest_runs([out]))
     assert "## H100: range-mask attention" in text, text
-    assert "| causal | 8,192 | 400 / 300 | 500 / 250 | out of memory | 0.80× / 1.20× |" in text, (
-        text
+    assert (
+        "| causal | 8,192 | 400 / 300 (cudnn / flash) | 500 / 250 | out of memory | 0.80× / 1.20× |"
+    ) in text, text
+
+
+def test_attention_benchmark_names_the_kernels_range_attention_ran(monkeypatch):
+    """The magi rows' kernels: flash in N merged calls for a prefix-LM mask, and for one dense
+    document cuDNN in the directions whose first call chose it (flash's plan taken as on CUDA)."""
+    from magi_compiler.attention import cudnn_path, flash_path, prefix_lm_slices, varlen_slices
+
+    from benchmarks import attention
+
+    monkeypatch.setattr(flash_path, "plan", lambda q, k, v, s, *rest: flash_path.layers(s, 64, 64))
+    q = torch.randn(64, 4, 32)
+    assert attention.magi_kernels(q, q, q, prefix_lm_slices([0, 30, 64], 8)) == (
+        "flash x2 / flash x2"
     )
+    dense = varlen_slices([0, 64], causal=True)
+    monkeypatch.setattr(cudnn_path, "choices", lambda: [
+        {"direction": "forward", "q": (64, 4, 32), "k": (64, 4, 32), "chosen": "cudnn"},
+        {"direction": "backward", "q": (64, 4, 32), "k": (64, 4, 32), "chosen": "flash"},
+    ])  # fmt: skip
+    assert attention.magi_kernels(q, q, q, dense) == "cudnn / flash"
+    assert attention.magi_kernels(q, q, q, varlen_slices([0, 30, 64])) == "flash / flash"
 
 
 @pytest.mark.parametrize("script", ["decode", "attention", "long_prefill"])
