@@ -27,8 +27,6 @@ times that backward. Outputs are checked against the magi variant's.
 
 from __future__ import annotations
 
-import argparse
-import gc
 import random
 import sys
 import time
@@ -213,27 +211,19 @@ def run_row(mask: str, tokens: int, variant: str, args, reference: dict) -> dict
             row["kernels"] = magi_kernels(q, k, v, slices)
         row["forward_tflops"] = round(row["flop_forward"] / row["forward_ms"] / 1e9, 3)
         row["backward_tflops"] = round(2.5 * row["flop_forward"] / row["backward_ms"] / 1e9, 3)
-    except torch.OutOfMemoryError:
-        row["error"] = "out of memory"
-    except Exception as e:  # a failure is a row; the next variant still runs
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    except Exception as e:  # a failure is a row; the next point still runs
+        row["error"] = grid.failure(e)
     finally:
-        gc.collect()
-        torch._dynamo.reset()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        grid.release(device)
     return row
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = grid.parser(__doc__)
     p.add_argument("--tokens", default=None, help="comma-separated (default 8192,16384,32768)")
     p.add_argument("--masks", default=",".join(MASKS))
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--runs", type=int, default=10, help="timed calls per row (median)")
-    p.add_argument("--out", default=None, help="result JSON (default: print only)")
-    p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
     default = (8192, 16384, 32768) if args.device == "cuda" else (512, 1024)
     tokens = grid.parse_list(args.tokens, default, int)

@@ -29,7 +29,6 @@ layer and row. A CUDA-graph replay of a 1B-parameter model cannot go below it.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import time
@@ -125,22 +124,16 @@ def run_point(batch: int, context: int, variant: str, args: argparse.Namespace, 
             row["tokens_per_s"] = round(batch * 1e3 / row["ms_per_token"], 1)
             if device == "cuda":
                 row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-    except torch.OutOfMemoryError:
-        row["error"] = "out of memory"
-    except Exception as e:  # a failure is a row; the next variant still runs
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    except Exception as e:  # a failure is a row; the next point still runs
+        row["error"] = grid.failure(e)
     finally:
         lm = compiled = None  # noqa: F841 (drops the model and its cache before the next point)
-        gc.collect()
-        torch._dynamo.reset()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        grid.release(device)
     return row
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = grid.parser(__doc__)
     p.add_argument(
         "--size", choices=("real", "tiny"), default=None, help="real on CUDA, tiny on CPU"
     )
@@ -154,8 +147,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens before the decode")
     p.add_argument("--steps", type=int, default=32, help="decode steps per timed generation")
     p.add_argument("--runs", type=int, default=3, help="timed generations per point (median)")
-    p.add_argument("--out", default=None, help="result JSON (default: print only)")
-    p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
     args.size = args.size or ("real" if args.device == "cuda" else "tiny")
     default_batches, default_contexts = GRID[args.size]

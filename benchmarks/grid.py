@@ -5,7 +5,9 @@ what it measured, and ``--append`` for a run split over several commands.
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -139,6 +141,32 @@ class Results:
         self.doc["rows"].sort(key=self.order)
         if self.out:
             Path(self.out).write_text(json.dumps(self.doc, indent=1))
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A grid benchmark's command line with the options all of them take (--device, --out,
+    --append); the benchmark adds its own. ``doc``: its module docstring."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default=None, help="result JSON (default: print only)")
+    p.add_argument("--append", action="store_true", help="keep the rows already in --out")
+    return p
+
+
+def failure(e: BaseException) -> str:
+    """A row's ``error``: a failure is a row, and the next point still runs."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return "out of memory"
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def release(device: str) -> None:
+    """Frees what a point left behind (collected models, Dynamo's caches, cached device memory)
+    before the next one."""
+    gc.collect()
+    torch._dynamo.reset()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def parse_list(text: str | None, default: Iterable[Any], cast: Callable = str) -> list[Any]:

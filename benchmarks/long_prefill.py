@@ -34,7 +34,6 @@ bf16 on CUDA, float32 on the CPU (the tiny size: 256 and 512 tokens).
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import sys
 import time
@@ -182,22 +181,16 @@ def run_one(model: str, variant: str, tokens: int, args: argparse.Namespace, ref
             row["ms"] = round(grid.time_calls(lambda: call(compiled), device, args.runs), 3)
             if device == "cuda":
                 row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-    except torch.OutOfMemoryError:
-        row["error"] = "out of memory"
-    except Exception as e:  # a failure is a row; the next variant still runs
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    except Exception as e:  # a failure is a row; the next point still runs
+        row["error"] = grid.failure(e)
     finally:
         net = compiled = None  # noqa: F841 (drops the model before the next row)
-        gc.collect()
-        torch._dynamo.reset()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        grid.release(device)
     return row
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = grid.parser(__doc__)
     p.add_argument(
         "--size", choices=("real", "tiny"), default=None, help="real on CUDA, tiny on CPU"
     )
@@ -205,8 +198,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--tokens", default=None, help="comma-separated lengths (default: per size)")
     p.add_argument("--runs", type=int, default=3, help="timed calls per row (median)")
-    p.add_argument("--out", default=None, help="result JSON (default: print only)")
-    p.add_argument("--append", action="store_true", help="keep the rows already in --out")
     args = p.parse_args(argv)
     args.size = args.size or ("real" if args.device == "cuda" else "tiny")
     tokens = grid.parse_list(args.tokens, TOKENS[args.size], int)

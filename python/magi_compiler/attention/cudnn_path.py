@@ -2,8 +2,9 @@
 
 A range mask that is a single document, one FULL slice over every query and key or one CAUSAL
 slice with as many queries as keys, is plain attention, and PyTorch's cuDNN kernels
-(``aten::_scaled_dot_product_cudnn_attention`` and its backward) are FlashAttention-3-class on
-Hopper, ahead of the flash-2 kernels of ``flash_path.py``. They are considered when the call
+(``aten::_scaled_dot_product_cudnn_attention`` and its backward) ran ahead of the flash kernels
+of ``flash_path.py`` on an H100 (the attention table of benchmarks/RESULTS.md); since that need
+not hold for every shape and GPU, each shape is measured. They are considered when the call
 has as many key/value heads as query heads (PyTorch's cuDNN call takes no grouped heads), one
 head dim of at most 128, and ``torch.backends.cuda.cudnn_sdp_enabled()``.
 
